@@ -1,0 +1,1 @@
+"""kvgate protocol package."""
