@@ -1,0 +1,120 @@
+"""Prefix-aware replica routing that every process computes identically.
+
+A prompt should go where its prefix is (or soon will be) cached, without letting one hot
+prefix overload a replica. Every position here comes from sha256, never Python's `hash()`,
+so any number of kvgate processes behind a load balancer make the same choice with no shared
+state or gossip.
+"""
+
+from __future__ import annotations
+
+import bisect
+import hashlib
+import math
+from collections.abc import Iterator, Mapping, Sequence
+
+KEY_BLOCKS = 8  # a prompt without cache_key is keyed on its first (up to) eight blocks
+
+
+class NoReplicaAvailable(RuntimeError):
+    """Every replica is stalled or failed; the request cannot be placed."""
+
+
+def _position(*parts: bytes) -> int:
+    """A point on the ring: the first 8 bytes of sha256 over length-prefixed parts."""
+    digest = hashlib.sha256()
+    for part in parts:
+        digest.update(len(part).to_bytes(4, "little") + part)
+    return int.from_bytes(digest.digest()[:8], "big")
+
+
+class PrefixRouter:
+    """(a) follow an in-flight prefill of the longest matching prefix, else (b) consistent
+    hashing with bounded loads on the cache key or the first blocks, else (c) least loaded.
+
+    Bounded loads (Mirrokni, Thorup, Zadimoghaddam 2018): a replica may take a request only
+    while its load is below ceil(c * (total + 1) / live); walking the ring from the key's
+    position, the first such replica wins. Keys keep their replica while it has room and move
+    only when it is full or unavailable.
+    """
+
+    def __init__(self, num_replicas: int, load_factor: float = 1.25, virtual_nodes: int = 128):
+        if num_replicas < 1:
+            raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+        if load_factor < 1.0:
+            raise ValueError(f"load_factor must be >= 1.0, got {load_factor}")
+        if virtual_nodes < 1:
+            raise ValueError(f"virtual_nodes must be >= 1, got {virtual_nodes}")
+        self.num_replicas = num_replicas
+        self.load_factor = load_factor
+        ring = sorted(
+            (_position(b"replica", r.to_bytes(4, "little"), v.to_bytes(4, "little")), r)
+            for r in range(num_replicas)
+            for v in range(virtual_nodes)
+        )
+        self._points = [point for point, _ in ring]
+        self._owners = [owner for _, owner in ring]
+
+    def preference(self, key: bytes) -> Iterator[int]:
+        """Every replica once, in ring order clockwise from the key's position."""
+        start = bisect.bisect_left(self._points, _position(b"key", key))
+        seen: set[int] = set()
+        for i in range(len(self._owners)):
+            owner = self._owners[(start + i) % len(self._owners)]
+            if owner not in seen:
+                seen.add(owner)
+                yield owner
+                if len(seen) == self.num_replicas:
+                    return
+
+    def load_bound(self, loads: Sequence[int], available: Sequence[bool]) -> int:
+        """The most requests a live replica may hold after taking one more."""
+        live = [r for r in range(self.num_replicas) if available[r]]
+        if not live:
+            raise NoReplicaAvailable(f"all {self.num_replicas} replicas are stalled or failed")
+        total = sum(loads[r] for r in live)
+        return math.ceil(self.load_factor * (total + 1) / len(live))
+
+    def choose(
+        self,
+        block_hashes: Sequence[bytes],
+        cache_key: str | None,
+        num_prompt_tokens: int,
+        loads: Sequence[int],
+        available: Sequence[bool],
+        prefilling: Mapping[bytes, int] | None = None,
+    ) -> int:
+        """The replica for a prompt whose full blocks have these chained hashes.
+
+        `loads` counts running + waiting requests per replica; `available[r]` is False for
+        a stalled or failed replica; `prefilling` maps a block hash to the replica computing
+        it now. `num_prompt_tokens` is part of the contract for callers; the policy needs only
+        the hashes (a prompt with no full block has none).
+        """
+        if len(loads) != self.num_replicas or len(available) != self.num_replicas:
+            raise ValueError(
+                f"loads and available need {self.num_replicas} entries, "
+                f"got {len(loads)} and {len(available)}"
+            )
+        bound = self.load_bound(loads, available)
+
+        def has_room(r: int) -> bool:
+            return 0 <= r < self.num_replicas and available[r] and loads[r] < bound
+
+        if prefilling:
+            for block_hash in reversed(block_hashes):
+                replica = prefilling.get(block_hash)
+                if replica is not None:
+                    if has_room(replica):
+                        return replica
+                    break  # the longest match is full or gone: place by hashing instead
+
+        if cache_key is not None:
+            key = b"cache_key:" + cache_key.encode()
+        elif block_hashes:
+            key = b"blocks:" + block_hashes[min(len(block_hashes), KEY_BLOCKS) - 1]
+        else:
+            live = [r for r in range(self.num_replicas) if available[r]]
+            return min(live, key=lambda r: (loads[r], r))
+        # The least loaded live replica is always below the bound, so the walk finds one.
+        return next(r for r in self.preference(key) if has_room(r))

@@ -1,0 +1,177 @@
+"""PrefixRouter: deterministic across processes, sticky, bounded, minimally disruptive."""
+
+import hashlib
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from engine.router import NoReplicaAvailable, PrefixRouter
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def chained_hashes(tokens: list[int], block_size: int = 16) -> list[bytes]:
+    """Full-block chained sha256 hashes, shaped like the pool's (the router treats them as opaque)."""
+    hashes, parent = [], b"root"
+    for start in range(0, len(tokens) - block_size + 1, block_size):
+        block = tokens[start : start + block_size]
+        parent = hashlib.sha256(parent + b"".join(t.to_bytes(4, "little") for t in block)).digest()
+        hashes.append(parent)
+    return hashes
+
+
+def prompt(seed: int, num_tokens: int) -> list[int]:
+    return random.Random(seed).choices(range(32000), k=num_tokens)
+
+
+def idle(n: int) -> tuple[list[int], list[bool]]:
+    return [0] * n, [True] * n
+
+
+# Sessions: (hashes, cache_key, tokens, loads, available) built from fixed seeds; no hash().
+DETERMINISM_SCRIPT = """
+import json, random, sys
+sys.path[:0] = [{repo!r}, {tests!r}]
+from test_router import chained_hashes, prompt
+from engine.router import PrefixRouter
+router = PrefixRouter(4)
+rng = random.Random(7)
+choices = []
+for i in range(300):
+    tokens = prompt(i % 40, rng.randrange(0, 300))
+    key = f"conv-{{i % 13}}" if i % 3 == 0 else None
+    loads = [rng.randrange(0, 6) for _ in range(4)]
+    available = [rng.random() > 0.2 for _ in range(4)]
+    if not any(available):
+        available[i % 4] = True
+    choices.append(router.choose(chained_hashes(tokens), key, len(tokens), loads, available))
+print(json.dumps(choices))
+"""
+
+
+def run_choices(hash_seed: str) -> list[int]:
+    script = DETERMINISM_SCRIPT.format(repo=str(REPO), tests=str(Path(__file__).parent))
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
+    )
+    return json.loads(done.stdout)
+
+
+def test_choices_identical_across_processes_with_different_hash_seeds():
+    first, second = run_choices("1"), run_choices("2024")
+    assert len(first) == 300
+    assert first == second
+    assert set(first) == {0, 1, 2, 3}  # the trace exercises every replica
+
+
+def test_same_cache_key_sticks_to_one_replica_while_under_bound():
+    router = PrefixRouter(4)
+    loads, available = [3, 3, 3, 3], [True] * 4
+    picks = {
+        router.choose(chained_hashes(prompt(i, 200)), "tenant-a", 200, loads, available)
+        for i in range(20)
+    }
+    assert len(picks) == 1
+
+
+def test_prompts_sharing_first_eight_blocks_land_together():
+    router = PrefixRouter(4)
+    shared = prompt(1, 8 * 16)
+    loads, available = idle(4)
+    picks = {
+        router.choose(chained_hashes(shared + prompt(100 + i, 64)), None, 192, loads, available)
+        for i in range(20)
+    }
+    assert len(picks) == 1
+
+
+def test_keys_spread_evenly_over_replicas():
+    router = PrefixRouter(4)
+    loads, available = idle(4)
+    counts = Counter(router.choose([], f"k{i}", 0, loads, available) for i in range(4000))
+    assert all(700 <= counts[r] <= 1300 for r in range(4)), counts
+
+
+@pytest.mark.parametrize("num_keys", [1, 3])
+def test_load_bound_holds_under_skewed_keys(num_keys: int):
+    router = PrefixRouter(3, load_factor=1.25)
+    loads, available = [0, 0, 0], [True] * 3
+    rng = random.Random(num_keys)
+    for _ in range(600):
+        key = f"hot-{min(int(rng.expovariate(1.0)), num_keys - 1)}"
+        r = router.choose([], key, 0, loads, available)
+        bound = math.ceil(1.25 * (sum(loads) + 1) / 3)
+        loads[r] += 1
+        assert loads[r] <= bound
+    assert max(loads) <= math.ceil(1.25 * sum(loads) / 3)
+
+
+def test_only_keys_of_an_unavailable_replica_move():
+    router = PrefixRouter(4)
+    loads, _ = idle(4)
+    keys = [f"conv-{i}" for i in range(1000)]
+    before = {k: router.choose([], k, 0, loads, [True] * 4) for k in keys}
+    after = {k: router.choose([], k, 0, loads, [True, True, False, True]) for k in keys}
+    moved = {k for k in keys if before[k] != after[k]}
+    assert moved == {k for k in keys if before[k] == 2}
+    assert 2 not in after.values()
+    assert len(set(after[k] for k in moved)) == 3  # the orphans spread over the survivors
+
+
+def test_longest_prefix_being_prefilled_wins():
+    router = PrefixRouter(4)
+    hashes = chained_hashes(prompt(5, 160))
+    hashed = router.choose(hashes, None, 160, *idle(4))
+    short_owner, long_owner = (hashed + 1) % 4, (hashed + 2) % 4
+    prefilling = {hashes[1]: short_owner, hashes[6]: long_owner}
+    assert router.choose(hashes, None, 160, *idle(4), prefilling) == long_owner
+
+
+def test_prefilling_replica_over_bound_falls_back_to_hashing():
+    router = PrefixRouter(2)
+    hashes = chained_hashes(prompt(6, 160))
+    hashed = router.choose(hashes, None, 160, [0, 0], [True, True])
+    other = 1 - hashed
+    prefilling = {hashes[3]: other}
+    loads = [0, 0]
+    loads[hashed], loads[other] = 2, 6  # bound = ceil(1.25 * 9 / 2) = 6: other is full
+    assert router.choose(hashes, None, 160, loads, [True, True], prefilling) == hashed
+    loads[hashed], loads[other] = 4, 4  # same bound, other has room
+    assert router.choose(hashes, None, 160, loads, [True, True], prefilling) == other
+    assert router.choose(hashes, None, 160, loads, [hashed == 0, hashed == 1], prefilling) == hashed
+
+
+def test_short_prompt_without_key_goes_to_least_loaded_live_replica():
+    router = PrefixRouter(4)
+    short = chained_hashes(prompt(7, 15))
+    assert short == []
+    assert router.choose(short, None, 15, [3, 1, 1, 2], [True] * 4) == 1
+    assert router.choose(short, None, 15, [3, 1, 1, 2], [True, False, True, True]) == 2
+
+
+def test_short_prompt_with_cache_key_is_hashed():
+    router = PrefixRouter(4)
+    picks = {
+        router.choose([], "tenant-b", 3, loads, [True] * 4)
+        for loads in ([0, 0, 0, 0], [1, 1, 1, 1], [2, 2, 2, 2])
+    }
+    assert len(picks) == 1
+
+
+def test_no_live_replica_raises():
+    router = PrefixRouter(2)
+    with pytest.raises(NoReplicaAvailable):
+        router.choose([], None, 0, [0, 0], [False, False])
+
+
+def test_mismatched_lengths_rejected():
+    with pytest.raises(ValueError, match="loads and available"):
+        PrefixRouter(3).choose([], None, 0, [0, 0], [True, True])
