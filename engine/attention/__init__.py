@@ -1,0 +1,28 @@
+"""Paged KV cache and attention over it (layout and contracts: ARCHITECTURE.md)."""
+
+from engine.attention.backend import BACKEND_NAMES, AttentionBackend, get_attention_backend
+from engine.attention.kv_cache import (
+    FP8_DTYPE,
+    KVCache,
+    allocate_kv_caches,
+    cache_scheme,
+    kv_bytes_per_token,
+    resolve_cache_dtype,
+)
+from engine.attention.metadata import AttentionMetadata
+from engine.attention.torch_backend import paged_attention, write_kv
+
+__all__ = [
+    "BACKEND_NAMES",
+    "FP8_DTYPE",
+    "AttentionBackend",
+    "AttentionMetadata",
+    "KVCache",
+    "allocate_kv_caches",
+    "cache_scheme",
+    "get_attention_backend",
+    "kv_bytes_per_token",
+    "paged_attention",
+    "resolve_cache_dtype",
+    "write_kv",
+]

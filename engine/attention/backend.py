@@ -1,0 +1,55 @@
+"""Choosing the attention implementation: Triton kernels on CUDA, the PyTorch reference on CPU.
+
+A backend is a small object with the two operations a layer needs, ``write_kv`` and
+``paged_attention``; the engine picks one at startup and calls it for every layer.
+Triton is imported only when the Triton backend is asked for, so the CPU path never needs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.attention import torch_backend
+from engine.attention.kv_cache import KVCache
+from engine.attention.metadata import AttentionMetadata
+
+BACKEND_NAMES = ("auto", "torch", "triton")
+
+
+@dataclass(frozen=True)
+class AttentionBackend:
+    name: str
+    write_kv: Callable[[KVCache, torch.Tensor, torch.Tensor, torch.Tensor], None]
+    paged_attention: Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]
+
+
+TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.paged_attention)
+
+
+def _triton_usable(device: torch.device) -> bool:
+    interpreted = os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
+    return device.type == "cuda" or (device.type == "cpu" and interpreted)
+
+
+def get_attention_backend(
+    name: str = "auto", device: torch.device | str = "cpu"
+) -> AttentionBackend:
+    """``auto``: Triton on CUDA, torch elsewhere. ``triton`` on CPU needs ``TRITON_INTERPRET=1``."""
+    device = torch.device(device)
+    if name not in BACKEND_NAMES:
+        raise ValueError(f"attention_backend: expected one of {BACKEND_NAMES}, got {name!r}")
+    if name == "auto":
+        name = "triton" if device.type == "cuda" else "torch"
+    if name == "torch":
+        return TORCH_BACKEND
+    if not _triton_usable(device):
+        raise ValueError(
+            f"attention_backend: triton needs a CUDA device (or TRITON_INTERPRET=1), got {device}"
+        )
+    from engine.attention import triton_backend
+
+    return AttentionBackend("triton", triton_backend.write_kv, triton_backend.paged_attention)

@@ -1,0 +1,148 @@
+"""PyTorch reference attention over the paged KV cache: the CPU serving path and the oracle
+the Triton kernels are tested against.
+
+Decode rows (one query per sequence) of a step are served together: the K/V of every decoding
+sequence is gathered into a padded ``[B, Hkv, L, D]`` tensor through the block tables and
+attended with one masked SDPA call, the ``G = Hq / Hkv`` query heads of a KV head taking the
+place of the query-length axis. Prefill rows (several queries) go per sequence, causal with
+the queries aligned to the end of the context, so a chunk never reads keys past its end.
+Softmax and accumulation run in fp32.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.kv_cache import KVCache, quantize_fp8
+from engine.attention.metadata import AttentionMetadata
+
+
+def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
+    """Scatter ``k``/``v`` ``[T, Hkv, D]`` into their slots (quantizing for fp8); slots < 0 skipped."""
+    valid = slot_mapping >= 0
+    if not bool(valid.all()):
+        slot_mapping, k, v = slot_mapping[valid], k[valid], v[valid]
+    blocks = slot_mapping // cache.block_size
+    offsets = slot_mapping % cache.block_size
+    for store, scales, new in ((cache.k, cache.k_scale, k), (cache.v, cache.v_scale, v)):
+        if scales is None:
+            store[blocks, :, offsets] = new.to(store.dtype)
+        else:
+            values, scale = quantize_fp8(new)
+            store[blocks, :, offsets] = values
+            scales[blocks, :, offsets] = scale
+
+
+@dataclass
+class _Prefill:
+    q_start: int
+    q_end: int
+    seq_len: int
+    blocks: torch.Tensor  # [num_blocks] int64
+
+
+@dataclass
+class _StepPlan:
+    """Index tensors shared by all layers of one step."""
+
+    decode_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
+    decode_blocks: torch.Tensor  # [Bd * nblk] int64 block ids, row-major
+    decode_shape: tuple[int, int]  # (Bd, nblk)
+    decode_mask: torch.Tensor  # [Bd, 1, 1, nblk * block_size] bool, True = attend
+    prefills: list[_Prefill]
+
+
+def _plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
+    key = f"torch_plan/{block_size}"
+    if key not in md.derived:
+        md.derived[key] = _build_plan(md, block_size)
+    return md.derived[key]
+
+
+def _build_plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
+    starts = md.query_start_loc.tolist()
+    seq_lens = md.seq_lens.tolist()
+    device = md.block_tables.device
+    decode_seqs, prefills = [], []
+    for i, seq_len in enumerate(seq_lens):
+        n_blocks = -(-seq_len // block_size)
+        if starts[i + 1] - starts[i] == 1:
+            decode_seqs.append(i)
+        else:
+            blocks = md.block_tables[i, :n_blocks].long()
+            prefills.append(_Prefill(starts[i], starts[i + 1], seq_len, blocks))
+    n_dec = len(decode_seqs)
+    nblk = max((-(-seq_lens[i] // block_size) for i in decode_seqs), default=0)
+    seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
+    blocks = md.block_tables.index_select(0, seqs)[:, :nblk].long().reshape(-1)
+    keys = torch.arange(nblk * block_size, device=device)
+    mask = keys[None, :] < md.seq_lens.index_select(0, seqs)[:, None]
+    rows = None
+    if n_dec != len(seq_lens):
+        rows = md.query_start_loc.index_select(0, seqs).long()
+    return _StepPlan(rows, blocks, (n_dec, nblk), mask[:, None, None, :], prefills)
+
+
+def _gather(
+    store: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor, n_seqs: int, nblk: int
+) -> torch.Tensor:
+    """Cache blocks -> dequantized fp32 ``[n_seqs, Hkv, nblk * block_size, D]``."""
+    _, heads, block_size, dim = store.shape
+    paged = store.index_select(0, blocks).view(n_seqs, nblk, heads, block_size, dim)
+    out = torch.empty(
+        n_seqs, heads, nblk, block_size, dim, dtype=torch.float32, device=store.device
+    )
+    if scales is None:
+        out.copy_(paged.transpose(1, 2))
+    else:
+        scale = scales.index_select(0, blocks).view(n_seqs, nblk, heads, block_size, 1)
+        out.copy_(paged.transpose(1, 2))
+        out.mul_(scale.transpose(1, 2))
+    return out.view(n_seqs, heads, nblk * block_size, dim)
+
+
+def _decode(q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float) -> torch.Tensor:
+    n_seqs, nblk = plan.decode_shape
+    _, num_heads, dim = q.shape
+    kv_heads = cache.k.shape[1]
+    k = _gather(cache.k, cache.k_scale, plan.decode_blocks, n_seqs, nblk)
+    v = _gather(cache.v, cache.v_scale, plan.decode_blocks, n_seqs, nblk)
+    grouped = q.float().view(n_seqs, kv_heads, num_heads // kv_heads, dim)
+    out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=plan.decode_mask, scale=scale)
+    return out.reshape(n_seqs, num_heads, dim).to(q.dtype)
+
+
+def _prefill(q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float) -> torch.Tensor:
+    n_q, num_heads, dim = q.shape
+    k = _gather(cache.k, cache.k_scale, seq.blocks, 1, len(seq.blocks))[0, :, : seq.seq_len]
+    v = _gather(cache.v, cache.v_scale, seq.blocks, 1, len(seq.blocks))[0, :, : seq.seq_len]
+    group = num_heads // k.shape[0]
+    if group > 1:
+        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
+    qh = q.float().transpose(0, 1)
+    if n_q == seq.seq_len:
+        out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
+    else:
+        # Queries are the last n_q positions: query t sees keys 0 .. seq_len - n_q + t.
+        mask = torch.ones(n_q, seq.seq_len, dtype=torch.bool, device=q.device)
+        mask = mask.tril(diagonal=seq.seq_len - n_q)
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
+    return out.transpose(0, 1).to(q.dtype)
+
+
+def paged_attention(
+    q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype."""
+    plan = _plan(md, cache.block_size)
+    if plan.decode_rows is None and plan.decode_shape[0] > 0:
+        return _decode(q, cache, plan, scale)
+    out = torch.empty_like(q)
+    if plan.decode_shape[0] > 0:
+        out[plan.decode_rows] = _decode(q[plan.decode_rows], cache, plan, scale)
+    for seq in plan.prefills:
+        out[seq.q_start : seq.q_end] = _prefill(q[seq.q_start : seq.q_end], cache, seq, scale)
+    return out
