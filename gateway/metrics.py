@@ -1,0 +1,172 @@
+"""Prometheus metrics: kvgate request counters plus vLLM-named engine gauges.
+
+Each app owns a private `CollectorRegistry`, so tests (and embedders) can build several apps in
+one process without metric-name clashes. Engine figures are read at scrape time by a custom
+collector rather than pushed on every step, so the hot path pays nothing for them. The engine
+series use the names vLLM exports, so inference routers (llm-d, the Gateway API inference
+extension) can scrape a kvgate pod as if it were a vLLM pod.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector
+
+# From half a millisecond (a cached list answer) to minutes (a long generation).
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, *Histogram.DEFAULT_BUCKETS[:-1], 30.0, 60.0, 120.0)
+
+# (metric name, help text, stats field) — help texts as vLLM words them.
+LOAD_GAUGES = (
+    ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
+    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
+    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
+)
+PREFIX_COUNTERS = (
+    (
+        "vllm:prefix_cache_queries",
+        "Prefix cache queries, in terms of number of queried tokens.",
+        "prefix_queries",
+    ),
+    (
+        "vllm:prefix_cache_hits",
+        "Prefix cache hits, in terms of number of cached tokens.",
+        "prefix_hits",
+    ),
+)
+
+
+class ReplicaStats(Protocol):
+    """Load figures of one engine replica."""
+
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # fraction of KV blocks in use, 0.0 to 1.0 (vLLM's convention)
+
+
+class EngineStatsLike(ReplicaStats, Protocol):
+    """What the collector reads from `engine.stats()`: totals, cache config, replicas."""
+
+    prefix_queries: int  # prompt tokens looked up in the prefix cache, cumulative
+    prefix_hits: int  # of those, tokens found cached, cumulative
+    block_size: int
+    num_blocks: int
+    cache_dtype: str
+    enable_prefix_caching: bool
+    per_replica: Sequence[ReplicaStats]
+
+
+class EngineCollector(Collector):
+    """Turns one `engine.stats()` snapshot into vLLM-compatible metric families per scrape.
+
+    The `vllm:*` load gauges carry only `model_name` (one series per pod, like a single-engine
+    vLLM), so a router reading them gets the pod's total; per-replica figures go to separate
+    `kvgate_replica_*` families with a `replica` label rather than mixing label sets in one family.
+    """
+
+    def __init__(self, engine_stats: Callable[[], EngineStatsLike], model_name: str) -> None:
+        self._engine_stats = engine_stats
+        self._model_name = model_name
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._engine_stats()
+        for name, documentation, field in LOAD_GAUGES:
+            yield self._family(GaugeMetricFamily, name, documentation, getattr(stats, field))
+        for name, documentation, field in PREFIX_COUNTERS:
+            yield self._family(CounterMetricFamily, name, documentation, getattr(stats, field))
+        yield self._cache_config(stats)
+        yield from self._per_replica(stats.per_replica)
+
+    def _family(
+        self,
+        kind: type[GaugeMetricFamily | CounterMetricFamily],
+        name: str,
+        documentation: str,
+        value: float,
+    ) -> Metric:
+        family = kind(name, documentation, labels=["model_name"])
+        family.add_metric([self._model_name], value)
+        return family
+
+    def _cache_config(self, stats: EngineStatsLike) -> Metric:
+        labels = {
+            "block_size": str(stats.block_size),
+            "num_gpu_blocks": str(stats.num_blocks),
+            "cache_dtype": stats.cache_dtype,
+            "enable_prefix_caching": str(stats.enable_prefix_caching),
+        }
+        info = GaugeMetricFamily(
+            "vllm:cache_config_info",
+            "Information of the LLMEngine CacheConfig",
+            labels=list(labels),
+        )
+        info.add_metric(list(labels.values()), 1)
+        return info
+
+    def _per_replica(self, replicas: Sequence[ReplicaStats]) -> Iterator[Metric]:
+        labels = ["model_name", "replica"]
+        running, waiting, usage = (
+            GaugeMetricFamily(
+                f"kvgate_replica_{field}", f"{what} per engine replica.", labels=labels
+            )
+            for field, what in (
+                ("num_requests_running", "Running requests"),
+                ("num_requests_waiting", "Waiting requests"),
+                ("kv_cache_usage_perc", "KV-cache usage (0 to 1)"),
+            )
+        )
+        for index, replica in enumerate(replicas):
+            values = [self._model_name, str(index)]
+            running.add_metric(values, replica.num_running)
+            waiting.add_metric(values, replica.num_waiting)
+            usage.add_metric(values, replica.kv_usage)
+        yield from (running, waiting, usage)
+
+
+class Metrics:
+    """One app's metrics: request outcomes, latencies, misc counters, engine figures."""
+
+    def __init__(
+        self, engine_stats: Callable[[], EngineStatsLike] | None = None, model_name: str = ""
+    ) -> None:
+        self.registry = CollectorRegistry()
+        self._requests = Counter(
+            "kvgate_requests",
+            "MCP requests by method, tool and outcome.",
+            ["method", "tool", "outcome"],
+            registry=self.registry,
+        )
+        self._duration = Histogram(
+            "kvgate_request_duration_seconds",
+            "MCP request latency by method, until the last byte.",
+            ["method"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._counters: dict[str, tuple[Counter, tuple[str, ...]]] = {}
+        if engine_stats is not None:
+            self.registry.register(EngineCollector(engine_stats, model_name))
+
+    def observe(self, method: str, tool: str | None, outcome: str, seconds: float) -> None:
+        """Record one finished request; `tool` is None for anything but `tools/call`."""
+        self._requests.labels(method, tool or "", outcome).inc()
+        self._duration.labels(method).observe(seconds)
+
+    def count(self, name: str, **labels: str) -> None:
+        """Increment the counter `name` (created on first use); its label names must not vary."""
+        label_names = tuple(sorted(labels))
+        if name not in self._counters:
+            counter = Counter(name, f"kvgate counter {name}.", label_names, registry=self.registry)
+            self._counters[name] = (counter, label_names)
+        counter, known = self._counters[name]
+        if label_names != known:
+            raise ValueError(f"counter {name} has labels {known}, got {label_names}")
+        (counter.labels(**labels) if labels else counter).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition body and its content type, for `GET /metrics`."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
