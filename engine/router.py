@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import bisect
 import hashlib
+import itertools
 import math
+import random
 from collections.abc import Iterator, Mapping, Sequence
 
 KEY_BLOCKS = 8  # a prompt without cache_key is keyed on its first (up to) eight blocks
@@ -18,6 +20,13 @@ KEY_BLOCKS = 8  # a prompt without cache_key is keyed on its first (up to) eight
 
 class NoReplicaAvailable(RuntimeError):
     """Every replica is stalled or failed; the request cannot be placed."""
+
+
+def _live(available: Sequence[bool]) -> list[int]:
+    live = [r for r, ok in enumerate(available) if ok]
+    if not live:
+        raise NoReplicaAvailable(f"all {len(available)} replicas are stalled or failed")
+    return live
 
 
 def _position(*parts: bytes) -> int:
@@ -69,9 +78,7 @@ class PrefixRouter:
 
     def load_bound(self, loads: Sequence[int], available: Sequence[bool]) -> int:
         """The most requests a live replica may hold after taking one more."""
-        live = [r for r in range(self.num_replicas) if available[r]]
-        if not live:
-            raise NoReplicaAvailable(f"all {self.num_replicas} replicas are stalled or failed")
+        live = _live(available)
         total = sum(loads[r] for r in live)
         return math.ceil(self.load_factor * (total + 1) / len(live))
 
@@ -88,7 +95,7 @@ class PrefixRouter:
 
         `loads` counts running + waiting requests per replica; `available[r]` is False for
         a stalled or failed replica; `prefilling` maps a block hash to the replica computing
-        it now. `num_prompt_tokens` is part of the contract for callers; the policy needs only
+        it now (only its `.get` is used, so a lazy view of the pool will do). `num_prompt_tokens` is part of the contract for callers; the policy needs only
         the hashes (a prompt with no full block has none).
         """
         if len(loads) != self.num_replicas or len(available) != self.num_replicas:
@@ -101,7 +108,7 @@ class PrefixRouter:
         def has_room(r: int) -> bool:
             return 0 <= r < self.num_replicas and available[r] and loads[r] < bound
 
-        if prefilling:
+        if prefilling is not None:
             for block_hash in reversed(block_hashes):
                 replica = prefilling.get(block_hash)
                 if replica is not None:
@@ -114,7 +121,54 @@ class PrefixRouter:
         elif block_hashes:
             key = b"blocks:" + block_hashes[min(len(block_hashes), KEY_BLOCKS) - 1]
         else:
-            live = [r for r in range(self.num_replicas) if available[r]]
-            return min(live, key=lambda r: (loads[r], r))
+            return min(_live(available), key=lambda r: (loads[r], r))
         # The least loaded live replica is always below the bound, so the walk finds one.
         return next(r for r in self.preference(key) if has_room(r))
+
+
+class _BlindRouter:
+    """Baselines for benchmarks: blind to prefixes and load, they only skip dead replicas."""
+
+    def choose(
+        self,
+        block_hashes: Sequence[bytes],
+        cache_key: str | None,
+        num_prompt_tokens: int,
+        loads: Sequence[int],
+        available: Sequence[bool],
+        prefilling: Mapping[bytes, int] | None = None,
+    ) -> int:
+        return self._pick(_live(available))
+
+    def _pick(self, live: list[int]) -> int:
+        raise NotImplementedError
+
+
+class RoundRobinRouter(_BlindRouter):
+    def __init__(self) -> None:
+        self._turn = itertools.count()
+
+    def _pick(self, live: list[int]) -> int:
+        return live[next(self._turn) % len(live)]
+
+
+class RandomRouter(_BlindRouter):
+    def __init__(self, seed: int = 0) -> None:
+        self._rng = random.Random(seed)  # seeded so a benchmark run can be repeated
+
+    def _pick(self, live: list[int]) -> int:
+        return self._rng.choice(live)
+
+
+ROUTING_POLICIES = ("prefix", "round_robin", "random")
+
+
+def make_router(policy: str, num_replicas: int, seed: int = 0) -> PrefixRouter | _BlindRouter:
+    """The router for a policy name (`EngineConfig.routing`, `--routing`)."""
+    if policy == "prefix":
+        return PrefixRouter(num_replicas)
+    if policy == "round_robin":
+        return RoundRobinRouter()
+    if policy == "random":
+        return RandomRouter(seed)
+    raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {policy!r}")

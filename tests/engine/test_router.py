@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.router import NoReplicaAvailable, PrefixRouter
+from engine.router import NoReplicaAvailable, PrefixRouter, make_router
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -175,3 +175,24 @@ def test_no_live_replica_raises():
 def test_mismatched_lengths_rejected():
     with pytest.raises(ValueError, match="loads and available"):
         PrefixRouter(3).choose([], None, 0, [0, 0], [True, True])
+
+
+def test_round_robin_baseline_cycles_over_live_replicas():
+    router = make_router("round_robin", 3)
+    picks = [router.choose([], None, 0, [0, 0, 0], [True, False, True]) for _ in range(4)]
+    assert picks == [0, 2, 0, 2]
+
+
+def test_random_baseline_is_seeded_and_skips_dead_replicas():
+    def picks(seed: int) -> list[int]:
+        router = make_router("random", 3, seed)
+        return [router.choose([], None, 0, [0, 0, 0], [True, False, True]) for _ in range(50)]
+
+    assert picks(3) == picks(3)
+    assert set(picks(3)) == {0, 2}
+
+
+def test_unknown_policy_rejected():
+    assert isinstance(make_router("prefix", 2), PrefixRouter)
+    with pytest.raises(ValueError, match="routing"):
+        make_router("least_recent", 2)
