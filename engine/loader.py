@@ -1,0 +1,117 @@
+"""Load a Hugging Face checkpoint folder into the engine's model, tokenizer and identity.
+
+Every tensor is checked against what the model expects, so a broken checkpoint fails at load
+time with a message naming the file or tensor instead of producing garbage later.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from engine.model_config import ModelConfig, ModelLoadError
+from engine.models import model_class
+from engine.tokenizer import Tokenizer
+
+__all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype"]
+
+INDEX_FILE = "model.safetensors.index.json"
+IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module
+    config: ModelConfig
+    tokenizer: Tokenizer
+    model_id: str
+    path: Path
+    dtype: torch.dtype
+
+
+def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
+    """"auto" means the checkpoint's own dtype (float32 when it does not say)."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = config.torch_dtype if dtype == "auto" else dtype
+    name = name.removeprefix("torch.")
+    if name not in DTYPES:
+        raise ValueError(f"dtype must be one of auto, {', '.join(DTYPES)}; got {dtype!r}")
+    return DTYPES[name]
+
+
+def load_model(
+    path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+) -> LoadedModel:
+    path = Path(path)
+    if not path.is_dir():
+        raise ModelLoadError(f"model folder {path} does not exist")
+    config = ModelConfig.from_dir(path)
+    torch_dtype = resolve_dtype(dtype, config)
+    files = safetensors_files(path)
+    tokenizer = Tokenizer.from_dir(path)
+    model = model_class(config.architecture)(config, torch_dtype, device)
+    load_weights(model, files)
+    model.eval()
+    return LoadedModel(model, config, tokenizer, model_identity(path, files), path, torch_dtype)
+
+
+def safetensors_files(path: Path) -> list[Path]:
+    """The weight files: those the sharded index names, else every `*.safetensors`."""
+    index = path / INDEX_FILE
+    if index.is_file():
+        weight_map = json.loads(index.read_text(encoding="utf-8")).get("weight_map", {})
+        files = [path / name for name in sorted(set(weight_map.values()))]
+        for file in files:
+            if not file.is_file():
+                raise ModelLoadError(f"missing safetensors shard {file.name} named in {INDEX_FILE}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"missing *.safetensors weights in {path}")
+    return files
+
+
+def load_weights(model: torch.nn.Module, files: list[Path]) -> None:
+    slots = model.hf_weight_slots()
+    tied = model.config.tie_word_embeddings
+    seen: set[str] = set()
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as handle:
+            for name in handle.keys():  # noqa: SIM118 - safe_open has no __iter__
+                if name.endswith(IGNORED_TENSOR_SUFFIXES) or (tied and name == "lm_head.weight"):
+                    continue
+                slot = slots.get(name)
+                if slot is None:
+                    raise ModelLoadError(f"unexpected tensor {name!r} in {file.name}")
+                tensor = handle.get_tensor(name)
+                if tuple(tensor.shape) != slot.shape:
+                    raise ModelLoadError(
+                        f"shape mismatch for tensor {name!r} in {file.name}: "
+                        f"expected {list(slot.shape)}, got {list(tensor.shape)}"
+                    )
+                with torch.no_grad():
+                    slot.param[slot.start : slot.start + slot.shape[0]].copy_(tensor)
+                seen.add(name)
+    missing = sorted(set(slots) - seen)
+    if missing:
+        shown = ", ".join(repr(name) for name in missing[:5])
+        more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+        raise ModelLoadError(f"missing tensor {shown}{more} in the safetensors files")
+
+
+def model_identity(path: Path, files: list[Path]) -> str:
+    """A stable id for the weights (config bytes plus weight file names and sizes).
+
+    It roots the prefix-cache block hashes, so two different models never share KV blocks.
+    """
+    digest = hashlib.sha256((path / "config.json").read_bytes())
+    for file in files:
+        digest.update(f"\0{file.name}\0{file.stat().st_size}".encode())
+    return digest.hexdigest()

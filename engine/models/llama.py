@@ -1,0 +1,215 @@
+"""One Llama-family decoder (Llama with GQA, Mistral, Qwen2) over the paged KV cache.
+
+Architectures differ only through `ModelConfig` (qkv bias, tied embeddings, RoPE scaling).
+q/k/v and gate/up are fused into single matmuls; the loader fills the fused weights from the
+separate Hugging Face tensors. Every layer writes its new K/V into the cache first and then
+attends from the cache, so a prefix-cache hit and a miss compute from identical inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.attention import AttentionBackend, AttentionMetadata, KVCache
+from engine.model_config import ModelConfig
+
+
+class WeightSlot(NamedTuple):
+    """Where one checkpoint tensor lands: rows [start, start + shape[0]) of `param`."""
+
+    param: torch.Tensor
+    start: int
+    shape: tuple[int, ...]
+
+
+def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+class RMSNorm(nn.Module):
+    """Normalises in float32 and scales in the model dtype, exactly as transformers does."""
+
+    def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.eps = eps
+        self.weight = _param(size, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """Inverse frequencies, with "linear" or "llama3" scaling applied when configured."""
+    dim = config.head_dim
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    inv_freq = 1.0 / (config.rope_theta**exponents)
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv_freq
+    factor = float(scaling["factor"])
+    if scaling["rope_type"] == "linear":
+        return inv_freq / factor
+    low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+    old_len = float(scaling["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+    smooth = (old_len / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    is_medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE to [T, H, D] with per-token cos/sin [T, 1, D] (half-split layout)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.num_heads, self.num_kv_heads = config.num_heads, config.num_kv_heads
+        self.head_dim = config.head_dim
+        self.sizes = [config.q_size, config.kv_size, config.kv_size]
+        self.scale = config.head_dim**-0.5
+        self.qkv_weight = _param(sum(self.sizes), config.hidden_size, dtype=dtype, device=device)
+        self.qkv_bias = (
+            _param(sum(self.sizes), dtype=dtype, device=device) if config.attention_bias else None
+        )
+        self.o_weight = _param(config.hidden_size, config.q_size, dtype=dtype, device=device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
+        q = rotate(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
+        k = rotate(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
+        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        backend.write_kv(kv_cache, k, v, metadata.slot_mapping)
+        out = backend.paged_attention(q.contiguous(), kv_cache, metadata, self.scale)
+        return F.linear(out.reshape(tokens, -1), self.o_weight)
+
+
+class MLP(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        size, hidden = config.intermediate_size, config.hidden_size
+        self.gate_up_weight = _param(2 * size, hidden, dtype=dtype, device=device)
+        self.down_weight = _param(hidden, size, dtype=dtype, device=device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, self.down_weight)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.input_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.attn = Attention(config, dtype, device)
+        self.post_attention_norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.mlp = MLP(config, dtype, device)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        kv_cache: KVCache,
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, metadata, backend)
+        return x + self.mlp(self.post_attention_norm(x))
+
+
+class LlamaForCausalLM(nn.Module):
+    """`forward` returns final hidden states [T, hidden]; `compute_logits` projects chosen rows."""
+
+    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+        super().__init__()
+        self.config = config
+        self.embed_weight = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, dtype, device) for _ in range(config.num_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.lm_head_weight = (
+            None
+            if config.tie_word_embeddings
+            else _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        )
+        positions = torch.arange(config.max_model_len, dtype=torch.float32)
+        angles = torch.outer(positions, rope_inv_freq(config))
+        angles = torch.cat((angles, angles), dim=-1)
+        self.register_buffer("rope_cos", angles.cos().to(device, dtype), persistent=False)
+        self.register_buffer("rope_sin", angles.sin().to(device, dtype), persistent=False)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[KVCache],
+        metadata: AttentionMetadata,
+        backend: AttentionBackend,
+    ) -> torch.Tensor:
+        cos = self.rope_cos[positions].unsqueeze(1)
+        sin = self.rope_sin[positions].unsqueeze(1)
+        x = F.embedding(input_ids, self.embed_weight)
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(x, cos, sin, kv_cache, metadata, backend)
+        return self.norm(x)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        weight = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
+        return F.linear(hidden, weight).float()
+
+    def hf_weight_slots(self) -> dict[str, WeightSlot]:
+        """Every Hugging Face tensor name this model expects, and where it is stored."""
+        c = self.config
+        slots = {
+            "model.embed_tokens.weight": _whole(self.embed_weight),
+            "model.norm.weight": _whole(self.norm.weight),
+        }
+        if self.lm_head_weight is not None:
+            slots["lm_head.weight"] = _whole(self.lm_head_weight)
+        for i, layer in enumerate(self.layers):
+            prefix = f"model.layers.{i}."
+            attn, mlp = layer.attn, layer.mlp
+            offsets = {"q": (0, c.q_size), "k": (c.q_size, c.kv_size),
+                       "v": (c.q_size + c.kv_size, c.kv_size)}
+            for name, (start, rows) in offsets.items():
+                slots[f"{prefix}self_attn.{name}_proj.weight"] = WeightSlot(
+                    attn.qkv_weight, start, (rows, c.hidden_size)
+                )
+                if attn.qkv_bias is not None:
+                    slots[f"{prefix}self_attn.{name}_proj.bias"] = WeightSlot(
+                        attn.qkv_bias, start, (rows,)
+                    )
+            slots[f"{prefix}self_attn.o_proj.weight"] = _whole(attn.o_weight)
+            size = c.intermediate_size
+            slots[f"{prefix}mlp.gate_proj.weight"] = WeightSlot(mlp.gate_up_weight, 0, (size, c.hidden_size))
+            slots[f"{prefix}mlp.up_proj.weight"] = WeightSlot(mlp.gate_up_weight, size, (size, c.hidden_size))
+            slots[f"{prefix}mlp.down_proj.weight"] = _whole(mlp.down_weight)
+            slots[f"{prefix}input_layernorm.weight"] = _whole(layer.input_norm.weight)
+            slots[f"{prefix}post_attention_layernorm.weight"] = _whole(layer.post_attention_norm.weight)
+        return slots
+
+
+def _whole(param: torch.Tensor) -> WeightSlot:
+    return WeightSlot(param, 0, tuple(param.shape))
