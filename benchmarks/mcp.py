@@ -1,0 +1,211 @@
+"""MCP endpoint speed: kvgate against the official SDK's stateless server and a bare route.
+
+One run, one machine, one uvicorn install, one target at a time: `kvgate serve` (embedded
+default model, one worker), the `mcp` SDK's `MCPServer` with one `echo` tool (stateless, JSON
+responses) and a bare Starlette route returning kvgate's own response bytes (the ceiling). Each
+is driven on `server/discover` and `tools/list` with 2026-07-28 requests (headers and `_meta`)
+by `loadgen.py` in its own process. Prints requests/s, p50, p99, the kvgate/SDK ratios against
+the targets (>= 2.5x requests/s, p99 <= half), and CPU use of client and server.
+
+    python benchmarks/mcp.py --duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+# Helpers run as `-m benchmarks.<name>` from the repository root: run as scripts, this file's
+# folder would lead sys.path and `import mcp` would find this module instead of the SDK.
+ROOT = Path(__file__).resolve().parent.parent
+VERSION = "2026-07-28"
+METHODS = ("server/discover", "tools/list")
+TARGETS = ("kvgate", "sdk", "bare")
+RPS_TARGET, P99_TARGET = 2.5, 0.5
+
+
+def request_parts(method: str) -> tuple[dict[str, str], bytes]:
+    """Headers and body of a modern (2026-07-28) request for `method`, without Host."""
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": VERSION,
+        "io.modelcontextprotocol/clientInfo": {"name": "kvgate-bench", "version": "1.0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {"jsonrpc": "2.0", "id": 1, "method": method, "params": {"_meta": meta}}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": VERSION,
+        "Mcp-Method": method,
+    }
+    return headers, json.dumps(body, separators=(",", ":")).encode()
+
+
+def raw_request(port: int, method: str) -> bytes:
+    headers, body = request_parts(method)
+    lines = ["POST /mcp HTTP/1.1", f"Host: 127.0.0.1:{port}", f"Content-Length: {len(body)}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+
+
+def fetch(port: int, method: str) -> bytes | None:
+    """One request; the response body if it is a successful JSON-RPC result, else None."""
+    headers, body = request_parts(method)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        connection.request("POST", "/mcp", body, headers)
+        response = connection.getresponse()
+        payload = response.read()
+    except OSError:
+        return None
+    finally:
+        connection.close()
+    if response.status != 200 or not response.getheader("content-type", "").startswith(
+        "application/json"
+    ):
+        raise RuntimeError(f"{method}: HTTP {response.status} {payload[:300]!r}")
+    result = json.loads(payload).get("result")
+    if not result or (method == "tools/list" and not result.get("tools")):
+        raise RuntimeError(f"{method}: not a usable result: {payload[:300]!r}")
+    return payload
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@contextmanager
+def serving(command: list[str], port: int, startup_s: float) -> Iterator[subprocess.Popen]:
+    """Run a server until it answers `server/discover`; stop it afterwards."""
+    log = tempfile.TemporaryFile()
+    server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + startup_s
+        while fetch(port, METHODS[0]) is None:
+            if server.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"{command} did not come up:\n{log.read().decode()[-2000:]}")
+            time.sleep(0.2)
+        yield server
+    finally:
+        server.send_signal(signal.SIGINT)
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+
+
+def server_command(target: str, port: int, bodies_file: str, gc_freeze: bool) -> list[str]:
+    if target == "kvgate":
+        return [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+    command = [sys.executable, "-m", "benchmarks.baselines", target, "--port", str(port)]
+    if target == "bare":
+        command += ["--bodies", bodies_file]
+    return command + (["--gc-freeze"] if gc_freeze else [])
+
+
+def load(port: int, method: str, server_pid: int, args: argparse.Namespace) -> dict[str, float]:
+    """Drive one method with loadgen.py; its figures plus the server's CPU use."""
+    with tempfile.NamedTemporaryFile(suffix=".http") as request_file:
+        request_file.write(raw_request(port, method))
+        request_file.flush()
+        command = [sys.executable, "-m", "benchmarks.loadgen", "--port", str(port)]
+        command += ["--request-file", request_file.name, "--concurrency", str(args.concurrency)]
+        command += ["--duration", str(args.duration), "--warmup", str(args.warmup)]
+        before, started = cpu_seconds(server_pid), time.perf_counter()
+        figures = json.loads(
+            subprocess.run(command, cwd=ROOT, check=True, capture_output=True).stdout
+        )
+        elapsed = time.perf_counter() - started
+    figures["server_cpu_frac"] = (cpu_seconds(server_pid) - before) / elapsed
+    return figures
+
+
+def measure(target: str, bodies: dict[str, str], args: argparse.Namespace) -> dict[str, dict]:
+    """Start one target, check its answers, drive every method; record response bodies."""
+    port = free_port()
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as bodies_file:
+        json.dump(bodies, bodies_file)
+        bodies_file.flush()
+        command = server_command(target, port, bodies_file.name, args.gc_freeze)
+        with serving(command, port, args.startup_timeout) as server:
+            results = {}
+            for method in METHODS:
+                body = fetch(port, method)
+                bodies.setdefault(method, body.decode())
+                results[method] = load(port, method, server.pid, args) | {"bytes": len(body)}
+    return results
+
+
+def report(results: dict[str, dict[str, dict]], args: argparse.Namespace) -> None:
+    print(
+        f"\nconcurrency {args.concurrency}, {args.duration:g} s measured after {args.warmup:g} s "
+        f"warm-up per row; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    header = f"{'target':8} {'method':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+    print(header + f" {'bytes':>6} {'client CPU':>10} {'server CPU':>10}")
+    for target, by_method in results.items():
+        for method, r in by_method.items():
+            print(
+                f"{target:8} {method:16} {r['rps']:9.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
+                f"{r['errors']:6d} {r['bytes']:6d} {r['client_cpu_frac']:10.0%} "
+                f"{r['server_cpu_frac']:10.0%}"
+            )
+    if "kvgate" in results and "sdk" in results:
+        print(f"\nkvgate / SDK (targets: req/s >= {RPS_TARGET}x, p99 <= {P99_TARGET}x):")
+        for method in METHODS:
+            ours, sdk = results["kvgate"][method], results["sdk"][method]
+            rps, p99 = ours["rps"] / sdk["rps"], ours["p99_ms"] / sdk["p99_ms"]
+            verdict = "met" if rps >= RPS_TARGET and p99 <= P99_TARGET else "NOT met"
+            print(f"  {method:16} req/s {rps:5.2f}x   p99 {p99:5.2f}x   {verdict}")
+    if "kvgate" in results and "bare" in results:
+        for method in METHODS:
+            share = results["kvgate"][method]["rps"] / results["bare"][method]["rps"]
+            print(f"  {method:16} kvgate reaches {share:.0%} of the bare route's req/s")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per row")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per row")
+    parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset")
+    parser.add_argument("--startup-timeout", type=float, default=180.0)
+    parser.add_argument(
+        "--gc-freeze", action="store_true", help="gc.freeze() the SDK and bare servers at startup"
+    )
+    args = parser.parse_args()
+    targets = [t for t in TARGETS if t in args.targets.split(",")]
+    if targets[:1] == ["bare"]:
+        parser.error("the bare route replays another target's bytes: add kvgate or sdk")
+    bodies: dict[str, str] = {}  # the first target's answers; the bare route replays them
+    results = {}
+    for target in targets:
+        print(f"measuring {target} ...", file=sys.stderr, flush=True)
+        results[target] = measure(target, bodies, args)
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()
