@@ -20,19 +20,34 @@ from prometheus_client.registry import Collector
 # From half a millisecond (a cached list answer) to minutes (a long generation).
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, *Histogram.DEFAULT_BUCKETS[:-1], 30.0, 60.0, 120.0)
 
-# (metric name, help text, stats field) — help texts as vLLM words them.
-LOAD_GAUGES = (
-    ("vllm:num_requests_running", "Number of requests in model execution batches.", "num_running"),
-    ("vllm:num_requests_waiting", "Number of requests waiting to be processed.", "num_waiting"),
-    ("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage.", "kv_usage"),
-)
-PREFIX_COUNTERS = (
+# (family kind, vLLM metric name, help text as vLLM words it, stats field)
+ENGINE_SERIES = (
     (
+        GaugeMetricFamily,
+        "vllm:num_requests_running",
+        "Number of requests in model execution batches.",
+        "num_running",
+    ),
+    (
+        GaugeMetricFamily,
+        "vllm:num_requests_waiting",
+        "Number of requests waiting to be processed.",
+        "num_waiting",
+    ),
+    (
+        GaugeMetricFamily,
+        "vllm:kv_cache_usage_perc",
+        "KV-cache usage. 1 means 100 percent usage.",
+        "kv_usage",
+    ),
+    (
+        CounterMetricFamily,
         "vllm:prefix_cache_queries",
         "Prefix cache queries, in terms of number of queried tokens.",
         "prefix_queries",
     ),
     (
+        CounterMetricFamily,
         "vllm:prefix_cache_hits",
         "Prefix cache hits, in terms of number of cached tokens.",
         "prefix_hits",
@@ -46,13 +61,13 @@ class ReplicaStats(Protocol):
     num_running: int
     num_waiting: int
     kv_usage: float  # fraction of KV blocks in use, 0.0 to 1.0 (vLLM's convention)
+    prefix_queries: int  # prompt tokens looked up in the prefix cache, cumulative
+    prefix_hits: int  # of those, tokens found cached, cumulative
 
 
 class EngineStatsLike(ReplicaStats, Protocol):
     """What the collector reads from `engine.stats()`: totals, cache config, replicas."""
 
-    prefix_queries: int  # prompt tokens looked up in the prefix cache, cumulative
-    prefix_hits: int  # of those, tokens found cached, cumulative
     block_size: int
     num_blocks: int
     cache_dtype: str
@@ -74,23 +89,12 @@ class EngineCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         stats = self._engine_stats()
-        for name, documentation, field in LOAD_GAUGES:
-            yield self._family(GaugeMetricFamily, name, documentation, getattr(stats, field))
-        for name, documentation, field in PREFIX_COUNTERS:
-            yield self._family(CounterMetricFamily, name, documentation, getattr(stats, field))
+        for kind, name, documentation, field in ENGINE_SERIES:
+            family = kind(name, documentation, labels=["model_name"])
+            family.add_metric([self._model_name], getattr(stats, field))
+            yield family
         yield self._cache_config(stats)
         yield from self._per_replica(stats.per_replica)
-
-    def _family(
-        self,
-        kind: type[GaugeMetricFamily | CounterMetricFamily],
-        name: str,
-        documentation: str,
-        value: float,
-    ) -> Metric:
-        family = kind(name, documentation, labels=["model_name"])
-        family.add_metric([self._model_name], value)
-        return family
 
     def _cache_config(self, stats: EngineStatsLike) -> Metric:
         labels = {
@@ -108,23 +112,15 @@ class EngineCollector(Collector):
         return info
 
     def _per_replica(self, replicas: Sequence[ReplicaStats]) -> Iterator[Metric]:
-        labels = ["model_name", "replica"]
-        running, waiting, usage = (
-            GaugeMetricFamily(
-                f"kvgate_replica_{field}", f"{what} per engine replica.", labels=labels
+        for kind, name, documentation, field in ENGINE_SERIES:
+            family = kind(
+                name.replace("vllm:", "kvgate_replica_"),
+                f"{documentation} Per engine replica.",
+                labels=["model_name", "replica"],
             )
-            for field, what in (
-                ("num_requests_running", "Running requests"),
-                ("num_requests_waiting", "Waiting requests"),
-                ("kv_cache_usage_perc", "KV-cache usage (0 to 1)"),
-            )
-        )
-        for index, replica in enumerate(replicas):
-            values = [self._model_name, str(index)]
-            running.add_metric(values, replica.num_running)
-            waiting.add_metric(values, replica.num_waiting)
-            usage.add_metric(values, replica.kv_usage)
-        yield from (running, waiting, usage)
+            for index, replica in enumerate(replicas):
+                family.add_metric([self._model_name, str(index)], getattr(replica, field))
+            yield family
 
 
 class Metrics:

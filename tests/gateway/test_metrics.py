@@ -13,6 +13,8 @@ class Replica:
     num_running: int
     num_waiting: int
     kv_usage: float
+    prefix_queries: int
+    prefix_hits: int
 
 
 @dataclass
@@ -121,7 +123,7 @@ def test_cache_config_info_carries_the_cache_layout() -> None:
 
 
 def test_per_replica_figures_get_a_replica_label() -> None:
-    replicas = [Replica(1, 0, 0.5), Replica(2, 4, 0.75)]
+    replicas = [Replica(1, 0, 0.5, 10, 5), Replica(2, 4, 0.75, 30, 0)]
     metrics = Metrics(lambda: Stats(num_running=3, num_waiting=4, per_replica=replicas), "m")
     samples = scrape(metrics)
     for index, replica in enumerate(replicas):
@@ -129,6 +131,8 @@ def test_per_replica_figures_get_a_replica_label() -> None:
         assert samples["kvgate_replica_num_requests_running", at] == replica.num_running
         assert samples["kvgate_replica_num_requests_waiting", at] == replica.num_waiting
         assert samples["kvgate_replica_kv_cache_usage_perc", at] == replica.kv_usage
+        assert samples["kvgate_replica_prefix_cache_queries_total", at] == replica.prefix_queries
+        assert samples["kvgate_replica_prefix_cache_hits_total", at] == replica.prefix_hits
     assert samples["vllm:num_requests_running", labels(model_name="m")] == 3
 
 
