@@ -1,6 +1,5 @@
 """PrefixRouter: deterministic across processes, sticky, bounded, minimally disruptive."""
 
-import hashlib
 import json
 import math
 import os
@@ -12,19 +11,18 @@ from pathlib import Path
 
 import pytest
 
+from engine.block_hash import block_hashes, root_hash
 from engine.router import NoReplicaAvailable, PrefixRouter, make_router
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-def chained_hashes(tokens: list[int], block_size: int = 16) -> list[bytes]:
-    """Full-block chained sha256 hashes, shaped like the pool's (the router treats them as opaque)."""
-    hashes, parent = [], b"root"
-    for start in range(0, len(tokens) - block_size + 1, block_size):
-        block = tokens[start : start + block_size]
-        parent = hashlib.sha256(parent + b"".join(t.to_bytes(4, "little") for t in block)).digest()
-        hashes.append(parent)
-    return hashes
+ROOT = root_hash("router-test-model", "float32")
+
+
+def chained_hashes(tokens: list[int]) -> list[bytes]:
+    """The prompt's full-block hashes, as the pool computes them."""
+    return block_hashes(tokens, ROOT)
 
 
 def prompt(seed: int, num_tokens: int) -> list[int]:
@@ -40,6 +38,7 @@ DETERMINISM_SCRIPT = """
 import json, random, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 from test_router import chained_hashes, prompt
+from engine.block_hash import block_hashes, root_hash
 from engine.router import PrefixRouter
 router = PrefixRouter(4)
 rng = random.Random(7)
