@@ -140,7 +140,7 @@ class DiscoveryCache:
         self._on_event = on_event
         self._counts = dict.fromkeys(
             ("near_hits", "shared_hits", "misses", "redis_errors", "degraded_requests",
-             "outages", "versions_announced"), 0)
+             "outages", "recoveries", "versions_announced"), 0)
 
     async def start(self) -> None:
         """Nothing to connect in-process."""

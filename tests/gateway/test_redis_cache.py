@@ -1,0 +1,228 @@
+"""The discovery cache shared through a real, private redis-server that the tests kill and pause.
+
+No mocks: every test talks to its own `redis-server` (see `redis_fixtures`). Loops are bounded
+by iteration counts and deadlines, so a broken cache fails instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis_fixtures import RedisServer, free_port, requires_redis_server
+
+from gateway.discovery_cache import catalog_key, make_discovery_cache
+from gateway.redis_cache import VERSION_KEY, RedisDiscoveryCache
+
+pytestmark = [pytest.mark.redis, requires_redis_server]
+REPO_ROOT = Path(__file__).resolve().parents[2]
+GENEROUS_TIMEOUT_S = 0.5  # for tests about sharing, not speed: a busy CI box must not degrade
+
+
+@pytest.fixture
+def redis_server(tmp_path):
+    with RedisServer(tmp_path) as server:
+        yield server
+
+
+@pytest.fixture
+async def raw_redis(redis_server):
+    client = aioredis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def started(url: str, **options) -> RedisDiscoveryCache:
+    cache = RedisDiscoveryCache(url, **options)
+    await cache.start()
+    return cache
+
+
+def must_not_build() -> bytes:
+    raise AssertionError("the entry should have come from Redis")
+
+
+async def next_version(versions, within_s: float = 1.0) -> str:
+    return await asyncio.wait_for(anext(versions), timeout=within_s)
+
+
+async def wait_until(condition, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_two_caches_share_entries_with_ttl(redis_server, raw_redis):
+    first = make_discovery_cache(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S, ttl_s=60)
+    assert isinstance(first, RedisDiscoveryCache)
+    await first.start()
+    second = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S, ttl_s=60)
+    body = b'{"tools":[{"name":"generate"}]}'
+    assert await first.get_or_build("v1", "tools/list", "p0", lambda: body) == body
+    assert await second.get_or_build("v1", "tools/list", "p0", must_not_build) == body
+    assert await second.get_or_build("v1", "tools/list", "p0", must_not_build) == body
+    assert (first.stats["misses"], second.stats["shared_hits"], second.stats["near_hits"]) == (1, 1, 1)
+    key = catalog_key("v1", "tools/list", "p0")
+    assert await raw_redis.get(key) == body
+    assert 0 < await raw_redis.ttl(key) <= 60
+    for cache in (first, second):
+        assert cache.stats["degraded"] is False and cache.stats["redis_errors"] == 0
+        await cache.close()
+
+
+async def test_private_scope_is_shared_per_subject_only(redis_server):
+    first = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    second = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    await first.get_or_build("v1", "resources/read", "p0", lambda: b"alice's", scope_key="alice")
+    assert await second.get_or_build("v1", "resources/read", "p0", must_not_build,
+                                     scope_key="alice") == b"alice's"
+    assert await second.get_or_build("v1", "resources/read", "p0", lambda: b"bob's",
+                                     scope_key="bob") == b"bob's"
+    await first.close()
+    await second.close()
+
+
+async def test_version_published_by_one_reaches_the_other_within_a_second(redis_server, raw_redis):
+    first = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    second = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    versions = second.versions()
+    await first.publish_version("v2")
+    assert await next_version(versions) == "v2"
+    assert await second.current_version() == "v2"
+    assert await raw_redis.get(VERSION_KEY) == b"v2"
+    late = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    assert await late.current_version() == "v2"  # a process started later adopts it
+    for cache in (first, second, late):
+        await cache.close()
+    assert [v async for v in versions] == []  # close() ends the iteration
+
+
+CHILD = textwrap.dedent("""
+    import asyncio, json, sys
+    from gateway.discovery_cache import make_discovery_cache
+
+    async def main(url):
+        cache = make_discovery_cache(url, timeout_s=0.5)
+        await cache.start()
+        versions = cache.versions()
+        print("ready", flush=True)
+        heard = await asyncio.wait_for(anext(versions), timeout=5)
+        body = await cache.get_or_build(heard, "tools/list", "p0", lambda: b"from-child")
+        await cache.publish_version("v-child")
+        print(json.dumps({"heard": heard, "body": body.decode(), **cache.stats}), flush=True)
+        await cache.close()
+
+    asyncio.run(main(sys.argv[1]))
+""")
+
+
+async def test_two_os_processes_share_versions_and_entries(redis_server):
+    parent = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    versions = parent.versions()
+    child = subprocess.Popen([sys.executable, "-c", CHILD, redis_server.url], cwd=REPO_ROOT,
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        ready = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), timeout=30)
+        assert ready.strip() == "ready"
+        await parent.publish_version("v-parent")
+        assert await next_version(versions) == "v-parent"  # its own announcement
+        assert await next_version(versions) == "v-child"
+        report = json.loads(await asyncio.to_thread(child.stdout.readline))
+    finally:
+        child.wait(timeout=10)
+    assert report["heard"] == "v-parent" and report["misses"] == 1
+    assert await parent.get_or_build("v-parent", "tools/list", "p0", must_not_build) == b"from-child"
+    await parent.close()
+
+
+async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, caplog):
+    caplog.set_level(logging.WARNING, logger="gateway.redis_cache")
+    cache = await started(redis_server.url, near_cache_size=4, timeout_s=0.05)
+    versions = cache.versions()
+    saw_degraded = asyncio.Event()
+
+    async def kill_then_restart() -> None:
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(redis_server.kill)
+        await saw_degraded.wait()
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(redis_server.start)
+
+    chaos = asyncio.create_task(kill_then_restart())
+    failures, calls = 0, 0
+    deadline = time.monotonic() + 15
+    while not chaos.done() and time.monotonic() < deadline:
+        n = calls % 32  # more keys than the near-cache holds: most calls reach Redis
+        try:
+            body = await cache.get_or_build("v1", "tools/list", f"p{n}", lambda n=n: b"%d" % n)
+            failures += body != b"%d" % n
+        except Exception:
+            failures += 1
+        calls += 1
+        if cache.degraded and not redis_server.running:
+            saw_degraded.set()
+        await asyncio.sleep(0.005)
+    await chaos
+    assert failures == 0 and calls > 50
+    await wait_until(lambda: not cache.degraded, within_s=5)
+    stats = cache.stats
+    assert stats["outages"] == 1 and stats["recoveries"] == 1
+    assert stats["redis_errors"] >= 1 and stats["degraded_requests"] > 0
+    messages = [r.getMessage() for r in caplog.records]
+    assert sum("unavailable" in m for m in messages) == 1
+    assert sum("reachable again" in m for m in messages) == 1
+
+    other = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    await other.publish_version("after-restart")
+    assert await next_version(versions) == "after-restart"  # re-subscribed by itself
+    assert await other.get_or_build("v1", "tools/list", "p0", lambda: b"x") in (b"0", b"x")
+    await other.close()
+    await cache.close()
+
+
+async def test_paused_redis_never_holds_a_request_past_the_timeout(redis_server, raw_redis):
+    timeout_s = 0.05
+    cache = await started(redis_server.url, timeout_s=timeout_s, backoff_s=(0.05, 0.2))
+    watcher = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    versions = watcher.versions()
+    await raw_redis.execute_command("CLIENT", "PAUSE", 800, "ALL")
+    slowest = 0.0
+    for n in range(20):
+        began = time.monotonic()
+        assert await cache.get_or_build("v1", "prompts/list", f"p{n}", lambda: b"[]") == b"[]"
+        slowest = max(slowest, time.monotonic() - began)
+    began = time.monotonic()
+    await cache.publish_version("v-during-pause")
+    slowest = max(slowest, time.monotonic() - began)
+    assert slowest < timeout_s + 0.1
+    assert cache.degraded and cache.stats["redis_errors"] >= 1
+    # Once the pause ends, the version published meanwhile reaches the other process.
+    assert await next_version(versions, within_s=3) == "v-during-pause"
+    await wait_until(lambda: not cache.degraded, within_s=3)
+    await cache.close()
+    await watcher.close()
+
+
+async def test_redis_down_at_start_then_up(tmp_path):
+    server = RedisServer(tmp_path, port=free_port())
+    cache = await started(server.url, timeout_s=0.05, backoff_s=(0.05, 0.2))
+    assert cache.degraded
+    assert await cache.get_or_build("v1", "tools/list", "p0", lambda: b"local") == b"local"
+    versions = cache.versions()
+    await cache.publish_version("v-offline")
+    assert await next_version(versions) == "v-offline"  # local listeners hear it at once
+    with server:
+        await wait_until(lambda: not cache.degraded, within_s=3)
+        client = aioredis.from_url(server.url)
+        assert await client.get(VERSION_KEY) == b"v-offline"  # written on reconnect
+        await client.aclose()
+        await cache.close()
