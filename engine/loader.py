@@ -22,6 +22,7 @@ __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype"]
 
 INDEX_FILE = "model.safetensors.index.json"
 IGNORED_TENSOR_SUFFIXES = ("rotary_emb.inv_freq",)
+IDENTITY_SAMPLE = 1 << 20  # bytes hashed from each of three places in a weight file
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -36,7 +37,7 @@ class LoadedModel:
 
 
 def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
-    """"auto" means the checkpoint's own dtype (float32 when it does not say)."""
+    """ "auto" means the checkpoint's own dtype (float32 when it does not say)."""
     if isinstance(dtype, torch.dtype):
         return dtype
     name = config.torch_dtype if dtype == "auto" else dtype
@@ -59,7 +60,9 @@ def load_model(
     model = model_class(config.architecture)(config, torch_dtype, device)
     load_weights(model, files)
     model.eval()
-    return LoadedModel(model, config, tokenizer, model_identity(path, files), path, torch_dtype)
+    return LoadedModel(
+        model, config, tokenizer, model_identity(path, files, torch_dtype), path, torch_dtype
+    )
 
 
 def safetensors_files(path: Path) -> list[Path]:
@@ -106,12 +109,22 @@ def load_weights(model: torch.nn.Module, files: list[Path]) -> None:
         raise ModelLoadError(f"missing tensor {shown}{more} in the safetensors files")
 
 
-def model_identity(path: Path, files: list[Path]) -> str:
-    """A stable id for the weights (config bytes plus weight file names and sizes).
+def model_identity(path: Path, files: list[Path], dtype: torch.dtype) -> str:
+    """A stable id for what the model computes: config, compute dtype, and weight content.
 
-    It roots the prefix-cache block hashes, so two different models never share KV blocks.
+    It roots the prefix-cache block hashes, so two models never share KV blocks. Hashing every
+    byte of a large checkpoint is slow, so each file contributes its size and samples of its
+    bytes (start, middle, end): any two real checkpoints differ there.
     """
     digest = hashlib.sha256((path / "config.json").read_bytes())
+    digest.update(f"\0dtype={dtype}".encode())
     for file in files:
-        digest.update(f"\0{file.name}\0{file.stat().st_size}".encode())
+        size = file.stat().st_size
+        digest.update(f"\0{file.name}\0{size}\0".encode())
+        with file.open("rb") as handle:
+            for offset in sorted(
+                {0, max(size // 2 - IDENTITY_SAMPLE // 2, 0), max(size - IDENTITY_SAMPLE, 0)}
+            ):
+                handle.seek(offset)
+                digest.update(handle.read(IDENTITY_SAMPLE))
     return digest.hexdigest()
