@@ -1,1 +1,22 @@
-"""kvgate engine package."""
+"""kvgate's embedded inference engine: paged KV cache, prefix caching, continuous batching.
+
+    from engine import LLM, SamplingParams
+    LLM().generate("Hello", SamplingParams(max_tokens=16, temperature=0))
+"""
+
+from engine.async_llm import AsyncLLM
+from engine.config import EngineConfig
+from engine.llm import LLM
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats, ReplicaStats
+
+__all__ = [
+    "LLM",
+    "AsyncLLM",
+    "EngineConfig",
+    "EngineStats",
+    "ReplicaStats",
+    "RequestOutput",
+    "SamplingParams",
+]

@@ -53,6 +53,11 @@ class BlockPool:
         with self._lock:
             return self.num_blocks - 1 - len(self._free) - len(self._lru)
 
+    def num_held(self, replica: int) -> int:
+        """Distinct blocks ``replica``'s requests hold."""
+        with self._lock:
+            return self._held[replica]
+
     def num_cached(self) -> int:
         with self._lock:
             return len(self._lru)
@@ -122,19 +127,16 @@ class BlockPool:
             for block in blocks:
                 self._ready[block] = True
 
-    def release(self, table: list[int], replica: int, keep_cached: int | None = None) -> None:
+    def release(self, table: list[int], replica: int) -> None:
         """Drop ``replica``'s references on ``table``, tail first, and empty it (so a second
-        call is a no-op). Blocks at index >= ``keep_cached`` that fall to ref 0 are uncached,
-        as are pending blocks: the per-conversation cap on what stays cached."""
+        call is a no-op). A pending block that falls to ref 0 was never written: uncached."""
         with self._lock:
             while table:
-                index = len(table) - 1
                 block = table.pop()
                 self._drop(block, replica)
                 if self._ref[block] > 0:
                     continue
-                cached = self._hash[block] is not None and self._ready[block]
-                if cached and (keep_cached is None or index < keep_cached):
+                if self._hash[block] is not None and self._ready[block]:
                     self._lru[block] = None  # released tail first => tail evicted first
                 else:
                     self._uncache(block)

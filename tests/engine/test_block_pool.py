@@ -123,14 +123,6 @@ def test_a_pending_block_released_before_it_was_written_is_uncached():
     pool.check_invariants()
 
 
-def test_keep_cached_caps_what_one_conversation_leaves_in_the_cache():
-    pool = BlockPool(10)
-    table = fill(pool, hashes(6))
-    pool.release(table, 0, keep_cached=2)
-    assert pool.num_cached() == 2
-    pool.check_invariants()
-
-
 def test_each_replica_keeps_a_fair_share_of_blocks():
     pool = BlockPool(9, num_replicas=2)  # 8 usable, share 4 each
     greedy = pool.allocate(4, 0)
@@ -192,7 +184,7 @@ def test_random_operation_sequences_keep_the_invariants(sequence):
             pending.clear()
         elif op == "release" and tables:
             owner, blocks, _ = tables.pop(t % len(tables))
-            pool.release(blocks, owner, keep_cached=k or None)
+            pool.release(blocks, owner)
         pool.check_invariants()
     pool.mark_ready(pending)
     for owner, blocks, _ in tables:
@@ -218,7 +210,7 @@ def test_concurrent_replicas_keep_the_invariants():
                 written = pool.register(zip(fresh, chain[len(table):], strict=True), replica)
                 pool.mark_ready(written)
                 table += fresh
-                pool.release(table, replica, keep_cached=3)
+                pool.release(table, replica)
         except BaseException as exc:  # noqa: BLE001 - surfaced by the assertion below
             errors.append(exc)
 

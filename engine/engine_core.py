@@ -1,0 +1,226 @@
+"""What LLM and AsyncLLM share: the loaded model, one KV cache and BlockPool, N replicas,
+request validation and the replica choice.
+
+    EngineCore ── model weights (shared, read-only)
+        ├── KV caches + BlockPool (shared; fair share per replica)
+        └── Replica i: Scheduler ── KVCacheManager(pool, i) ; ModelRunner(model, caches)
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from engine.attention import (
+    allocate_kv_caches,
+    cache_scheme,
+    get_attention_backend,
+    kv_bytes_per_token,
+    resolve_cache_dtype,
+)
+from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash
+from engine.block_pool import BlockPool
+from engine.config import EngineConfig, free_memory_bytes
+from engine.kv_cache_manager import KVCacheManager
+from engine.loader import load_model
+from engine.model_runner import ModelRunner
+from engine.replica import OutputSink, Replica
+from engine.request import Request
+from engine.router import make_router
+from engine.sampling_params import SamplingParams
+from engine.scheduler import Scheduler
+from engine.stats import EngineStats
+from engine.tiny_model import default_model_dir
+
+Prompt = str | Sequence[int]
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, on_output: OutputSink | None = None):
+        self.config = config
+        self.device = _resolve_device(config.device)
+        path = Path(config.model) if config.model is not None else default_model_dir()
+        loaded = load_model(path, config.dtype, self.device)
+        self.model, self.model_config = loaded.model, loaded.config
+        self.tokenizer, self.model_id = loaded.tokenizer, loaded.model_id
+        self.model_name = config.model if config.model is not None else path.name
+        mc = self.model_config
+        self.cache_dtype = resolve_cache_dtype(config.kv_cache_dtype, loaded.dtype)
+        self.cache_scheme = cache_scheme(self.cache_dtype)
+        self.pool = BlockPool(self._num_blocks(), config.replicas)
+        self.kv_caches = allocate_kv_caches(
+            mc.num_layers,
+            self.pool.num_blocks,
+            mc.num_kv_heads,
+            BLOCK_SIZE,
+            mc.head_dim,
+            self.cache_dtype,
+            self.device,
+        )
+        # One request may hold at most its replica's share and the conversation share.
+        per_request = min(
+            self.pool.share,
+            int(config.conversation_cache_share * self.pool.share * config.replicas),
+        )
+        self.max_model_len = min(
+            config.max_model_len or mc.max_model_len, mc.max_model_len, per_request * BLOCK_SIZE
+        )
+        if self.max_model_len < 2:
+            raise ValueError("kv_cache_memory is too small to hold one request of 2 tokens")
+        reserve = config.free_block_reserve
+        if reserve is None:
+            reserve = max(1, self.pool.share // 50)
+        backend = get_attention_backend(config.attention_backend, self.device)
+        runner = ModelRunner(self.model, self.kv_caches, backend, BLOCK_SIZE, self.device)
+        self.replicas = [
+            Replica(
+                i,
+                Scheduler(
+                    KVCacheManager(self.pool, i, BLOCK_SIZE, config.enable_prefix_caching),
+                    config.max_num_seqs,
+                    config.max_num_batched_tokens,
+                    reserve,
+                ),
+                runner,
+                on_output,
+            )
+            for i in range(config.replicas)
+        ]
+        self.router = (
+            make_router(config.routing, config.replicas, config.seed)
+            if config.replicas > 1
+            else None
+        )
+        self._roots: dict[str | None, bytes] = {}
+        self._counter = itertools.count()
+
+    def _num_blocks(self) -> int:
+        mc, config = self.model_config, self.config
+        per_block = BLOCK_SIZE * kv_bytes_per_token(
+            mc.num_layers, mc.num_kv_heads, mc.head_dim, self.cache_dtype
+        )
+        if config.kv_cache_memory is not None:
+            return int(config.kv_cache_memory) // per_block + 1  # + the null block
+        budget = int(config.kv_cache_memory_fraction * free_memory_bytes(self.device.type))
+        # Beyond every slot of every replica at full length, more blocks only cache.
+        useful = (
+            4 * config.replicas * config.max_num_seqs * math.ceil(mc.max_model_len / BLOCK_SIZE)
+        )
+        return min(budget // per_block, useful) + 1
+
+    def hash_root(self, salt: str | None = None) -> bytes:
+        root = self._roots.get(salt)
+        if root is None:
+            root = root_hash(self.model_id, self.cache_scheme, BLOCK_SIZE, salt)
+            self._roots[salt] = root
+        return root
+
+    def make_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cache_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> Request:
+        """Validate and build a request; raises ValueError naming the bad field."""
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
+        params.validate()
+        token_ids = self._prompt_ids(prompt)
+        if len(token_ids) + 1 > self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(token_ids)} tokens leave no room to generate within "
+                f"max_model_len {self.max_model_len}"
+            )
+        arrival = next(self._counter)
+        generator = None
+        if not params.greedy:
+            seed = (
+                params.seed if params.seed is not None else self.config.seed * 1_000_003 + arrival
+            )
+            generator = torch.Generator(device=self.device).manual_seed(seed)
+        root = self.hash_root(cache_salt)
+        return Request(
+            request_id=f"req-{arrival}",
+            prompt_token_ids=token_ids,
+            params=params,
+            arrival=arrival,
+            hash_root=root,
+            block_hashes=block_hashes(token_ids, root, BLOCK_SIZE),
+            eos_token_ids=frozenset(self.model_config.eos_token_ids)
+            | frozenset(self.tokenizer.eos_token_ids),
+            max_model_len=self.max_model_len,
+            detokenizer=self.tokenizer.incremental(token_ids),
+            generator=generator,
+            cache_key=cache_key,
+        )
+
+    def _prompt_ids(self, prompt: Prompt) -> list[int]:
+        if isinstance(prompt, str):
+            token_ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, Sequence) and all(
+            isinstance(t, int) and not isinstance(t, bool) for t in prompt
+        ):
+            token_ids = list(prompt)
+            vocab = self.model_config.vocab_size
+            if any(not 0 <= t < vocab for t in token_ids):
+                raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        else:
+            raise ValueError("prompt must be a string or a list of token ids")
+        if not token_ids:
+            raise ValueError("prompt must not be empty")
+        return token_ids
+
+    def choose_replica(self, request: Request) -> Replica:
+        """The replica for a request: the configured router's choice (prefix hash with
+        bounded load by default)."""
+        if self.router is None:
+            return self.replicas[0]
+        loads = [r.load for r in self.replicas]
+        available = [r.available for r in self.replicas]
+        index = self.router.choose(
+            request.block_hashes,
+            request.cache_key,
+            request.num_prompt_tokens,
+            loads,
+            available,
+            prefilling=_PendingView(self.pool),
+        )
+        return self.replicas[index]
+
+    def stats(self) -> EngineStats:
+        per_replica = [r.stats() for r in self.replicas]
+        return EngineStats(
+            num_running=sum(s.num_running for s in per_replica),
+            num_waiting=sum(s.num_waiting for s in per_replica),
+            kv_usage=self.pool.num_in_use() / (self.pool.num_blocks - 1),
+            prefix_queries=sum(s.prefix_queries for s in per_replica),
+            prefix_hits=sum(s.prefix_hits for s in per_replica),
+            num_cached_blocks=self.pool.num_cached(),
+            block_size=BLOCK_SIZE,
+            num_blocks=self.pool.num_blocks,
+            cache_dtype=str(self.cache_dtype).removeprefix("torch."),
+            enable_prefix_caching=self.config.enable_prefix_caching,
+            per_replica=per_replica,
+        )
+
+
+class _PendingView:
+    """``.get(block_hash)`` -> the replica prefilling that block now (what the router reads)."""
+
+    def __init__(self, pool: BlockPool):
+        self._pool = pool
+
+    def get(self, block_hash: bytes, default: int | None = None) -> int | None:
+        owner = self._pool.pending_owner(block_hash)
+        return default if owner is None else owner
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)

@@ -1,0 +1,84 @@
+"""Offline batch inference, shaped like vLLM's ``LLM``:
+
+    llm = LLM(dtype="float32")
+    outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))
+
+Replicas are stepped by hand in the caller's thread until every request has finished.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from engine.config import EngineConfig
+from engine.engine_core import EngineCore, Prompt
+from engine.outputs import RequestOutput
+from engine.sampling_params import SamplingParams
+
+Message = dict[str, Any]
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        kv_cache_memory: int | str | None = None,
+        enable_prefix_caching: bool = True,
+        replicas: int = 1,
+        seed: int = 0,
+        **options: Any,
+    ):
+        """``options`` are further EngineConfig fields (max_num_seqs, device, ...)."""
+        self.config = EngineConfig(
+            model=model,
+            dtype=dtype,
+            kv_cache_dtype=kv_cache_dtype,
+            kv_cache_memory=kv_cache_memory,
+            enable_prefix_caching=enable_prefix_caching,
+            replicas=replicas,
+            seed=seed,
+            **options,
+        )
+        self.core = EngineCore(self.config)
+        self.tokenizer = self.core.tokenizer
+
+    def generate(
+        self,
+        prompts: Prompt | Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """One finished output per prompt, in order. All inputs are validated before any
+        request is queued."""
+        if isinstance(prompts, str) or (
+            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+        ):
+            prompts = [prompts]  # a single prompt (text or token ids)
+        params = SamplingParams() if params is None else params
+        if isinstance(params, SamplingParams):
+            params = [params] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
+        requests = [self.core.make_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        for request in requests:
+            self.core.choose_replica(request).submit(request)
+        while any(not r.finished for r in requests):
+            for replica in self.core.replicas:
+                if replica.has_work():
+                    replica.step()
+        return [r.take_output() for r in requests]
+
+    def chat(
+        self,
+        messages: Sequence[Message] | Sequence[Sequence[Message]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
+        """Apply the chat template to one conversation or a list of them, then generate."""
+        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
+        prompts = [self.core.tokenizer.encode_chat(list(c)) for c in conversations]
+        return self.generate(prompts, params)
+
+    def stats(self):
+        return self.core.stats()

@@ -1,0 +1,149 @@
+"""Per-replica scheduling policy: which requests compute how many tokens this step.
+
+Each step, within a token budget:
+
+    1. running decodes (one token each), oldest first      -- decodes never starve
+    2. running chunked prefills, oldest first
+    3. waiting requests, strictly FCFS, while a free-block reserve remains
+
+Out of blocks -> preempt this replica's newest running request (it drops its blocks and
+recomputes later). A waiting request is never overtaken, so none starves.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request, RequestStatus
+
+
+@dataclass
+class ScheduledBatch:
+    requests: list[Request] = field(default_factory=list)
+    num_new_tokens: list[int] = field(default_factory=list)
+    written_blocks: list[int] = field(default_factory=list)  # pending until the step ends
+
+    @property
+    def sampling(self) -> list[Request]:
+        """Requests whose last token is computed this step: they get a new token."""
+        return [
+            r
+            for r, n in zip(self.requests, self.num_new_tokens, strict=True)
+            if r.num_computed + n == r.num_tokens
+        ]
+
+    def __len__(self) -> int:
+        return len(self.requests)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        kv: KVCacheManager,
+        max_num_seqs: int,
+        max_num_batched_tokens: int,
+        free_block_reserve: int,
+    ):
+        self.kv = kv
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.free_block_reserve = free_block_reserve
+        self.waiting: list[Request] = []  # sorted by arrival
+        self.running: list[Request] = []  # sorted by arrival; the newest is preempted first
+        self.num_preemptions = 0
+
+    def add(self, request: Request) -> None:
+        request.status = RequestStatus.WAITING
+        bisect.insort(self.waiting, request, key=_arrival)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.max_num_batched_tokens
+        decodes = [r for r in self.running if r.num_tokens - r.num_computed == 1]
+        prefills = [r for r in self.running if r.num_tokens - r.num_computed > 1]
+        preempted = False
+        for request in decodes + prefills:
+            if request.status is not RequestStatus.RUNNING or budget == 0:
+                continue
+            n = min(request.num_tokens - request.num_computed, budget)
+            while not self.kv.allocate_slots(request, n):
+                victim = self.running[-1]
+                budget += self._preempt(victim, batch)
+                preempted = True
+                if victim is request:
+                    break
+            else:
+                batch.requests.append(request)
+                batch.num_new_tokens.append(n)
+                budget -= n
+        if not preempted:
+            budget = self._admit(batch, budget)
+        for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+            batch.written_blocks += self.kv.publish_full_blocks(request, n)
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> int:
+        while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
+            request = self.waiting[0]
+            hit = self.kv.match_prefix(request)
+            n = min(request.num_tokens - request.num_computed, budget)
+            if not self.kv.allocate_slots(request, n, reserve=self.free_block_reserve):
+                self.kv.free(request)
+                break
+            self.waiting.pop(0)
+            self.kv.record_lookup(request, hit)
+            if request.cached_tokens is None:
+                request.cached_tokens = hit
+            request.status = RequestStatus.RUNNING
+            bisect.insort(self.running, request, key=_arrival)
+            batch.requests.append(request)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        return budget
+
+    def _preempt(self, victim: Request, batch: ScheduledBatch) -> int:
+        """Send ``victim`` back to waiting; returns the budget it had taken this step."""
+        self.running.remove(victim)
+        self.kv.free(victim)
+        self.add(victim)
+        self.num_preemptions += 1
+        if victim in batch.requests:
+            i = batch.requests.index(victim)
+            batch.requests.pop(i)
+            return batch.num_new_tokens.pop(i)
+        return 0
+
+    def update(
+        self, batch: ScheduledBatch, sampled: Sequence[tuple[int, dict[int, float] | None]]
+    ) -> list[Request]:
+        """Apply a finished step: advance computed counts, append sampled tokens (in the
+        order of ``batch.sampling``), free finished requests. Returns requests with news."""
+        self.kv.pool.mark_ready(batch.written_blocks)
+        changed = batch.sampling
+        for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+            request.num_computed += n
+        for request, (token_id, logprobs) in zip(changed, sampled, strict=True):
+            request.append_output(token_id, logprobs)
+            if request.finished:
+                self.running.remove(request)
+                self.kv.free(request)
+        return changed
+
+    def abort(self, request: Request) -> None:
+        """Drop a request wherever it is and free its blocks (call between steps)."""
+        if request in self.running:
+            self.running.remove(request)
+        elif request in self.waiting:
+            self.waiting.remove(request)
+        self.kv.free(request)
+        request.status = RequestStatus.FINISHED
+
+
+def _arrival(request: Request) -> int:
+    return request.arrival

@@ -1,0 +1,29 @@
+"""Load and cache figures, per replica and in total (named as gateway/metrics.py reads them)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class ReplicaStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # blocks this replica holds / usable blocks
+    prefix_queries: int  # prompt tokens looked up in the prefix cache, cumulative
+    prefix_hits: int  # of those, tokens found cached
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    kv_usage: float  # blocks in use (any replica) / usable blocks
+    prefix_queries: int
+    prefix_hits: int
+    num_cached_blocks: int
+    block_size: int
+    num_blocks: int
+    cache_dtype: str
+    enable_prefix_caching: bool
+    per_replica: list[ReplicaStats] = field(default_factory=list)
