@@ -1,0 +1,20 @@
+#!/bin/sh
+# Streaming tools/call: a progressToken in _meta turns the answer into Server-Sent Events,
+# one notifications/progress per new text (progress = tokens so far, message = the text),
+# then the result. -N stops curl from buffering; Ctrl-C cancels the generation.
+URL=${KVGATE_URL:-http://127.0.0.1:8000/mcp}
+curl -sS -N "$URL" \
+  -H 'Content-Type: application/json' \
+  -H 'Accept: application/json, text/event-stream' \
+  -H 'MCP-Protocol-Version: 2026-07-28' \
+  -H 'Mcp-Method: tools/call' \
+  -H 'Mcp-Name: generate' \
+  -d '{"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": {
+        "name": "generate",
+        "arguments": {"prompt": "Once upon a time", "max_tokens": 32},
+        "_meta": {
+          "progressToken": "gen-1",
+          "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+          "io.modelcontextprotocol/clientInfo": {"name": "curl", "version": "1.0"},
+          "io.modelcontextprotocol/clientCapabilities": {}}}}'
+echo
