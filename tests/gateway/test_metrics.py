@@ -1,34 +1,29 @@
 """Metrics render as valid Prometheus text whose series move with what was observed."""
 
-from dataclasses import dataclass, field
+from dataclasses import replace
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine import LLM, EngineStats, ReplicaStats, SamplingParams
 from gateway.metrics import Metrics
 
 
-@dataclass
-class Replica:
-    num_running: int
-    num_waiting: int
-    kv_usage: float
-    prefix_queries: int
-    prefix_hits: int
-
-
-@dataclass
-class Stats:
-    num_running: int = 0
-    num_waiting: int = 0
-    kv_usage: float = 0.0
-    prefix_queries: int = 0
-    prefix_hits: int = 0
-    block_size: int = 16
-    num_blocks: int = 512
-    cache_dtype: str = "fp8_e4m3"
-    enable_prefix_caching: bool = True
-    per_replica: list[Replica] = field(default_factory=list)
+def engine_stats(**figures: object) -> EngineStats:
+    """An idle engine's figures, with `figures` overriding."""
+    idle = EngineStats(
+        num_running=0,
+        num_waiting=0,
+        kv_usage=0.0,
+        prefix_queries=0,
+        prefix_hits=0,
+        num_cached_blocks=0,
+        block_size=16,
+        num_blocks=512,
+        cache_dtype="float8_e4m3fn",
+        enable_prefix_caching=True,
+    )
+    return replace(idle, **figures)
 
 
 def scrape(metrics: Metrics) -> dict[tuple[str, frozenset], float]:
@@ -97,7 +92,9 @@ def test_count_refuses_a_changed_label_set() -> None:
 
 
 def test_engine_figures_are_read_at_scrape_time_under_vllm_names() -> None:
-    stats = Stats(num_running=3, num_waiting=2, kv_usage=0.25, prefix_queries=100, prefix_hits=40)
+    stats = engine_stats(
+        num_running=3, num_waiting=2, kv_usage=0.25, prefix_queries=100, prefix_hits=40
+    )
     metrics = Metrics(lambda: stats, model_name="tiny")
     model = labels(model_name="tiny")
     samples = scrape(metrics)
@@ -107,7 +104,7 @@ def test_engine_figures_are_read_at_scrape_time_under_vllm_names() -> None:
     assert samples["vllm:prefix_cache_queries_total", model] == 100
     assert samples["vllm:prefix_cache_hits_total", model] == 40
 
-    stats.num_running, stats.kv_usage, stats.prefix_hits = 0, 0.0, 90
+    stats = replace(stats, num_running=0, kv_usage=0.0, prefix_hits=90)
     samples = scrape(metrics)
     assert samples["vllm:num_requests_running", model] == 0
     assert samples["vllm:kv_cache_usage_perc", model] == 0.0
@@ -115,7 +112,9 @@ def test_engine_figures_are_read_at_scrape_time_under_vllm_names() -> None:
 
 
 def test_cache_config_info_carries_the_cache_layout() -> None:
-    metrics = Metrics(lambda: Stats(block_size=32, num_blocks=1024, cache_dtype="bfloat16"), "m")
+    metrics = Metrics(
+        lambda: engine_stats(block_size=32, num_blocks=1024, cache_dtype="bfloat16"), "m"
+    )
     config = labels(
         block_size="32", num_gpu_blocks="1024", cache_dtype="bfloat16", enable_prefix_caching="True"
     )
@@ -123,8 +122,8 @@ def test_cache_config_info_carries_the_cache_layout() -> None:
 
 
 def test_per_replica_figures_get_a_replica_label() -> None:
-    replicas = [Replica(1, 0, 0.5, 10, 5), Replica(2, 4, 0.75, 30, 0)]
-    metrics = Metrics(lambda: Stats(num_running=3, num_waiting=4, per_replica=replicas), "m")
+    replicas = [ReplicaStats(1, 0, 0.5, 10, 5), ReplicaStats(2, 4, 0.75, 30, 0)]
+    metrics = Metrics(lambda: engine_stats(num_running=3, num_waiting=4, per_replica=replicas), "m")
     samples = scrape(metrics)
     for index, replica in enumerate(replicas):
         at = labels(model_name="m", replica=str(index))
@@ -149,3 +148,26 @@ def test_apps_keep_private_registries() -> None:
 
 def test_no_engine_means_no_engine_series() -> None:
     assert not any(name.startswith("vllm:") for name, _ in scrape(Metrics()))
+
+
+def test_a_real_engine_reports_its_prefix_cache_and_layout() -> None:
+    llm = LLM(dtype="float32", replicas=2, kv_cache_memory=16 * 2**20)
+    metrics = Metrics(llm.stats, model_name="tiny")
+    prompt = "The quick brown fox jumps over the lazy dog. " * 6  # several 16-token blocks
+    llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0))
+    llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0))
+    stats, samples = llm.stats(), scrape(metrics)
+    model = labels(model_name="tiny")
+    assert samples["vllm:prefix_cache_queries_total", model] == stats.prefix_queries > 0
+    assert 0 < samples["vllm:prefix_cache_hits_total", model] == stats.prefix_hits
+    assert samples["vllm:num_requests_running", model] == 0
+    config = labels(
+        block_size=str(stats.block_size),
+        num_gpu_blocks=str(stats.num_blocks),
+        cache_dtype="float32",
+        enable_prefix_caching="True",
+    )
+    assert samples["vllm:cache_config_info", config] == 1
+    replicas = [labels(model_name="tiny", replica=str(i)) for i in range(2)]
+    hits = [samples["kvgate_replica_prefix_cache_hits_total", at] for at in replicas]
+    assert sum(hits) == stats.prefix_hits
