@@ -1,0 +1,58 @@
+"""Requests and steps without a model, for the scheduler and KV cache manager tests."""
+
+from __future__ import annotations
+
+import itertools
+
+from engine.block_hash import block_hashes, root_hash
+from engine.block_pool import BlockPool
+from engine.kv_cache_manager import KVCacheManager
+from engine.request import Request
+from engine.sampling_params import SamplingParams
+from engine.scheduler import ScheduledBatch, Scheduler
+
+ROOT = root_hash("scheduler-test", "float32")
+NEXT_TOKEN = 7
+_arrivals = itertools.count()
+
+
+class NoText:
+    """Detokenizer stand-in: these tests look at token ids only."""
+
+    def push(self, token_ids: list[int]) -> str:
+        return ""
+
+
+def make_request(prompt: list[int], max_tokens: int = 4) -> Request:
+    arrival = next(_arrivals)
+    return Request(
+        request_id=f"r{arrival}",
+        prompt_token_ids=prompt,
+        params=SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True),
+        arrival=arrival,
+        hash_root=ROOT,
+        block_hashes=block_hashes(prompt, ROOT),
+        eos_token_ids=frozenset(),
+        max_model_len=10_000,
+        detokenizer=NoText(),  # type: ignore[arg-type]
+    )
+
+
+def make_scheduler(
+    num_blocks: int, budget: int = 64, max_num_seqs: int = 8, reserve: int = 0,
+    pool: BlockPool | None = None, replica: int = 0, caching: bool = True,
+) -> Scheduler:
+    pool = pool or BlockPool(num_blocks)
+    return Scheduler(KVCacheManager(pool, replica, 16, caching), max_num_seqs, budget, reserve)
+
+
+def step(scheduler: Scheduler) -> ScheduledBatch:
+    """Schedule, 'run' (every sampled token is NEXT_TOKEN) and apply one step."""
+    batch = scheduler.schedule()
+    scheduler.update(batch, [(NEXT_TOKEN, None)] * len(batch.sampling))
+    scheduler.kv.pool.check_invariants()
+    return batch
+
+
+def scheduled(batch: ScheduledBatch) -> dict[str, int]:
+    return {r.request_id: n for r, n in zip(batch.requests, batch.num_new_tokens, strict=True)}
