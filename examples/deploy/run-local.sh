@@ -1,0 +1,156 @@
+#!/usr/bin/env bash
+# A whole kvgate deployment on loopback: a private Redis, 3 kvgate processes sharing it, and
+# nginx in front (examples/deploy/nginx.conf); then a smoke test through nginx, and a clean
+# teardown (also on Ctrl-C or failure).
+#
+#   examples/deploy/run-local.sh            # needs redis-server, nginx (apt-get install nginx)
+#   KVGATE="kvgate --model /models/qwen" examples/deploy/run-local.sh
+#
+# Ports (loopback only, fixed in nginx.conf): nginx 18100, kvgate 18101-18103, Redis 18179.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+NGINX_PORT=18100
+KVGATE_PORTS=(18101 18102 18103)
+REDIS_PORT=18179
+REDIS_URL="redis://127.0.0.1:${REDIS_PORT}/0"
+MCP_URL="http://127.0.0.1:${NGINX_PORT}/mcp"
+if [[ -x "$ROOT/.venv/bin/kvgate" ]]; then KVGATE=${KVGATE:-"$ROOT/.venv/bin/kvgate"}; fi
+KVGATE=${KVGATE:-kvgate}
+PYTHON=$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)
+READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
+
+WORK=$(mktemp -d /tmp/kvgate-deploy.XXXXXX)
+chmod 755 "$WORK"  # nginx workers (an unprivileged user when started as root) write temp files here
+PIDS=()
+OK=0
+
+log() { printf '\n=== %s\n' "$*"; }
+
+teardown() {
+  set +e
+  log "teardown"
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 100); do
+    alive=0
+    for pid in "${PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [[ $alive == 0 ]] && break
+    sleep 0.1
+  done
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  if [[ $OK == 1 ]]; then rm -rf "$WORK"; echo "all stopped; smoke test PASSED"
+  else echo "all stopped; smoke test FAILED, logs kept in $WORK"; tail -n 20 "$WORK"/*.log; fi
+}
+trap teardown EXIT
+trap 'exit 130' INT TERM
+
+need_free_port() {
+  if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then
+    echo "port $1 is already in use" >&2
+    exit 1
+  fi
+}
+
+wait_for() {  # wait_for NAME PID COMMAND...: retry COMMAND until it succeeds; fail if PID exits
+  local name=$1 pid=$2; shift 2
+  local deadline=$((SECONDS + READY_TIMEOUT_S))
+  until "$@" >/dev/null 2>&1; do
+    if ! kill -0 "$pid" 2>/dev/null; then echo "$name exited" >&2; exit 1; fi
+    if ((SECONDS > deadline)); then echo "$name did not come up" >&2; exit 1; fi
+    sleep 0.2
+  done
+  echo "$name is up"
+}
+
+# mcp METHOD NAME PARAMS_JSON [CACHE_KEY]: one MCP 2026-07-28 request through nginx; prints
+# the answering process and the JSON-RPC message (an SSE answer is reduced to its last event).
+mcp() {
+  local method=$1 name=$2 params=$3 cache_key=${4:-}
+  local headers=(-H 'Content-Type: application/json'
+                 -H 'Accept: application/json, text/event-stream'
+                 -H 'MCP-Protocol-Version: 2026-07-28'
+                 -H "Mcp-Method: $method")
+  [[ -n $name ]] && headers+=(-H "Mcp-Name: $name")
+  [[ -n $cache_key ]] && headers+=(-H "Mcp-Param-Cache-Key: $cache_key")
+  local body
+  body=$("$PYTHON" -c '
+import json, sys
+params = json.loads(sys.argv[2])
+params["_meta"] = {
+    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+    "io.modelcontextprotocol/clientInfo": {"name": "run-local.sh", "version": "1.0"},
+    "io.modelcontextprotocol/clientCapabilities": {},
+}
+print(json.dumps({"jsonrpc": "2.0", "id": 1, "method": sys.argv[1], "params": params}))
+' "$method" "$params")
+  curl -sS --max-time 120 -D "$WORK/headers" -o "$WORK/body" "${headers[@]}" -d "$body" "$MCP_URL"
+  local upstream
+  upstream=$(tr -d '\r' <"$WORK/headers" | awk -F': ' 'tolower($1)=="x-kvgate-upstream"{print $2}')
+  "$PYTHON" - "$WORK/body" "$upstream" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+message = json.loads(events[-1] if events else text)
+print(f"[answered by {sys.argv[2]}]")
+print(json.dumps(message, indent=2)[:1500])
+if "result" not in message or message["result"].get("isError"):
+    sys.exit(f"FAILED: {message}")
+PY
+  echo "$upstream" >>"$WORK/upstreams-${cache_key:-none}"
+}
+
+for port in "$NGINX_PORT" "${KVGATE_PORTS[@]}" "$REDIS_PORT"; do need_free_port "$port"; done
+command -v redis-server >/dev/null || { echo "redis-server is missing (apt-get install redis-server)" >&2; exit 1; }
+if ! command -v nginx >/dev/null; then
+  log "installing nginx"
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null
+fi
+
+log "redis on $REDIS_URL"
+redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --dir "$WORK" \
+  >"$WORK/redis.log" 2>&1 &
+PIDS+=($!)
+wait_for redis $! redis-cli -p "$REDIS_PORT" ping
+
+log "3 kvgate processes: ${KVGATE_PORTS[*]}"
+declare -A KVGATE_PID
+for port in "${KVGATE_PORTS[@]}"; do
+  # shellcheck disable=SC2086  # KVGATE may carry extra arguments
+  $KVGATE serve --host 127.0.0.1 --port "$port" --redis-url "$REDIS_URL" \
+    >"$WORK/kvgate-$port.log" 2>&1 &
+  KVGATE_PID[$port]=$!
+  PIDS+=($!)
+done
+for port in "${KVGATE_PORTS[@]}"; do
+  wait_for "kvgate :$port" "${KVGATE_PID[$port]}" curl -sf "http://127.0.0.1:$port/readyz"
+done
+
+log "nginx on 127.0.0.1:$NGINX_PORT"
+mkdir -p "$WORK/nginx/tmp"
+nginx -t -q -p "$WORK/nginx" -c "$HERE/nginx.conf"
+nginx -p "$WORK/nginx" -c "$HERE/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 &
+PIDS+=($!)
+wait_for nginx $! curl -sf "http://127.0.0.1:$NGINX_PORT/healthz"
+
+log "server/discover (no cache key: round robin)"
+mcp server/discover "" '{}'
+log "tools/list"
+mcp tools/list "" '{}'
+log "tools/call generate, three times with one cache key (hashing keeps it on one process)"
+for _ in 1 2 3; do
+  mcp tools/call generate \
+    '{"name": "generate", "arguments": {"prompt": "Once upon a time", "max_tokens": 16, "cache_key": "conversation-42"}}' \
+    conversation-42
+done
+log "discovery without a key, three more times (round robin spreads them)"
+for _ in 1 2 3; do mcp server/discover "" '{}' >/dev/null; done
+
+log "summary"
+echo "processes answering cache key conversation-42: $(sort -u "$WORK/upstreams-conversation-42" | xargs)"
+echo "processes answering requests without a key:    $(sort -u "$WORK/upstreams-none" | xargs)"
+echo "discovery entries in the shared Redis:"
+redis-cli -p "$REDIS_PORT" --scan --pattern 'kvgate:catalog:*' | sort | sed 's/^/  /'
+[[ $(sort -u "$WORK/upstreams-conversation-42" | wc -l) == 1 ]] || { echo "cache key was not pinned" >&2; exit 1; }
+OK=1
