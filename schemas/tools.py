@@ -1,0 +1,172 @@
+"""JSON Schemas (2020-12) of the inference tools' arguments and structured results.
+
+Descriptions are written for the model that reads ``tools/list``: each says what a field does
+and its bounds, so a rejected call can be fixed from the error alone. Limits that depend on
+the loaded model (its context length) are filled in by ``inference_tools``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CACHE_KEY_HEADER = "Cache-Key"
+
+_CACHE_KEY = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 256,
+    "x-mcp-header": CACHE_KEY_HEADER,
+    "description": (
+        "Optional conversation or tenant key. Calls that share it are routed to the replica "
+        "(and, behind a load balancer, the process) that holds their cached prefix; "
+        "mirrored into the Mcp-Param-Cache-Key header."
+    ),
+}
+
+
+def _sampling(max_model_len: int) -> dict[str, Any]:
+    return {
+        "max_tokens": {
+            "type": "integer",
+            "minimum": 1,
+            "maximum": max_model_len,
+            "default": 64,
+            "description": "Most tokens to generate; prompt plus completion must fit the context.",
+        },
+        "temperature": {
+            "type": "number",
+            "minimum": 0,
+            "maximum": 2,
+            "default": 1.0,
+            "description": "Sampling temperature; 0 picks the most likely token (greedy).",
+        },
+        "top_p": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "maximum": 1,
+            "default": 1.0,
+            "description": "Nucleus sampling: keep the smallest token set with this probability mass.",
+        },
+        "top_k": {
+            "type": "integer",
+            "minimum": 0,
+            "default": 0,
+            "description": "Keep only the k most likely tokens; 0 keeps all.",
+        },
+        "seed": {
+            "type": "integer",
+            "minimum": 0,
+            "description": "Seed for reproducible sampling.",
+        },
+        "stop": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "maxItems": 8,
+            "description": "Strings that end the completion (not included in the text).",
+        },
+        "cache_key": _CACHE_KEY,
+    }
+
+
+def _completion_output(kind: str) -> dict[str, Any]:
+    count = {"type": "integer", "minimum": 0}
+    return {
+        "type": "object",
+        "properties": {
+            "text": {"type": "string", "description": f"The generated {kind}."},
+            "finish_reason": {
+                "type": "string",
+                "enum": ["stop", "length"],
+                "description": "stop: end of text or a stop string; length: max_tokens reached.",
+            },
+            "prompt_tokens": {**count, "description": "Tokens in the prompt."},
+            "completion_tokens": {**count, "description": "Tokens generated."},
+            "cached_tokens": {**count, "description": "Prompt tokens served from the KV cache."},
+            "model": {"type": "string", "description": "The model that answered."},
+            "replica": {**count, "description": "The engine replica that answered."},
+        },
+        "required": [
+            "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
+            "model", "replica",
+        ],
+        "additionalProperties": False,
+    }
+
+
+def inference_tools(model_name: str, max_model_len: int) -> list[dict[str, Any]]:
+    """The ``Tool`` definitions, in the order ``tools/list`` returns them."""
+    sampling = _sampling(max_model_len)
+    generate = {
+        "name": "generate",
+        "title": "Generate text",
+        "description": (
+            f"Continue a prompt with {model_name}. Send _meta.progressToken to stream the text "
+            "as progress notifications."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "prompt": {"type": "string", "minLength": 1, "description": "Text to continue."},
+                **sampling,
+            },
+            "required": ["prompt"],
+            "additionalProperties": False,
+        },
+        "outputSchema": _completion_output("completion"),
+        "annotations": {"readOnlyHint": True, "openWorldHint": False},
+    }
+    chat = {
+        "name": "chat",
+        "title": "Chat",
+        "description": (
+            f"Answer a conversation with {model_name}, formatted with the model's chat template. "
+            "Send _meta.progressToken to stream the reply as progress notifications."
+        ),
+        "inputSchema": {
+            "type": "object",
+            "properties": {
+                "messages": {
+                    "type": "array",
+                    "minItems": 1,
+                    "description": "The conversation so far, oldest first.",
+                    "items": {
+                        "type": "object",
+                        "properties": {
+                            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
+                            "content": {"type": "string"},
+                        },
+                        "required": ["role", "content"],
+                        "additionalProperties": False,
+                    },
+                },
+                **sampling,
+            },
+            "required": ["messages"],
+            "additionalProperties": False,
+        },
+        "outputSchema": _completion_output("reply"),
+        "annotations": {"readOnlyHint": True, "openWorldHint": False},
+    }
+    tokenize = {
+        "name": "tokenize",
+        "title": "Tokenize",
+        "description": f"Split text into {model_name}'s token ids and count them.",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"text": {"type": "string", "description": "Text to tokenize."}},
+            "required": ["text"],
+            "additionalProperties": False,
+        },
+        "outputSchema": {
+            "type": "object",
+            "properties": {
+                "token_ids": {"type": "array", "items": {"type": "integer", "minimum": 0}},
+                "count": {"type": "integer", "minimum": 0},
+                "model": {"type": "string"},
+            },
+            "required": ["token_ids", "count", "model"],
+            "additionalProperties": False,
+        },
+        "annotations": {"readOnlyHint": True, "idempotentHint": True, "openWorldHint": False},
+    }
+    return [generate, chat, tokenize]
