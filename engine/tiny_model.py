@@ -39,12 +39,26 @@ CHAT_TEMPLATE = (
 )
 
 PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(vocab_size=1024, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                 max_position_embeddings=4096),
-    "bench55m": dict(vocab_size=8192, hidden_size=512, intermediate_size=3328,
-                     num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=4,
-                     head_dim=64, max_position_embeddings=4096),
+    "tiny": dict(
+        vocab_size=1024,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=4096,
+    ),
+    "bench55m": dict(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=3328,
+        num_hidden_layers=8,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+    ),
 }
 
 
@@ -60,15 +74,29 @@ def make_tiny_model(path: str | Path, seed: int = 0, preset: str = "tiny") -> Pa
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
     config = _hf_config(sizes, bos_id=ids[BOS], eos_id=ids[EOS])
     _write_json(path / "config.json", config)
-    _write_json(path / "generation_config.json", {
-        "bos_token_id": ids[BOS], "eos_token_id": [ids[EOS], ids[IM_END]],
-    })
-    _write_json(path / "tokenizer_config.json", {
-        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": BOS, "eos_token": EOS,
-        "add_bos_token": True, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-        "model_max_length": sizes["max_position_embeddings"], "chat_template": CHAT_TEMPLATE,
-    })
-    save_file(random_weights(config, seed), str(path / "model.safetensors"), metadata={"format": "pt"})
+    _write_json(
+        path / "generation_config.json",
+        {
+            "bos_token_id": ids[BOS],
+            "eos_token_id": [ids[EOS], ids[IM_END]],
+        },
+    )
+    _write_json(
+        path / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": BOS,
+            "eos_token": EOS,
+            "add_bos_token": True,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": sizes["max_position_embeddings"],
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    save_file(
+        random_weights(config, seed), str(path / "model.safetensors"), metadata={"format": "pt"}
+    )
     return path
 
 
@@ -78,7 +106,9 @@ def train_tokenizer(vocab_size: int) -> Tokenizer:
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+        vocab_size=vocab_size,
+        special_tokens=SPECIAL_TOKENS,
+        show_progress=False,
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     tokenizer.train_from_iterator(CORPUS.splitlines(keepends=True), trainer)
@@ -124,10 +154,18 @@ def default_model_dir() -> Path:
 
 def _hf_config(sizes: dict[str, int], bos_id: int, eos_id: int) -> dict[str, Any]:
     return {
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", **sizes,
-        "hidden_act": "silu", "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-        "tie_word_embeddings": False, "attention_bias": False, "mlp_bias": False,
-        "bos_token_id": bos_id, "eos_token_id": eos_id, "torch_dtype": "float32",
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        **sizes,
+        "hidden_act": "silu",
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+        "attention_bias": False,
+        "mlp_bias": False,
+        "bos_token_id": bos_id,
+        "eos_token_id": eos_id,
+        "torch_dtype": "float32",
         "initializer_range": INIT_STD,
     }
 

@@ -1,8 +1,9 @@
 """A Hugging Face fast tokenizer (`tokenizer.json`) with transformers' special-token rules.
 
 BOS/EOS insertion, decoding and chat-template rendering follow what
-`transformers.AutoTokenizer` does for the same folder, so prompts tokenize identically here
-and in the reference implementation.
+`transformers.AutoTokenizer` (v5) does for the same folder, so prompts tokenize identically
+here and in the reference. As there, BOS/EOS insertion comes from the post-processor in
+`tokenizer.json`; the `add_bos_token` flags of `tokenizer_config.json` do not override it.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import jinja2
 from jinja2.ext import Extension, loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
-from tokenizers import processors
 
 from engine.model_config import ModelLoadError
 
@@ -32,8 +32,6 @@ class Tokenizer:
         }
         self.chat_template = chat_template
         self.clean_up_spaces = bool(config.get("clean_up_tokenization_spaces", False))
-        if "add_bos_token" in config or "add_eos_token" in config or backend.post_processor is None:
-            self._set_post_processor(bool(config.get("add_bos_token")), bool(config.get("add_eos_token")))
         eos = self.special_tokens.get("eos_token")
         eos_id = backend.token_to_id(eos) if eos else None
         self.eos_token_ids: list[int] = [] if eos_id is None else [eos_id]
@@ -47,7 +45,9 @@ class Tokenizer:
         if not tokenizer_file.is_file():
             raise ModelLoadError(f"missing tokenizer.json in {path}")
         config_file = path / "tokenizer_config.json"
-        config = json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        config = (
+            json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
+        )
         template_file = path / "chat_template.jinja"
         if template_file.is_file():
             template = template_file.read_text(encoding="utf-8")
@@ -80,26 +80,14 @@ class Tokenizer:
             **variables,
         )
 
-    def encode_chat(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+    ) -> list[int]:
         text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
         return self.encode(text, add_special_tokens=False)
 
     def incremental(self, prompt_ids: list[int] | None = None) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, prompt_ids)
-
-    def _set_post_processor(self, add_bos: bool, add_eos: bool) -> None:
-        """Rebuild BOS/EOS insertion from tokenizer_config flags, as transformers does."""
-        bos = self.special_tokens.get("bos_token") if add_bos else None
-        eos = self.special_tokens.get("eos_token") if add_eos else None
-        single = "$A:0"
-        if bos:
-            single = f"{bos}:0 {single}"
-        if eos:
-            single = f"{single} {eos}:0"
-        special = [(token, self.backend.token_to_id(token)) for token in (bos, eos) if token]
-        self.backend.post_processor = processors.TemplateProcessing(
-            single=single, special_tokens=special
-        )
 
 
 class IncrementalDetokenizer:
@@ -145,8 +133,18 @@ def _pick_template(value: Any) -> str | None:
 
 
 def _clean_up_spaces(text: str) -> str:
-    for before, after in ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"),
-                          (" n't", "n't"), (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re")):
+    for before, after in (
+        (" .", "."),
+        (" ?", "?"),
+        (" !", "!"),
+        (" ,", ","),
+        (" ' ", "'"),
+        (" n't", "n't"),
+        (" 'm", "'m"),
+        (" 's", "'s"),
+        (" 've", "'ve"),
+        (" 're", "'re"),
+    ):
         text = text.replace(before, after)
     return text
 
@@ -169,10 +167,16 @@ def _raise_exception(message: str) -> None:
     raise jinja2.exceptions.TemplateError(message)
 
 
-def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
-            separators: Any = None, sort_keys: bool = False) -> str:
-    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                      sort_keys=sort_keys)
+def _tojson(
+    value: Any,
+    ensure_ascii: bool = False,
+    indent: int | None = None,
+    separators: Any = None,
+    sort_keys: bool = False,
+) -> str:
+    return json.dumps(
+        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
+    )
 
 
 @lru_cache(maxsize=16)

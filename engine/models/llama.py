@@ -144,7 +144,9 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.config = config
-        self.embed_weight = _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
+        self.embed_weight = _param(
+            config.vocab_size, config.hidden_size, dtype=dtype, device=device
+        )
         self.layers = nn.ModuleList(
             DecoderLayer(config, dtype, device) for _ in range(config.num_layers)
         )
@@ -191,8 +193,11 @@ class LlamaForCausalLM(nn.Module):
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."
             attn, mlp = layer.attn, layer.mlp
-            offsets = {"q": (0, c.q_size), "k": (c.q_size, c.kv_size),
-                       "v": (c.q_size + c.kv_size, c.kv_size)}
+            offsets = {
+                "q": (0, c.q_size),
+                "k": (c.q_size, c.kv_size),
+                "v": (c.q_size + c.kv_size, c.kv_size),
+            }
             for name, (start, rows) in offsets.items():
                 slots[f"{prefix}self_attn.{name}_proj.weight"] = WeightSlot(
                     attn.qkv_weight, start, (rows, c.hidden_size)
@@ -203,11 +208,17 @@ class LlamaForCausalLM(nn.Module):
                     )
             slots[f"{prefix}self_attn.o_proj.weight"] = _whole(attn.o_weight)
             size = c.intermediate_size
-            slots[f"{prefix}mlp.gate_proj.weight"] = WeightSlot(mlp.gate_up_weight, 0, (size, c.hidden_size))
-            slots[f"{prefix}mlp.up_proj.weight"] = WeightSlot(mlp.gate_up_weight, size, (size, c.hidden_size))
+            slots[f"{prefix}mlp.gate_proj.weight"] = WeightSlot(
+                mlp.gate_up_weight, 0, (size, c.hidden_size)
+            )
+            slots[f"{prefix}mlp.up_proj.weight"] = WeightSlot(
+                mlp.gate_up_weight, size, (size, c.hidden_size)
+            )
             slots[f"{prefix}mlp.down_proj.weight"] = _whole(mlp.down_weight)
             slots[f"{prefix}input_layernorm.weight"] = _whole(layer.input_norm.weight)
-            slots[f"{prefix}post_attention_layernorm.weight"] = _whole(layer.post_attention_norm.weight)
+            slots[f"{prefix}post_attention_layernorm.weight"] = _whole(
+                layer.post_attention_norm.weight
+            )
         return slots
 
 

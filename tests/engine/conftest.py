@@ -28,16 +28,30 @@ def _hf_model(arch: str, vocab_size: int) -> torch.nn.Module:
     import transformers
 
     common = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-        max_position_embeddings=512, rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=0,
+        eos_token_id=1,
     )
     if arch == "llama":
         config = transformers.LlamaConfig(**common, rope_theta=10000.0)
         model_cls = transformers.LlamaForCausalLM
     elif arch == "llama3":
-        rope = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
-                    high_freq_factor=4.0, original_max_position_embeddings=64)
+        rope = dict(
+            rope_type="llama3",
+            rope_theta=500000.0,
+            factor=8.0,
+            low_freq_factor=1.0,
+            high_freq_factor=4.0,
+            original_max_position_embeddings=64,
+        )
         config = transformers.LlamaConfig(**common, rope_parameters=rope, tie_word_embeddings=True)
         model_cls = transformers.LlamaForCausalLM
     elif arch == "mistral":

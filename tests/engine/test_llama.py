@@ -47,7 +47,9 @@ class PagedRun:
         )
         input_ids = torch.tensor([t for row in tokens for t in row], dtype=torch.int64)
         with torch.inference_mode():
-            hidden = self.lm.model(input_ids, metadata.positions, self.caches, metadata, self.backend)
+            hidden = self.lm.model(
+                input_ids, metadata.positions, self.caches, metadata, self.backend
+            )
             return self.lm.model.compute_logits(hidden)
 
 
@@ -94,7 +96,9 @@ def test_chunked_prefill_matches_one_shot(hf_checkpoint) -> None:
     whole_logits = whole.step([whole.add_sequence(len(ids))], [ids], [len(ids)])
     chunked = PagedRun(lm)
     seq = chunked.add_sequence(len(ids))
-    pieces = [chunked.step([seq], [ids[i : i + 7]], [min(i + 7, len(ids))]) for i in range(0, len(ids), 7)]
+    pieces = [
+        chunked.step([seq], [ids[i : i + 7]], [min(i + 7, len(ids))]) for i in range(0, len(ids), 7)
+    ]
     torch.testing.assert_close(torch.cat(pieces), whole_logits, atol=1e-5, rtol=1e-5)
 
 

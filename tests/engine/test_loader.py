@@ -99,7 +99,9 @@ def test_missing_tensor_is_named(broken: Path) -> None:
 
 def test_unexpected_tensor_is_named(broken: Path) -> None:
     _edit_weights(broken, lambda w: w.update({"model.layers.7.extra.weight": torch.zeros(2)}))
-    with pytest.raises(ModelLoadError, match=r"unexpected tensor 'model\.layers\.7\.extra\.weight'"):
+    with pytest.raises(
+        ModelLoadError, match=r"unexpected tensor 'model\.layers\.7\.extra\.weight'"
+    ):
         load_model(broken)
 
 
