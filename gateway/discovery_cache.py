@@ -23,7 +23,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+import orjson
 
 KEY_PREFIX = "kvgate:catalog"
 SUBSCRIBER_QUEUE_SIZE = 16
@@ -44,6 +47,17 @@ def catalog_key(version: str, method: str, params_hash: str, scope_key: str | No
     if scope_key is None:
         return key
     return f"{key}:private:{hashlib.sha256(scope_key.encode()).hexdigest()[:32]}"
+
+
+def params_hash(params: Mapping[str, Any] | None) -> str:
+    """A stable hash of the request parameters that shape a result (`cursor`, `uri`, ...).
+
+    `_meta` is left out: protocol version, client info and trace context do not change a
+    catalog result. If something else does (say, the protocol era shaping the result), put it
+    in `params` before hashing.
+    """
+    shaping = {k: v for k, v in (params or {}).items() if k != "_meta"}
+    return hashlib.sha256(orjson.dumps(shaping, option=orjson.OPT_SORT_KEYS)).hexdigest()[:32]
 
 
 class NearCache:
@@ -157,7 +171,7 @@ class DiscoveryCache:
         build: Callable[[], bytes],
         scope_key: str | None = None,
     ) -> bytes:
-        """The serialized `result` for (version, method, params), building it at most once here.
+        """The serialized `result` for (version, method, params); `build()` only on a miss.
 
         `build` serializes the result from this process's own catalog; it is used on a miss,
         and whenever Redis cannot answer in time. `scope_key` is the authenticated subject for
@@ -198,7 +212,7 @@ class DiscoveryCache:
         return self._fanout.latest
 
     @property
-    def stats(self) -> dict[str, int | bool | None]:
+    def stats(self) -> dict[str, int | bool | str | None]:
         """Counters for metrics: hits = near + shared, misses = local builds."""
         return {
             **self._counts,

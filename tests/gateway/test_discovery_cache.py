@@ -12,6 +12,7 @@ from gateway.discovery_cache import (
     VersionFanout,
     catalog_key,
     make_discovery_cache,
+    params_hash,
 )
 
 
@@ -33,6 +34,15 @@ def test_catalog_key_layout_and_private_scope():
     bob = catalog_key("v1", "resources/read", "p0", scope_key="bob")
     assert alice.startswith("kvgate:catalog:v1:resources/read:p0:private:")
     assert alice != bob and "alice" not in alice
+
+
+def test_params_hash_ignores_meta_and_key_order():
+    meta = {"io.modelcontextprotocol/protocolVersion": "2026-07-28"}
+    assert params_hash({"cursor": "c1", "_meta": meta}) == params_hash({"cursor": "c1"})
+    assert params_hash({"a": 1, "b": 2}) == params_hash({"b": 2, "a": 1})
+    assert params_hash(None) == params_hash({}) == params_hash({"_meta": meta})
+    assert params_hash({"cursor": "c1"}) != params_hash({"cursor": "c2"})
+    assert len(params_hash({"uri": "kvgate://models"})) == 32
 
 
 def test_near_cache_evicts_least_recently_used():
