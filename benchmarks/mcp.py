@@ -1,13 +1,14 @@
 """MCP endpoint speed: kvgate against the official SDK's stateless server and a bare route.
 
-One run, one machine, one uvicorn install, one target at a time: `kvgate serve` (embedded
-default model, one worker), the `mcp` SDK's `MCPServer` with one `echo` tool (stateless, JSON
-responses) and a bare Starlette route returning kvgate's own response bytes (the ceiling). Each
-is driven on `server/discover` and `tools/list` with 2026-07-28 requests (headers and `_meta`)
-by `loadgen.py` in its own process. Prints requests/s, p50, p99, the kvgate/SDK ratios against
-the targets (>= 2.5x requests/s, p99 <= half), and CPU use of client and server.
+One run, one machine, one uvicorn install (one worker, uvloop, httptools): `kvgate serve`
+(embedded default model), the `mcp` SDK's `MCPServer` with one `echo` tool (stateless, JSON
+responses) and a bare Starlette route returning kvgate's own response bytes (the ceiling).
+All three stay up; one at a time is driven on `server/discover` and `tools/list` with
+2026-07-28 requests (headers and `_meta`) by `loadgen.py` in its own process, in interleaved
+rounds. Prints requests/s, p50, p99, the kvgate/SDK ratios against the targets (>= 2.5x
+requests/s, p99 <= half), and the CPU share of client and server.
 
-    python benchmarks/mcp.py --duration 5
+    python benchmarks/mcp.py [--duration 5] [--rounds 3] [--targets kvgate,sdk,bare]
 """
 
 from __future__ import annotations
@@ -18,12 +19,14 @@ import json
 import os
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 # Helpers run as `-m benchmarks.<name>` from the repository root: run as scripts, this file's
@@ -33,6 +36,15 @@ VERSION = "2026-07-28"
 METHODS = ("server/discover", "tools/list")
 TARGETS = ("kvgate", "sdk", "bare")
 RPS_TARGET, P99_TARGET = 2.5, 0.5
+
+
+@dataclass(frozen=True)
+class Server:
+    """A started target: where it listens, its process id, the size of each answer."""
+
+    port: int
+    pid: int
+    body_bytes: dict[str, int]
 
 
 def request_parts(method: str) -> tuple[dict[str, str], bytes]:
@@ -94,7 +106,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 @contextmanager
-def serving(command: list[str], port: int, startup_s: float) -> Iterator[subprocess.Popen]:
+def serving(command: list[str], port: int, startup_s: float) -> Iterator[subprocess.Popen[bytes]]:
     """Run a server until it answers `server/discover`; stop it afterwards."""
     log = tempfile.TemporaryFile()
     server = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -142,26 +154,51 @@ def load(port: int, method: str, server_pid: int, args: argparse.Namespace) -> d
     return figures
 
 
-def measure(target: str, bodies: dict[str, str], args: argparse.Namespace) -> dict[str, dict]:
-    """Start one target, check its answers, drive every method; record response bodies."""
-    port = free_port()
-    with tempfile.NamedTemporaryFile("w", suffix=".json") as bodies_file:
+def start(targets: list[str], args: argparse.Namespace, stack: ExitStack) -> dict[str, Server]:
+    """Start every target (left running, idle, until the stack closes) and check its answers.
+
+    The first target's answers are what the bare route (started last) replays.
+    """
+    bodies: dict[str, str] = {}
+    servers = {}
+    for target in targets:
+        print(f"starting {target} ...", file=sys.stderr, flush=True)
+        port = free_port()
+        bodies_file = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".json"))
         json.dump(bodies, bodies_file)
         bodies_file.flush()
         command = server_command(target, port, bodies_file.name, args.gc_freeze)
-        with serving(command, port, args.startup_timeout) as server:
-            results = {}
+        process = stack.enter_context(serving(command, port, args.startup_timeout))
+        answers = {method: fetch(port, method) for method in METHODS}
+        for method, body in answers.items():
+            bodies.setdefault(method, body.decode())
+        servers[target] = Server(port, process.pid, {m: len(b) for m, b in answers.items()})
+    return servers
+
+
+def measure(servers: dict[str, Server], args: argparse.Namespace) -> dict[str, dict[str, dict]]:
+    """Interleave rounds over targets and methods, so load from other processes on the machine
+    falls on all of them alike; summarize each row by the median over rounds."""
+    rounds: dict[tuple[str, str], list[dict[str, float]]] = {}
+    for index in range(args.rounds):
+        print(f"round {index + 1}/{args.rounds} ...", file=sys.stderr, flush=True)
+        for target, server in servers.items():
             for method in METHODS:
-                body = fetch(port, method)
-                bodies.setdefault(method, body.decode())
-                results[method] = load(port, method, server.pid, args) | {"bytes": len(body)}
+                figures = load(server.port, method, server.pid, args)
+                rounds.setdefault((target, method), []).append(figures)
+    results: dict[str, dict[str, dict]] = {target: {} for target in servers}
+    for (target, method), runs in rounds.items():
+        row = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+        row["errors"] = sum(run["errors"] for run in runs)
+        results[target][method] = row | {"bytes": servers[target].body_bytes[method]}
     return results
 
 
 def report(results: dict[str, dict[str, dict]], args: argparse.Namespace) -> None:
     print(
-        f"\nconcurrency {args.concurrency}, {args.duration:g} s measured after {args.warmup:g} s "
-        f"warm-up per row; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+        f"\nconcurrency {args.concurrency}; per row the median of {args.rounds} rounds of "
+        f"{args.duration:g} s measured after {args.warmup:g} s warm-up; errors summed; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     header = f"{'target':8} {'method':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
     print(header + f" {'bytes':>6} {'client CPU':>10} {'server CPU':>10}")
@@ -190,6 +227,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds per row")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds per row")
     parser.add_argument("--concurrency", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=3, help="rows report the median round")
     parser.add_argument("--targets", default=",".join(TARGETS), help="comma-separated subset")
     parser.add_argument("--startup-timeout", type=float, default=180.0)
     parser.add_argument(
@@ -199,11 +237,8 @@ def main() -> None:
     targets = [t for t in TARGETS if t in args.targets.split(",")]
     if targets[:1] == ["bare"]:
         parser.error("the bare route replays another target's bytes: add kvgate or sdk")
-    bodies: dict[str, str] = {}  # the first target's answers; the bare route replays them
-    results = {}
-    for target in targets:
-        print(f"measuring {target} ...", file=sys.stderr, flush=True)
-        results[target] = measure(target, bodies, args)
+    with ExitStack() as stack:
+        results = measure(start(targets, args, stack), args)
     report(results, args)
 
 
