@@ -174,7 +174,8 @@ class DiscoveryCache:
         """The serialized `result` for (version, method, params); `build()` only on a miss.
 
         `build` serializes the result from this process's own catalog; it is used on a miss,
-        and whenever Redis cannot answer in time. `scope_key` is the authenticated subject for
+        and whenever Redis cannot answer in time. If it raises (say, an unknown resource), the
+        error propagates and nothing is cached. `scope_key` is the authenticated subject for
         private-scope results (None for public ones, the usual catalog case). Never raises
         because of Redis; waits for it at most about `timeout_s`.
         """

@@ -115,3 +115,15 @@ async def test_cancelled_listener_unsubscribes():
     with pytest.raises(asyncio.CancelledError):
         await task
     assert len(fanout) == 0
+
+
+async def test_a_failing_build_propagates_and_caches_nothing():
+    cache = make_discovery_cache(None)
+
+    def unknown_resource() -> bytes:
+        raise LookupError("Resource not found")
+
+    with pytest.raises(LookupError):
+        await cache.get_or_build("v1", "resources/read", "p0", unknown_resource)
+    assert await cache.get_or_build("v1", "resources/read", "p0", lambda: b"{}") == b"{}"
+    assert cache.stats["misses"] == 2 and cache.stats["near_cache_entries"] == 1
