@@ -28,6 +28,14 @@ class SamplingParams:
             self.top_k = 0
         self.validate()
 
+    @classmethod
+    def from_dict(cls, fields: dict[str, object]) -> SamplingParams:
+        """Build from untrusted key/values (JSON); an unknown key is a ValueError naming it."""
+        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise ValueError(f"unknown sampling field {unknown[0]!r}")
+        return cls(**fields)  # type: ignore[arg-type]
+
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
