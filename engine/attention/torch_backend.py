@@ -48,6 +48,7 @@ class _Prefill:
 class _StepPlan:
     """Index tensors shared by all layers of one step."""
 
+    decode_seqs: torch.Tensor  # [Bd] int64 indices of the sequences with one query
     decode_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
     decode_blocks: torch.Tensor  # [Bd * nblk] int64 block ids, row-major
     decode_shape: tuple[int, int]  # (Bd, nblk)
@@ -55,7 +56,7 @@ class _StepPlan:
     prefills: list[_Prefill]
 
 
-def _plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
+def step_plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
     key = f"torch_plan/{block_size}"
     if key not in md.derived:
         md.derived[key] = _build_plan(md, block_size)
@@ -83,7 +84,7 @@ def _build_plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
     rows = None
     if n_dec != len(seq_lens):
         rows = md.query_start_loc.index_select(0, seqs).long()
-    return _StepPlan(rows, blocks, (n_dec, nblk), mask[:, None, None, :], prefills)
+    return _StepPlan(seqs, rows, blocks, (n_dec, nblk), mask[:, None, None, :], prefills)
 
 
 def _gather(
@@ -137,12 +138,19 @@ def paged_attention(
     q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype."""
-    plan = _plan(md, cache.block_size)
+    plan = step_plan(md, cache.block_size)
     if plan.decode_rows is None and plan.decode_shape[0] > 0:
         return _decode(q, cache, plan, scale)
     out = torch.empty_like(q)
     if plan.decode_shape[0] > 0:
         out[plan.decode_rows] = _decode(q[plan.decode_rows], cache, plan, scale)
+    attend_prefills(q, cache, plan, scale, out)
+    return out
+
+
+def attend_prefills(
+    q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float, out: torch.Tensor
+) -> None:
+    """Fill ``out``'s rows of the sequences with several queries (prefill chunks)."""
     for seq in plan.prefills:
         out[seq.q_start : seq.q_end] = _prefill(q[seq.q_start : seq.q_end], cache, seq, scale)
-    return out

@@ -1,0 +1,9 @@
+"""Triton kernels run on the CPU through the interpreter: switch it on before Triton loads.
+
+Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, i.e. when ``engine.kernels`` is
+first imported, which only the kernel tests (below this folder) and the Triton backend do.
+"""
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")
