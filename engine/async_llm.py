@@ -76,7 +76,7 @@ class AsyncLLM:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     finished = True
-                    raise RuntimeError(f"engine replica {replica.index} failed") from item
+                    raise RuntimeError(f"engine replica {replica.index}: {item}") from item
                 finished = item.finished
                 yield item
         finally:

@@ -1,0 +1,120 @@
+"""The asyncio engine: streaming, cancellation, and nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from engine import LLM, AsyncLLM, EngineConfig, SamplingParams
+
+LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
+
+
+@pytest.fixture
+async def engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
+    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
+                                   kv_cache_memory="2MiB", replicas=2))
+    yield engine
+    engine.shutdown()
+    engine.core.pool.check_invariants()
+
+
+async def all_blocks_released(engine: AsyncLLM, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if engine.core.pool.num_in_use() == 0 and engine.stats().num_running == 0:
+            engine.core.pool.check_invariants()
+            return True
+        await asyncio.sleep(0.01)
+    return False
+
+
+async def test_streamed_deltas_add_up_to_the_offline_result(engine: AsyncLLM, tiny_model_dir: Path):
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    outputs = [out async for out in engine.generate("Streaming, token by token", params)]
+    assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    final = outputs[-1]
+    assert sum((o.delta_token_ids for o in outputs), []) == final.token_ids
+    assert "".join(o.delta_text for o in outputs) == final.text
+    offline = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB")
+    assert final.token_ids == offline.generate("Streaming, token by token", params)[0].token_ids
+    assert await all_blocks_released(engine)
+
+
+async def test_concurrent_requests_are_batched_and_all_finish(engine: AsyncLLM):
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+
+    async def run(prompt: str) -> list[int]:
+        return [o async for o in engine.generate(prompt, params)][-1].token_ids
+
+    prompts = [f"request number {i} " * (i + 1) for i in range(6)]
+    results = await asyncio.gather(*(run(p) for p in prompts))
+    assert all(len(r) == 10 for r in results)
+    assert results == await asyncio.gather(*(run(p) for p in prompts))  # again, from cache
+    assert engine.stats().prefix_hits > 0
+    assert await all_blocks_released(engine)
+
+
+async def test_closing_the_stream_aborts_and_frees_the_blocks(engine: AsyncLLM):
+    stream = engine.generate("a long generation we walk away from", LONG)
+    async for out in stream:
+        if len(out.token_ids) >= 3:
+            break
+    assert engine.core.pool.num_in_use() > 0
+    await stream.aclose()
+    assert await all_blocks_released(engine)
+
+
+async def test_cancelling_the_consumer_task_aborts_the_request(engine: AsyncLLM):
+    started = asyncio.Event()
+
+    async def consume() -> None:
+        async for _ in engine.generate("cancel me", LONG):
+            started.set()
+
+    task = asyncio.create_task(consume())
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert await all_blocks_released(engine)
+
+
+async def test_bad_input_raises_before_anything_is_queued(engine: AsyncLLM):
+    with pytest.raises(ValueError, match="prompt"):
+        await anext(engine.generate([1] * (engine.max_model_len + 5), LONG))
+    assert engine.stats().num_waiting == 0
+
+
+async def test_surface_for_the_gateway(engine: AsyncLLM):
+    messages = [{"role": "user", "content": "hi"}]
+    ids = engine.apply_chat_template(messages)
+    assert ids == engine.tokenizer.encode_chat(messages)
+    assert engine.model_name and engine.max_model_len > 16 and engine.is_ready()
+    stats = engine.stats()
+    assert stats.block_size == 16 and len(stats.per_replica) == 2
+
+
+async def test_idle_step_threads_sleep_instead_of_spinning(engine: AsyncLLM):
+    await asyncio.sleep(0.1)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    await asyncio.sleep(0.5)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    busy = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert busy < 0.1
+
+
+async def test_shutdown_stops_the_threads_and_ends_open_streams(tiny_model_dir: Path):
+    engine = AsyncLLM(model=str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB")
+    stream = engine.generate("interrupted", LONG)
+    await anext(stream)
+    engine.shutdown()
+    assert not engine.is_ready()
+    with pytest.raises(RuntimeError, match="shut down"):
+        async for _ in stream:
+            pass
