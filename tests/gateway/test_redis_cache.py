@@ -203,7 +203,7 @@ async def test_paused_redis_never_holds_a_request_past_the_timeout(redis_server,
     began = time.monotonic()
     await cache.publish_version("v-during-pause")
     slowest = max(slowest, time.monotonic() - began)
-    assert slowest < timeout_s + 0.1
+    assert slowest < timeout_s + 0.15  # versus the 800 ms pause
     assert cache.degraded and cache.stats["redis_errors"] >= 1
     # Once the pause ends, the version published meanwhile reaches the other process.
     assert await next_version(versions, within_s=3) == "v-during-pause"
