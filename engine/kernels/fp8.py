@@ -11,8 +11,8 @@ import triton.language as tl
 
 # Below 2**-6 e4m3 is subnormal with a fixed spacing of 2**-9: adding 2**14 (whose fp32 ulp
 # is 2**-9) and subtracting it again rounds to that grid, ties to even.
-_SUBNORMAL_MAGIC = 16384.0
-_MIN_NORMAL = 0.015625
+_SUBNORMAL_MAGIC = tl.constexpr(16384.0)
+_MIN_NORMAL = tl.constexpr(0.015625)
 
 
 @triton.jit

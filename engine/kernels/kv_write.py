@@ -45,11 +45,10 @@ def _kv_write_kernel(
     d_mask = d < tl.where(valid, head_dim, 0)  # a skipped slot moves no element
     dst = block * stride_cb + head * stride_ch + offset * stride_cs
     scale_dst = block * stride_sb + head * stride_sh + offset
-    common = (d, d_mask, valid, FP8, FP8_MAX, MIN_SCALE)
     _store_head(k_ptr, token * stride_kt + head * stride_kh, k_cache_ptr, dst, k_scale_ptr,
-                scale_dst, *common)  # fmt: skip
+                scale_dst, d, d_mask, valid, FP8, FP8_MAX, MIN_SCALE)  # fmt: skip
     _store_head(v_ptr, token * stride_vt + head * stride_vh, v_cache_ptr, dst, v_scale_ptr,
-                scale_dst, *common)  # fmt: skip
+                scale_dst, d, d_mask, valid, FP8, FP8_MAX, MIN_SCALE)  # fmt: skip
 
 
 def kv_write(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
