@@ -15,7 +15,6 @@ MODERN_VERSIONS = ("2026-07-28",)
 LEGACY_VERSIONS = ("2025-11-25", "2025-06-18", "2025-03-26")
 SUPPORTED_VERSIONS = MODERN_VERSIONS + LEGACY_VERSIONS
 LATEST_LEGACY_VERSION = LEGACY_VERSIONS[0]
-HEADERLESS_VERSION = "2025-03-26"
 
 
 class Era(Enum):
@@ -31,14 +30,13 @@ def unsupported_version(requested: object) -> ProtocolError:
     )
 
 
-def era_of(header_version: str | None) -> tuple[Era, str]:
-    """(era, version) for the value of the ``MCP-Protocol-Version`` header."""
-    if header_version is None:
-        return Era.LEGACY, HEADERLESS_VERSION
+def era_of(header_version: str | None) -> Era:
+    """The era of a request whose ``MCP-Protocol-Version`` header is ``header_version``
+    (None when absent: read as 2025-03-26, a legacy revision)."""
+    if header_version is None or header_version in LEGACY_VERSIONS:
+        return Era.LEGACY
     if header_version in MODERN_VERSIONS:
-        return Era.MODERN, header_version
-    if header_version in LEGACY_VERSIONS:
-        return Era.LEGACY, header_version
+        return Era.MODERN
     raise unsupported_version(header_version)
 
 

@@ -1,0 +1,5 @@
+"""``python -m gateway`` is ``kvgate``."""
+
+from gateway.cli import main
+
+main()

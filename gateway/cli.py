@@ -1,0 +1,80 @@
+"""``kvgate``: ``serve`` the MCP gateway, or ``make-tiny-model`` for tests and demos.
+
+Every ``serve`` flag has a ``KVGATE_<NAME>`` environment twin; flags win.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from gateway.settings import Settings
+
+logger = logging.getLogger("kvgate")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="serve MCP over Streamable HTTP at /mcp")
+    serve.add_argument("--host", help="bind address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port (default 8000)")
+    serve.add_argument("--model", help="Hugging Face model folder (default: embedded tiny model)")
+    serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
+    serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
+    serve.add_argument("--kv-cache-memory", help="KV cache size, e.g. 256MiB (default: share of free)")
+    serve.add_argument("--redis-url", help="share the discovery cache through Redis")
+    serve.add_argument("--allowed-origins", help="comma-separated Origins allowed beyond localhost")
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body (default 1 MiB)")
+    tiny = commands.add_parser("make-tiny-model", help="write the tiny test model to DIR")
+    tiny.add_argument("dir")
+    tiny.add_argument("--preset", default="tiny", help="size preset (tiny, bench55m)")
+    tiny.add_argument("--seed", type=int, default=0)
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> Settings:
+    names = ("host", "port", "model", "replicas", "kv_cache_dtype", "kv_cache_memory",
+             "redis_url", "allowed_origins", "max_body_bytes")
+    return Settings.from_env(**{name: getattr(args, name) for name in names})
+
+
+def serve(settings: Settings) -> None:
+    import uvicorn
+
+    from engine import AsyncLLM, EngineConfig
+    from gateway.app import create_app
+
+    engine = AsyncLLM(EngineConfig(
+        model=settings.model, replicas=settings.replicas,
+        kv_cache_dtype=settings.kv_cache_dtype, kv_cache_memory=settings.kv_cache_memory,
+    ))
+    try:
+        stats = engine.stats()
+        logger.info(
+            "model %s (context %d), %d replica(s), KV cache %d tokens (%d blocks x %d, %s)",
+            engine.model_name, engine.max_model_len, settings.replicas,
+            stats.num_blocks * stats.block_size, stats.num_blocks, stats.block_size,
+            stats.cache_dtype,
+        )
+        logger.info("MCP endpoint http://%s:%d/mcp", settings.host, settings.port)
+        uvicorn.run(create_app(settings, engine), host=settings.host, port=settings.port,
+                    log_level="warning", access_log=False)
+    finally:
+        engine.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    args = build_parser().parse_args(argv)
+    if args.command == "make-tiny-model":
+        from engine.tiny_model import make_tiny_model
+
+        print(make_tiny_model(args.dir, seed=args.seed, preset=args.preset))
+        return
+    try:
+        settings = settings_from_args(args)
+    except ValueError as exc:
+        sys.exit(f"kvgate: {exc}")
+    serve(settings)

@@ -1,0 +1,65 @@
+"""Server settings: one frozen dataclass, filled from defaults, then ``KVGATE_*``, then flags."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+ENV_PREFIX = "KVGATE_"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    model: str | None = None  # a Hugging Face folder; None = the embedded tiny model
+    replicas: int = 1
+    kv_cache_dtype: str = "auto"
+    kv_cache_memory: str | None = None  # bytes or "256MiB"; None = a share of free memory
+    redis_url: str | None = None
+    allowed_origins: tuple[str, ...] = ()  # beyond localhost, which is always allowed
+    max_body_bytes: int = 1 << 20
+    catalog_ttl_ms: int = 3_600_000
+    keepalive_s: float = 15.0  # SSE comment interval on subscriptions/listen
+    listen_max_s: float = 3600.0  # a listen stream ends (gracefully) after this long
+    server_name: str = "kvgate"
+    instructions: str = field(
+        default=(
+            "LLM inference as tools: `generate` continues a prompt, `chat` answers a "
+            "conversation, `tokenize` counts tokens. Pass the same `cache_key` for calls that "
+            "share a prefix so they reuse its KV cache."
+        )
+    )
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Defaults, then ``KVGATE_<FIELD>`` variables, then non-None ``overrides``."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for spec in fields(cls):
+            raw = environ.get(ENV_PREFIX + spec.name.upper())
+            if raw is not None and raw != "":
+                values[spec.name] = _convert(spec.name, raw, cls)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        if isinstance(values.get("allowed_origins"), str):
+            values["allowed_origins"] = _split(values["allowed_origins"])
+        return cls(**values)
+
+
+def _convert(name: str, raw: str, cls: type[Settings]) -> Any:
+    default = cls.__dataclass_fields__[name].default
+    if name == "allowed_origins":
+        return _split(raw)
+    if isinstance(default, bool):
+        return raw.lower() in ("1", "true", "yes", "on")
+    if isinstance(default, int):
+        return int(raw)
+    if isinstance(default, float):
+        return float(raw)
+    return raw
+
+
+def _split(raw: str) -> tuple[str, ...]:
+    return tuple(part.strip().rstrip("/") for part in raw.split(",") if part.strip())
