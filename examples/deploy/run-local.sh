@@ -4,7 +4,7 @@
 # teardown (also on Ctrl-C or failure).
 #
 #   examples/deploy/run-local.sh            # needs redis-server, nginx (apt-get install nginx)
-#   KVGATE="kvgate --model /models/qwen" examples/deploy/run-local.sh
+#   KVGATE_ARGS="--model /models/qwen --kv-cache-dtype fp8" examples/deploy/run-local.sh
 #
 # Ports (loopback only, fixed in nginx.conf): nginx 18100, kvgate 18101-18103, Redis 18179.
 set -euo pipefail
@@ -18,6 +18,7 @@ REDIS_URL="redis://127.0.0.1:${REDIS_PORT}/0"
 MCP_URL="http://127.0.0.1:${NGINX_PORT}/mcp"
 if [[ -x "$ROOT/.venv/bin/kvgate" ]]; then KVGATE=${KVGATE:-"$ROOT/.venv/bin/kvgate"}; fi
 KVGATE=${KVGATE:-kvgate}
+read -r -a KVGATE_ARGS <<<"${KVGATE_ARGS:-}"  # extra `kvgate serve` flags
 PYTHON=$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
 
@@ -65,7 +66,7 @@ wait_for() {  # wait_for NAME PID COMMAND...: retry COMMAND until it succeeds; f
 }
 
 # mcp METHOD NAME PARAMS_JSON [CACHE_KEY]: one MCP 2026-07-28 request through nginx; prints
-# the answering process and the JSON-RPC message (an SSE answer is reduced to its last event).
+# the process that answered and a digest of the result (an SSE answer: its last event).
 mcp() {
   local method=$1 name=$2 params=$3 cache_key=${4:-}
   local headers=(-H 'Content-Type: application/json'
@@ -88,17 +89,25 @@ print(json.dumps({"jsonrpc": "2.0", "id": 1, "method": sys.argv[1], "params": pa
   curl -sS --max-time 120 -D "$WORK/headers" -o "$WORK/body" "${headers[@]}" -d "$body" "$MCP_URL"
   local upstream
   upstream=$(tr -d '\r' <"$WORK/headers" | awk -F': ' 'tolower($1)=="x-kvgate-upstream"{print $2}')
-  "$PYTHON" - "$WORK/body" "$upstream" <<'PY'
+  echo "$upstream" >>"$WORK/upstreams-${cache_key:-none}"
+  "$PYTHON" - "$WORK/body" "$upstream" "$method" <<'PY'
 import json, sys
-text = open(sys.argv[1]).read()
+path, upstream, method = sys.argv[1:]
+text = open(path).read()
 events = [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
 message = json.loads(events[-1] if events else text)
-print(f"[answered by {sys.argv[2]}]")
-print(json.dumps(message, indent=2)[:1500])
-if "result" not in message or message["result"].get("isError"):
-    sys.exit(f"FAILED: {message}")
+result = message.get("result")
+if result is None or result.get("isError"):
+    sys.exit(f"FAILED ({upstream}): {json.dumps(message)[:2000]}")
+hints = {k: result.get(k) for k in ("ttlMs", "cacheScope") if k in result}
+if method == "server/discover":
+    digest = {k: result.get(k) for k in ("supportedVersions", "capabilities")} | hints
+elif method == "tools/list":
+    digest = {"tools": [tool["name"] for tool in result["tools"]]} | hints
+else:
+    digest = result.get("structuredContent", result)
+print(f"[{upstream}] {json.dumps(digest)}")
 PY
-  echo "$upstream" >>"$WORK/upstreams-${cache_key:-none}"
 }
 
 for port in "$NGINX_PORT" "${KVGATE_PORTS[@]}" "$REDIS_PORT"; do need_free_port "$port"; done
@@ -117,9 +126,8 @@ wait_for redis $! redis-cli -p "$REDIS_PORT" ping
 log "3 kvgate processes: ${KVGATE_PORTS[*]}"
 declare -A KVGATE_PID
 for port in "${KVGATE_PORTS[@]}"; do
-  # shellcheck disable=SC2086  # KVGATE may carry extra arguments
-  $KVGATE serve --host 127.0.0.1 --port "$port" --redis-url "$REDIS_URL" \
-    >"$WORK/kvgate-$port.log" 2>&1 &
+  "$KVGATE" serve --host 127.0.0.1 --port "$port" --redis-url "$REDIS_URL" \
+    ${KVGATE_ARGS[@]+"${KVGATE_ARGS[@]}"} >"$WORK/kvgate-$port.log" 2>&1 &
   KVGATE_PID[$port]=$!
   PIDS+=($!)
 done
@@ -134,22 +142,28 @@ nginx -p "$WORK/nginx" -c "$HERE/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log"
 PIDS+=($!)
 wait_for nginx $! curl -sf "http://127.0.0.1:$NGINX_PORT/healthz"
 
+PROMPT="The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. "
+PROMPT="$PROMPT$PROMPT$PROMPT$PROMPT Tell me what happens next:"
+GENERATE=$("$PYTHON" -c 'import json, sys; print(json.dumps({"name": "generate", "arguments": {
+    "prompt": sys.argv[1], "max_tokens": 16, "cache_key": "conversation-42"}}))' "$PROMPT")
+
 log "server/discover (no cache key: round robin)"
 mcp server/discover "" '{}'
 log "tools/list"
 mcp tools/list "" '{}'
-log "tools/call generate, three times with one cache key (hashing keeps it on one process)"
-for _ in 1 2 3; do
-  mcp tools/call generate \
-    '{"name": "generate", "arguments": {"prompt": "Once upon a time", "max_tokens": 16, "cache_key": "conversation-42"}}' \
-    conversation-42
-done
-log "discovery without a key, three more times (round robin spreads them)"
-for _ in 1 2 3; do mcp server/discover "" '{}' >/dev/null; done
+log "tools/call generate, 3 times with one cache key: one process, its prefix cache reused"
+for _ in 1 2 3; do mcp tools/call generate "$GENERATE" conversation-42; done
+log "discovery without a key, 3 more times (round robin spreads them)"
+for _ in 1 2 3; do mcp server/discover "" '{}'; done
 
 log "summary"
 echo "processes answering cache key conversation-42: $(sort -u "$WORK/upstreams-conversation-42" | xargs)"
 echo "processes answering requests without a key:    $(sort -u "$WORK/upstreams-none" | xargs)"
+echo "discovery cache events per process (shared_hit: served from another process's entry):"
+for port in "${KVGATE_PORTS[@]}"; do
+  echo "  :$port $(curl -sf "http://127.0.0.1:$port/metrics" | grep '^kvgate_discovery_cache[a-z_]*_total{' \
+    | sed -E 's/.*event="([a-z_]+)"[^ ]* ([0-9.e+]+)$/\1=\2/' | xargs)"
+done
 echo "discovery entries in the shared Redis:"
 redis-cli -p "$REDIS_PORT" --scan --pattern 'kvgate:catalog:*' | sort | sed 's/^/  /'
 [[ $(sort -u "$WORK/upstreams-conversation-42" | wc -l) == 1 ]] || { echo "cache key was not pinned" >&2; exit 1; }
