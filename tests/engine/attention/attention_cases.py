@@ -1,13 +1,20 @@
-"""Random paged-attention cases and a dense oracle, shared by the reference and kernel tests."""
+"""Random paged-attention cases and a dense oracle, shared by the reference and kernel tests.
+
+Cases live on ``KVGATE_TEST_DEVICE`` (default ``cpu``): ``benchmarks/gpu_kernels.py`` sets it
+to ``cuda`` to run the same kernel tests natively on a GPU. The oracle always runs on the CPU.
+"""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
 from engine.attention import AttentionMetadata, KVCache, allocate_kv_caches, write_kv
-from engine.attention.kv_cache import FP8_DTYPE, dequantize_fp8, quantize_fp8
+from engine.attention.kv_cache import dequantize_fp8, quantize_fp8
+
+DEVICE = torch.device(os.environ.get("KVGATE_TEST_DEVICE", "cpu"))
 
 
 @dataclass
@@ -22,7 +29,7 @@ class PagedCase:
 
     def stored(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Sequence i's K/V as the cache holds them (dequantized for fp8), fp32."""
-        if self.cache.k.dtype != FP8_DTYPE:
+        if not self.cache.is_fp8:
             return (
                 self.keys[i].to(self.cache.k.dtype).float(),
                 self.values[i].to(self.cache.v.dtype).float(),
@@ -50,16 +57,18 @@ def make_case(
     for n in per_seq:
         tables.append(ids[:n])
         ids = ids[n:]
-    (cache,) = allocate_kv_caches(1, num_blocks, kv_heads, block_size, head_dim, cache_dtype, "cpu")
+    (cache,) = allocate_kv_caches(
+        1, num_blocks, kv_heads, block_size, head_dim, cache_dtype, DEVICE
+    )
     garbage = 300 * torch.randn(cache.k.shape, generator=gen)
-    cache.k.copy_(garbage.clamp(-448, 448))
-    cache.v.copy_(garbage.flip(0).clamp(-448, 448))
+    cache.k.copy_(garbage.clamp(-448, 448).to(DEVICE))
+    cache.v.copy_(garbage.flip(0).clamp(-448, 448).to(DEVICE))
     keys = [torch.randn(n, kv_heads, head_dim, generator=gen) for n in seq_lens]
     values = [torch.randn(n, kv_heads, head_dim, generator=gen) for n in seq_lens]
-    full = AttentionMetadata.from_lists(seq_lens, seq_lens, tables, block_size)
-    write_kv(cache, torch.cat(keys), torch.cat(values), full.slot_mapping)
-    md = AttentionMetadata.from_lists(seq_lens, query_lens, tables, block_size)
-    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(q_dtype)
+    full = AttentionMetadata.from_lists(seq_lens, seq_lens, tables, block_size, DEVICE)
+    write_kv(cache, torch.cat(keys).to(DEVICE), torch.cat(values).to(DEVICE), full.slot_mapping)
+    md = AttentionMetadata.from_lists(seq_lens, query_lens, tables, block_size, DEVICE)
+    q = torch.randn(sum(query_lens), num_heads, head_dim, generator=gen).to(DEVICE, q_dtype)
     return PagedCase(q, keys, values, cache, md, query_lens, head_dim**-0.5)
 
 
@@ -83,6 +92,7 @@ def expected_output(case: PagedCase, dequantized: bool = True) -> torch.Tensor:
     outs, start = [], 0
     for i, n_q in enumerate(case.query_lens):
         k, v = case.stored(i) if dequantized else (case.keys[i], case.values[i])
-        outs.append(dense_attention(case.q[start : start + n_q].float(), k, v, case.scale))
+        q = case.q[start : start + n_q].float().cpu()
+        outs.append(dense_attention(q, k, v, case.scale))
         start += n_q
-    return torch.cat(outs)
+    return torch.cat(outs).to(case.q.device)

@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from attention_cases import expected_output, make_case
+from attention_cases import DEVICE, expected_output, make_case
 
 from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
 from engine.attention.kv_cache import FP8_DTYPE
@@ -12,8 +12,8 @@ pytestmark = pytest.mark.triton
 
 @pytest.mark.parametrize("query_lens", [[1, 1, 1], [4, 1, 9]])
 def test_steps_match_the_torch_backend(query_lens: list[int]) -> None:
-    triton_backend = get_attention_backend("triton", "cpu")
-    torch_backend = get_attention_backend("torch", "cpu")
+    triton_backend = get_attention_backend("triton", DEVICE)
+    torch_backend = get_attention_backend("torch", DEVICE)
     case = make_case([26, 17, 40], query_lens, 4, 2, head_dim=32, cache_dtype=FP8_DTYPE)
     out = triton_backend.paged_attention(case.q, case.cache, case.md, case.scale)
     reference = torch_backend.paged_attention(case.q, case.cache, case.md, case.scale)
@@ -22,9 +22,9 @@ def test_steps_match_the_torch_backend(query_lens: list[int]) -> None:
 
 
 def test_kernel_written_cache_serves_a_decode() -> None:
-    backend = get_attention_backend("triton", "cpu")
+    backend = get_attention_backend("triton", DEVICE)
     case = make_case([18, 33], [1, 1], 2, 1, head_dim=16, cache_dtype=FP8_DTYPE)
-    (cache,) = allocate_kv_caches(1, case.cache.k.shape[0], 1, 16, 16, FP8_DTYPE, "cpu")
+    (cache,) = allocate_kv_caches(1, case.cache.k.shape[0], 1, 16, 16, FP8_DTYPE, DEVICE)
     tables = [case.md.block_tables[i].tolist() for i in range(2)]
     everything = AttentionMetadata.from_lists([18, 33], [18, 33], tables, block_size=16)
     backend.write_kv(cache, torch.cat(case.keys), torch.cat(case.values), everything.slot_mapping)

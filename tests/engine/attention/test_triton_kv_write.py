@@ -1,30 +1,28 @@
 """The Triton ``kv_write`` kernel against the PyTorch reference ``write_kv``."""
 
+from dataclasses import astuple
+
 import pytest
 import torch
+from attention_cases import DEVICE
 
-from engine.attention import allocate_kv_caches, write_kv
+from engine.attention import KVCache, allocate_kv_caches, write_kv
 from engine.attention.kv_cache import FP8_DTYPE
 from engine.kernels.kv_write import kv_write
 
 pytestmark = pytest.mark.triton
 
 
-def _both(dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor, **shape):
-    """Write the same K/V with the kernel and the reference into identical fresh caches."""
-    args = (
-        shape.get("blocks", 6),
-        k.shape[1],
-        shape.get("block_size", 4),
-        k.shape[2],
-        dtype,
-        "cpu",
-    )
-    (kernel,) = allocate_kv_caches(1, *args)
-    (reference,) = allocate_kv_caches(1, *args)
-    kv_write(kernel, k, v, slots)
-    write_kv(reference, k, v, slots)
-    return kernel, reference
+def _both(dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor):
+    """Write the same K/V with the kernel and the reference into identical fresh caches
+    (6 blocks of 4 slots); both come back on the CPU."""
+    k, v, slots = k.to(DEVICE), v.to(DEVICE), slots.to(DEVICE)
+    written = []
+    for write in (kv_write, write_kv):
+        (cache,) = allocate_kv_caches(1, 6, k.shape[1], 4, k.shape[2], dtype, DEVICE)
+        write(cache, k, v, slots)
+        written.append(KVCache(*(t if t is None else t.cpu() for t in astuple(cache))))
+    return written
 
 
 @pytest.mark.parametrize("src_dtype", [torch.float32, torch.bfloat16, torch.float16])
