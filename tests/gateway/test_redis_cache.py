@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
-from redis_fixtures import RedisServer, free_port, requires_redis_server
 
 from gateway.discovery_cache import catalog_key, make_discovery_cache
 from gateway.redis_cache import VERSION_KEY, RedisDiscoveryCache
+from tests.gateway.redis_fixtures import RedisServer, free_port, requires_redis_server
 
 pytestmark = [pytest.mark.redis, requires_redis_server]
 REPO_ROOT = Path(__file__).resolve().parents[2]
