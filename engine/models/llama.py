@@ -32,7 +32,8 @@ def _param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Pa
 
 
 class RMSNorm(nn.Module):
-    """Normalises in float32 and scales in the model dtype, exactly as transformers does."""
+    """torch's fused RMSNorm: one kernel instead of six (it accumulates in float32, like
+    transformers; in bfloat16 the two may differ by one rounding step)."""
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
@@ -40,9 +41,7 @@ class RMSNorm(nn.Module):
         self.weight = _param(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(x.dtype)
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
@@ -66,11 +65,15 @@ def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
     return torch.where(is_medium, smoothed, scaled)
 
 
-def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Apply RoPE to [T, H, D] with per-token cos/sin [T, 1, D] (half-split layout)."""
+def rotate(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
+    """Apply RoPE (half-split layout) to [T, H, D] with per-token tables [T, 1, D].
+
+    `signed_sin` carries the sign of transformers' rotate_half (-sin on the first half), so
+    the rotation is one copy and one fused multiply-add.
+    """
     half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+    swapped = torch.cat((x[..., half:], x[..., :half]), dim=-1)
+    return torch.addcmul(x * cos, swapped, signed_sin)
 
 
 class Attention(nn.Module):
@@ -95,11 +98,12 @@ class Attention(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        tokens = x.shape[0]
-        q, k, v = F.linear(x, self.qkv_weight, self.qkv_bias).split(self.sizes, dim=-1)
-        q = rotate(q.view(tokens, self.num_heads, self.head_dim), cos, sin)
-        k = rotate(k.view(tokens, self.num_kv_heads, self.head_dim), cos, sin)
-        v = v.reshape(tokens, self.num_kv_heads, self.head_dim)
+        tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
+        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        qk = qkv[:, : q_size + kv_size].view(tokens, self.num_heads + self.num_kv_heads, -1)
+        qk = rotate(qk, cos, sin)  # q and k heads rotated together
+        q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
+        v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         backend.write_kv(kv_cache, k, v, metadata.slot_mapping)
         out = backend.paged_attention(q.contiguous(), kv_cache, metadata, self.scale)
         return F.linear(out.reshape(tokens, -1), self.o_weight)
@@ -158,9 +162,10 @@ class LlamaForCausalLM(nn.Module):
         )
         positions = torch.arange(config.max_model_len, dtype=torch.float32)
         angles = torch.outer(positions, rope_inv_freq(config))
-        angles = torch.cat((angles, angles), dim=-1)
-        self.register_buffer("rope_cos", angles.cos().to(device, dtype), persistent=False)
-        self.register_buffer("rope_sin", angles.sin().to(device, dtype), persistent=False)
+        cos, sin = angles.cos(), angles.sin()
+        cos, signed_sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+        self.register_buffer("rope_cos", cos.to(device, dtype), persistent=False)
+        self.register_buffer("rope_signed_sin", signed_sin.to(device, dtype), persistent=False)
 
     def forward(
         self,
@@ -171,7 +176,7 @@ class LlamaForCausalLM(nn.Module):
         backend: AttentionBackend,
     ) -> torch.Tensor:
         cos = self.rope_cos[positions].unsqueeze(1)
-        sin = self.rope_sin[positions].unsqueeze(1)
+        sin = self.rope_signed_sin[positions].unsqueeze(1)
         x = F.embedding(input_ids, self.embed_weight)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x = layer(x, cos, sin, kv_cache, metadata, backend)
