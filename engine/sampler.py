@@ -36,8 +36,9 @@ def sample(
         rows = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(logits.index_select(0, rows), [params[i] for i in random_rows])
         for row, i in enumerate(random_rows):
-            draw = torch.multinomial(probs[row], 1, generator=generators[i])
-            chosen[i] = draw[0]
+            generator = generators[i]
+            row_probs = probs[row] if generator is None else probs[row].to(generator.device)
+            chosen[i] = torch.multinomial(row_probs, 1, generator=generator)[0]
     token_ids = chosen.tolist()
     return SampleResult(token_ids, _logprobs(logits, params, token_ids))
 
@@ -48,6 +49,8 @@ def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.
     temperature = torch.tensor([p.temperature for p in params], device=device)
     scaled = logits / temperature.unsqueeze(1)
     vocab = scaled.shape[1]
+    if all(not 0 < p.top_k < vocab and p.top_p >= 1.0 for p in params):
+        return scaled.softmax(dim=-1)  # nothing to filter: skip the sort
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
     top_p = torch.tensor([p.top_p for p in params], device=device)
     ordered, order = scaled.sort(dim=-1, descending=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from engine.sampler import filtered_probs, sample
@@ -47,16 +48,15 @@ def test_filters_keep_the_right_support() -> None:
     torch.testing.assert_close(hot[0], (logits[0] / 2).softmax(-1))
 
 
-def _seeded_draws(position: int | None, steps: int = 8) -> list[int]:
+def _seeded_draws(params: SamplingParams, position: int | None, steps: int = 8) -> list[int]:
     """Draw `steps` tokens for one seeded request, alone or at `position` in a batch of 3."""
-    params = SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=1234)
     row, gen, draws = _logits(1, seed=5), _gen(1234), []
     for step in range(steps):
         batch = [(row, params, gen)]
         if position is not None:
             others = _logits(2, seed=100 + step)
             batch = [
-                (others[:1], SamplingParams(temperature=0.7), _gen(step)),
+                (others[:1], SamplingParams(temperature=0.7, top_k=5), _gen(step)),
                 (others[1:], SamplingParams(temperature=0), None),
             ]
             batch.insert(position, (row, params, gen))
@@ -66,9 +66,14 @@ def _seeded_draws(position: int | None, steps: int = 8) -> list[int]:
     return draws
 
 
-def test_same_seed_same_tokens_whatever_the_batch() -> None:
-    alone = _seeded_draws(None)
-    assert _seeded_draws(0) == _seeded_draws(1) == _seeded_draws(2) == alone
+@pytest.mark.parametrize(
+    "params",
+    [SamplingParams(temperature=1.0, top_p=0.9, top_k=20, seed=1234), SamplingParams(seed=1234)],
+)
+def test_same_seed_same_tokens_whatever_the_batch(params: SamplingParams) -> None:
+    alone = _seeded_draws(params, None)
+    assert _seeded_draws(params, 0) == _seeded_draws(params, 1) == alone
+    assert _seeded_draws(params, 2) == alone
     assert len(set(alone)) > 1  # really sampling, not stuck on the argmax
 
 
