@@ -10,6 +10,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import LLM, SamplingParams
+from engine.block_hash import block_hashes
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 # Token-id prompts of different lengths: within a block, across blocks, exactly two blocks.
@@ -228,3 +229,21 @@ def test_two_replicas_share_one_pool_and_give_the_same_tokens(tiny_model_dir: Pa
     stats = two.stats()
     assert len(stats.per_replica) == 2 and stats.prefix_hits == 16 + 16 + 32
     assert_no_leaks(two)
+
+
+def test_one_huge_prompt_cannot_evict_every_other_conversation(tiny_model_dir: Path):
+    block_bytes = 16 * 1024  # tiny model, fp32: 2 layers x 2 KV heads x 32 dims x 4 B x K,V
+    llm = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory=32 * block_bytes,
+              free_block_reserve=0)
+    assert llm.core.max_model_len == 16 * 16  # one request may hold half the pool
+    one = SamplingParams(max_tokens=1, temperature=0)
+    conversations = [[c + 10] * 49 for c in range(8)]  # 3 cacheable blocks each
+    llm.generate(conversations, one)
+    with pytest.raises(ValueError, match="prompt"):
+        llm.generate([[5] * (32 * 16 - 1)], one)  # as large as the whole cache
+    llm.generate([[6] * (16 * 16 - 1)], one)  # the largest allowed: evicts some, not all
+    root = llm.core.hash_root()
+    kept = [all(h in llm.core.pool.by_hash for h in block_hashes(c, root)) for c in conversations]
+    assert sum(kept) >= 4
+    assert llm.generate([conversations[-1]], one)[0].cached_tokens == 48
+    assert_no_leaks(llm)
