@@ -30,8 +30,13 @@ MODERN_HTTP_STATUS = {
 }
 """HTTP status per error code under modern (2026-07-28) rules; anything else is 200."""
 
-LEGACY_HTTP_STATUS = {PARSE_ERROR: 400, INVALID_REQUEST: 400, UNSUPPORTED_PROTOCOL_VERSION: 400}
-"""Legacy wires answer handler errors with 200; only unreadable messages get 400."""
+LEGACY_HTTP_STATUS = {
+    PARSE_ERROR: 400,
+    INVALID_REQUEST: 400,
+    HEADER_MISMATCH: 400,
+    UNSUPPORTED_PROTOCOL_VERSION: 400,
+}
+"""Legacy wires answer handler errors with 200; unreadable or self-contradicting requests 400."""
 
 
 class ProtocolError(Exception):
