@@ -15,12 +15,16 @@ import textwrap
 import time
 from pathlib import Path
 
+import httpx
+import orjson
 import pytest
 import redis.asyncio as aioredis
 
 from gateway.discovery_cache import catalog_key, make_discovery_cache
 from gateway.redis_cache import VERSION_KEY, RedisDiscoveryCache
+from tests.gateway.live_server import LiveServer
 from tests.gateway.redis_fixtures import RedisServer, free_port, requires_redis_server
+from tests.gateway.wire import call, modern_headers, modern_meta
 
 pytestmark = [pytest.mark.redis, requires_redis_server]
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -231,3 +235,34 @@ async def test_redis_down_at_start_then_up(tmp_path):
         assert await client.get(VERSION_KEY) == b"v-offline"  # written on reconnect
         await client.aclose()
         await cache.close()
+
+
+def test_two_gateways_share_the_catalog_and_hear_each_others_changes(redis_server, engine):
+    """Two kvgate apps on one Redis: one catalog, and a change announced by the first reaches
+    a `subscriptions/listen` stream on the second as list_changed within a second."""
+    listen = {"jsonrpc": "2.0", "id": "watch", "method": "subscriptions/listen",
+              "params": {"notifications": {"toolsListChanged": True}, "_meta": modern_meta()}}
+    with (LiveServer(engine, redis_url=redis_server.url, keepalive_s=0.2) as first,
+          LiveServer(engine, redis_url=redis_server.url, keepalive_s=0.2) as second,
+          httpx.Client(timeout=10) as http):
+        lists = [call(http, gateway.url, "tools/list", {}).body for gateway in (first, second)]
+        assert lists[0] == lists[1]
+        assert second.app.state.discovery_cache.stats["shared_hits"] == 1  # built by the first
+        with http.stream("POST", second.url, content=orjson.dumps(listen),
+                         headers=modern_headers("subscriptions/listen")) as response:
+            messages = sse_messages(response)
+            assert next(messages)["method"] == "notifications/subscriptions/acknowledged"
+            began = time.monotonic()
+            first.run(first.app.state.discovery_cache.publish_version("catalog-v2"))
+            change = next(messages)
+            elapsed = time.monotonic() - began
+    assert change["method"] == "notifications/tools/list_changed"
+    assert change["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "watch"
+    assert elapsed < 1.0
+
+
+def sse_messages(response: httpx.Response):
+    """The JSON-RPC messages of an SSE response, skipping keep-alive comments."""
+    for line in response.iter_lines():
+        if line.startswith("data:"):
+            yield orjson.loads(line[5:])
