@@ -72,7 +72,7 @@ def make_tiny_model(path: str | Path, seed: int = 0, preset: str = "tiny") -> Pa
     tokenizer = train_tokenizer(sizes["vocab_size"])
     tokenizer.save(str(path / "tokenizer.json"))
     ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
-    config = _hf_config(sizes, bos_id=ids[BOS], eos_id=ids[EOS])
+    config = hf_config(sizes, bos_id=ids[BOS], eos_id=ids[EOS])
     _write_json(path / "config.json", config)
     _write_json(
         path / "generation_config.json",
@@ -152,7 +152,8 @@ def default_model_dir() -> Path:
     return target
 
 
-def _hf_config(sizes: dict[str, int], bos_id: int, eos_id: int) -> dict[str, Any]:
+def hf_config(sizes: dict[str, int], bos_id: int, eos_id: int) -> dict[str, Any]:
+    """The `config.json` content of a preset (`sizes` is one of PRESETS)."""
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",

@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
-from engine.tiny_model import PRESETS, _hf_config, default_model_dir, make_tiny_model
+from engine.tiny_model import PRESETS, default_model_dir, hf_config, make_tiny_model
 
 FILES = (
     "config.json",
@@ -59,7 +59,7 @@ def test_chat_template_is_present(tiny_model_dir: Path) -> None:
 
 
 def test_bench_preset_has_about_55m_parameters() -> None:
-    config = ModelConfig.from_hf(_hf_config(PRESETS["bench55m"], bos_id=0, eos_id=1))
+    config = ModelConfig.from_hf(hf_config(PRESETS["bench55m"], bos_id=0, eos_id=1))
     model = LlamaForCausalLM(config, torch.float32, "meta")
     params = sum(p.numel() for p in model.parameters())
     assert 50e6 < params < 60e6 and config.head_dim == 64
