@@ -44,9 +44,7 @@ def root_hash(
 
 def hash_block(parent: bytes, token_ids: Sequence[int], extras: bytes = b"") -> bytes:
     """sha256(parent ‖ token ids as little-endian int32 ‖ extras)."""
-    return hashlib.sha256(
-        parent + struct.pack(f"<{len(token_ids)}i", *token_ids) + extras
-    ).digest()
+    return hashlib.sha256(parent + struct.pack(f"<{len(token_ids)}i", *token_ids) + extras).digest()
 
 
 def extend_block_hashes(
@@ -63,6 +61,8 @@ def extend_block_hashes(
     return hashes
 
 
-def block_hashes(token_ids: Sequence[int], root: bytes, block_size: int = BLOCK_SIZE) -> list[bytes]:
+def block_hashes(
+    token_ids: Sequence[int], root: bytes, block_size: int = BLOCK_SIZE
+) -> list[bytes]:
     """Hashes of every full block of ``token_ids`` (a trailing partial block has none)."""
     return extend_block_hashes([], token_ids, root, block_size)

@@ -19,6 +19,7 @@ from engine.stats import ReplicaStats
 
 log = logging.getLogger(__name__)
 
+BLOCKED_RETRY_S = 0.005
 # Called from the step thread with each request that has news (or the step's exception).
 OutputSink = Callable[[Request, "RequestOutput | BaseException"], None]
 
@@ -41,6 +42,7 @@ class Replica:
         self._aborts: list[Request] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
+        self._last_batch_size = 0
 
     # -- called from any thread --------------------------------------------------------------
 
@@ -109,6 +111,7 @@ class Replica:
             if not request.finished:
                 self.scheduler.abort(request)
         batch = self.scheduler.schedule()
+        self._last_batch_size = len(batch)
         if not batch:
             return []
         sampled = self.runner.execute(batch)
@@ -134,6 +137,10 @@ class Replica:
                 self.failed = exc
                 self._fail_all(exc)
                 return
+            if not self._last_batch_size:
+                # Waiting for blocks other replicas hold: nap until news or a short timeout.
+                with self._cond:
+                    self._cond.wait(timeout=BLOCKED_RETRY_S)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
