@@ -147,7 +147,8 @@ class RedisDiscoveryCache(DiscoveryCache):
             backoff = min(2 * backoff, self._backoff_max)
 
     async def _resync(self) -> None:
-        """After (re)connecting: push a version published while down, adopt Redis's."""
+        """After (re)connecting: push a version published while down, adopt Redis's, or
+        restore ours quietly if Redis came back empty (a restart is not a catalog change)."""
         await self._bounded(self._redis.ping())
         if (pending := self._pending_version) is not None:
             await self._bounded(self._write_version(pending))
@@ -156,6 +157,8 @@ class RedisDiscoveryCache(DiscoveryCache):
         current = await self._bounded(self._redis.get(VERSION_KEY))
         if current is not None:
             self._announce(current.decode())
+        elif (latest := self._fanout.latest) is not None:
+            await self._bounded(self._redis.set(VERSION_KEY, latest, nx=True))
 
     async def _listen(self, pubsub: PubSub) -> None:
         """Announce each published version until Redis fails or a request reports trouble."""

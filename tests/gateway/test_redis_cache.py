@@ -151,6 +151,7 @@ async def test_two_os_processes_share_versions_and_entries(redis_server):
 async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, caplog):
     caplog.set_level(logging.WARNING, logger="gateway.redis_cache")
     cache = await started(redis_server.url, near_cache_size=4, timeout_s=0.05)
+    await cache.publish_version("v1")
     versions = cache.versions()
     saw_degraded = asyncio.Event()
 
@@ -191,6 +192,7 @@ async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, ca
     assert sum("reachable again" in m for m in messages) == 1
 
     other = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    assert await other.current_version() == "v1"  # restored into the empty Redis, unannounced
     await other.publish_version("after-restart")
     assert await next_version(versions) == "after-restart"  # re-subscribed by itself
     assert await other.get_or_build("v1", "tools/list", "p0", lambda: b"x") in (b"0", b"x")
