@@ -44,10 +44,12 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         model_facts(engine, settings), settings.server_name, settings.instructions,
         settings.catalog_ttl_ms,
     )
-    cache = make_discovery_cache(
-        settings.redis_url,
-        on_event=lambda event: metrics.count("kvgate_discovery_cache_events", event=event),
-    )
+
+    def on_cache_event(event: str) -> None:
+        if event != "near_hit":  # the hot path's own event stays off it (cache.stats has it)
+            metrics.count("kvgate_discovery_cache_events", event=event)
+
+    cache = make_discovery_cache(settings.redis_url, on_event=on_cache_event)
     endpoint = McpEndpoint(settings, catalog, InferenceTools(engine, catalog.tools), cache, metrics)
 
     async def healthz(request: Request) -> Response:

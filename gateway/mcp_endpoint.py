@@ -58,9 +58,8 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        headers = {  # RFC 9110 5.5: optional whitespace around a field value is not part of it
-            k.decode("latin-1").lower(): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]
-        }
+        # ASGI servers lower-case header names; RFC 9110 5.5: whitespace around a value is not data
+        headers = {k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]}
         label, tool, outcome = "invalid", None, "error"
         era = Era.LEGACY
         message: Message | None = None
