@@ -118,3 +118,16 @@ async def test_shutdown_stops_the_threads_and_ends_open_streams(tiny_model_dir: 
     with pytest.raises(RuntimeError, match="shut down"):
         async for _ in stream:
             pass
+
+
+async def test_a_cache_salt_keeps_tenants_apart(engine: AsyncLLM):
+    params = SamplingParams(max_tokens=1, temperature=0)
+    prompt = list(range(300, 340))
+
+    async def cached(salt: str | None) -> int:
+        return [o async for o in engine.generate(prompt, params, cache_salt=salt)][-1].cached_tokens
+
+    assert await cached("tenant-a") == 0
+    assert await cached("tenant-a") == 32
+    assert await cached("tenant-b") == 0
+    assert await cached(None) == 0

@@ -73,6 +73,15 @@ def test_greedy_matches_transformers_batched_and_again_from_the_prefix_cache(
     assert_no_leaks(engine)
 
 
+def test_chunked_prefill_matches_transformers(hf_checkpoint):
+    path = hf_checkpoint("llama")
+    chunked = LLM(str(path), dtype="float32", kv_cache_memory="2MiB", max_num_seqs=4,
+                  max_num_batched_tokens=7)  # prompts arrive in chunks of at most 7 tokens
+    outputs = chunked.generate(PROMPTS, GREEDY)
+    assert [o.token_ids for o in outputs] == [hf_greedy(path, p, GREEDY.max_tokens) for p in PROMPTS]
+    assert_no_leaks(chunked)
+
+
 def test_a_prompt_alone_and_inside_a_batch_gives_the_same_tokens(llm: LLM):
     llm_params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     alone = llm.generate([PROMPTS[3]], llm_params)[0].token_ids
