@@ -118,10 +118,14 @@ if ! command -v nginx >/dev/null; then
 fi
 
 log "redis on $REDIS_URL"
-redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --dir "$WORK" \
-  >"$WORK/redis.log" 2>&1 &
-PIDS+=($!)
-wait_for redis $! redis-cli -p "$REDIS_PORT" ping
+start_redis() {
+  redis-server --bind 127.0.0.1 --port "$REDIS_PORT" --save "" --appendonly no --dir "$WORK" \
+    >>"$WORK/redis.log" 2>&1 &
+  REDIS_PID=$!
+  PIDS+=("$REDIS_PID")
+  wait_for redis "$REDIS_PID" redis-cli -p "$REDIS_PORT" ping
+}
+start_redis
 
 log "3 kvgate processes: ${KVGATE_PORTS[*]}"
 declare -A KVGATE_PID
@@ -156,15 +160,25 @@ for _ in 1 2 3; do mcp tools/call generate "$GENERATE" conversation-42; done
 log "discovery without a key, 3 more times (round robin spreads them)"
 for _ in 1 2 3; do mcp server/discover "" '{}'; done
 
+log "Redis killed: every request still answered (from each process's own cache)"
+kill -KILL "$REDIS_PID"
+wait "$REDIS_PID" 2>/dev/null || true
+for _ in 1 2 3; do mcp tools/list "" '{}'; done
+mcp tools/call generate "$GENERATE" conversation-42
+log "Redis restarted: the processes reconnect by themselves"
+start_redis
+sleep 3  # reconnect backoff is at most 2 s
+
 log "summary"
 echo "processes answering cache key conversation-42: $(sort -u "$WORK/upstreams-conversation-42" | xargs)"
 echo "processes answering requests without a key:    $(sort -u "$WORK/upstreams-none" | xargs)"
-echo "discovery cache events per process (shared_hit: served from another process's entry):"
+echo "discovery cache events per process (shared_hit: served from another process's entry;"
+echo "outage/recovered: Redis lost and found again; degraded: answered without Redis):"
 for port in "${KVGATE_PORTS[@]}"; do
   echo "  :$port $(curl -sf "http://127.0.0.1:$port/metrics" | grep '^kvgate_discovery_cache[a-z_]*_total{' \
     | sed -E 's/.*event="([a-z_]+)"[^ ]* ([0-9.e+]+)$/\1=\2/' | xargs)"
 done
-echo "discovery entries in the shared Redis:"
+echo "shared Redis after its restart (current version restored; entries refill on near-cache misses):"
 redis-cli -p "$REDIS_PORT" --scan --pattern 'kvgate:catalog:*' | sort | sed 's/^/  /'
 [[ $(sort -u "$WORK/upstreams-conversation-42" | wc -l) == 1 ]] || { echo "cache key was not pinned" >&2; exit 1; }
 OK=1
