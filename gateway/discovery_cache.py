@@ -177,7 +177,8 @@ class DiscoveryCache:
         and whenever Redis cannot answer in time. If it raises (say, an unknown resource), the
         error propagates and nothing is cached. `scope_key` is the authenticated subject for
         private-scope results (None for public ones, the usual catalog case). Never raises
-        because of Redis; waits for it at most about `timeout_s`.
+        because of Redis; waits at most `timeout_s` per Redis call (a hit makes one, a miss
+        two, and none at all while Redis is known to be down).
         """
         key = catalog_key(version, method, params_hash, scope_key)
         body = self._near.get(key)
