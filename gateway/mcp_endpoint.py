@@ -35,6 +35,7 @@ from protocol.results import complete
 from protocol.versions import Era, era_of, negotiate_legacy
 
 ALLOW_POST = [(b"allow", b"POST")]
+ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
 LEGACY_LABELS = frozenset({"initialize", "ping"})
 
 
@@ -78,6 +79,10 @@ class McpEndpoint:
                 return
             if not headers.get("content-type", "").lower().startswith("application/json"):
                 await self._error(send, 415, ProtocolError(INVALID_REQUEST, "Content-Type must be application/json"))
+                return
+            if not _accepts_mcp(headers.get("accept")):
+                await self._error(send, 406, ProtocolError(
+                    INVALID_REQUEST, "Not Acceptable: accept application/json and text/event-stream"))
                 return
             message = jsonrpc.parse_message(body)
             if message.is_notification:
@@ -185,6 +190,14 @@ async def _last(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, An
             if not isinstance(item, Progress):
                 return item
     raise RuntimeError("tool call ended without a result")
+
+
+def _accepts_mcp(accept: str | None) -> bool:
+    """No Accept means anything; otherwise one of the two MCP answer types must be welcome."""
+    if accept is None:
+        return True
+    accept = accept.lower()
+    return any(kind in accept for kind in ACCEPTABLE)
 
 
 def _params_hash(method: str, params: dict[str, Any]) -> str:

@@ -263,6 +263,12 @@ def test_wrong_content_type(http: httpx.Client, server: LiveServer) -> None:
     assert (exchange.status, exchange.error["code"]) == (415, -32600)
 
 
+def test_unacceptable_accept(http: httpx.Client, server: LiveServer) -> None:
+    exchange = post(http, server.url, body("tools/list"),
+                    modern_headers("tools/list", Accept="text/html"))
+    assert (exchange.status, exchange.error["code"]) == (406, -32600)
+
+
 def test_foreign_origin(http: httpx.Client, server: LiveServer) -> None:
     exchange = post(http, server.url, body("tools/list"),
                     modern_headers("tools/list", Origin="http://evil.example.com"))
