@@ -119,3 +119,26 @@ def test_compute_logits_uses_tied_embeddings(hf_checkpoint) -> None:
     hidden = torch.randn(3, lm.config.hidden_size)
     expected = hidden @ lm.model.embed_weight.T
     torch.testing.assert_close(lm.model.compute_logits(hidden), expected)
+
+
+def test_greedy_decoding_matches_transformers_generate(tiny_model_dir: Path) -> None:
+    lm = load_model(tiny_model_dir, dtype="float32")
+    ids = lm.tokenizer.encode(PROMPTS[1])
+    run = PagedRun(lm)
+    seq = run.add_sequence(len(ids) + 24)
+    logits = run.step([seq], [ids], [len(ids)])[-1:]
+    ours = []
+    for _ in range(24):
+        ours.append(int(logits[0].argmax()))
+        logits = run.step([seq], [ours[-1:]], [len(ids) + len(ours)])
+    prompt = torch.tensor([ids])
+    with torch.inference_mode():
+        expected = _reference(tiny_model_dir).generate(
+            prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=lm.tokenizer.eos_token_ids[0],
+        )
+    assert ours == expected[0, len(ids) :].tolist()

@@ -46,7 +46,14 @@ def test_transformers_loads_it_and_generates(tiny_model_dir: Path) -> None:
     assert len(tokenizer) == config.vocab_size == model.config.vocab_size
     assert model.config.num_key_value_heads < model.config.num_attention_heads  # GQA
     ids = tokenizer("The quick brown fox", return_tensors="pt").input_ids
-    out = model.generate(ids, max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = model.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=8,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=tokenizer.eos_token_id,
+    )
     assert out.shape[1] == ids.shape[1] + 8
     # Random weights with a small init must not collapse to one repeated token.
     assert len(set(out[0, ids.shape[1] :].tolist())) > 1
