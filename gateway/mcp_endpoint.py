@@ -1,6 +1,6 @@
 """The MCP endpoint (``POST /mcp``): the request pipeline of the Streamable HTTP binding.
 
-In order: HTTP method → Origin/Host → body size → Content-Type → JSON-RPC parse →
+In order: HTTP method → Origin/Host → body size → Content-Type → Accept → JSON-RPC parse →
 notification (202) → era from ``MCP-Protocol-Version`` → modern envelope and header checks
 (or legacy checks) → method table → handler. Catalog results are pre-serialized bytes spliced
 around the request id; tool calls run on the engine, as JSON or as SSE when the caller sent a
@@ -10,6 +10,7 @@ around the request id; tool calls run on the engine, as JSON or as SSE when the 
 from __future__ import annotations
 
 import hashlib
+import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import aclosing
@@ -22,21 +23,31 @@ from gateway.catalog import Catalog
 from gateway.discovery_cache import DiscoveryCache
 from gateway.metrics import Metrics
 from gateway.settings import Settings
-from gateway.streaming import accepted_filter, listen_events, tool_call_events
+from gateway.streaming import accepted_filter, listen_events, sse_event, tool_call_events
 from gateway.tools import InferenceTools, Progress
 from gateway.transport_security import OriginPolicy
 from protocol import jsonrpc
-from protocol.errors import INVALID_REQUEST, ProtocolError, invalid_params
+from protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, ProtocolError, invalid_params
 from protocol.headers import check_param_headers
-from protocol.jsonrpc_types import Message
-from protocol.methods import CATALOG_METHODS, MODERN_METHODS, check_method
+from protocol.jsonrpc_types import Message, RequestId
+from protocol.methods import CATALOG_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
 from protocol.modern import check_legacy_meta, check_modern_request
 from protocol.results import complete
 from protocol.versions import Era, era_of, negotiate_legacy
 
+logger = logging.getLogger("kvgate.mcp")
+
 ALLOW_POST = [(b"allow", b"POST")]
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
-LEGACY_LABELS = frozenset({"initialize", "ping"})
+METHOD_LABELS = MODERN_METHODS | LEGACY_METHODS  # anything else is counted as "unknown"
+
+
+class Rejected(Exception):
+    """A transport-level refusal: an HTTP status and a JSON-RPC error without an id."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class McpEndpoint:
@@ -62,34 +73,15 @@ class McpEndpoint:
         # ASGI servers lower-case header names; RFC 9110 5.5: whitespace around a value is not data
         headers = {k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]}
         label, tool, outcome = "invalid", None, "error"
-        era = Era.LEGACY
-        message: Message | None = None
+        era, message = Era.LEGACY, None
         try:
-            if scope["method"] != "POST":
-                await self._plain(send, 405, "Method Not Allowed: the MCP endpoint takes POST only")
-                return
-            if not self.origins.origin_allowed(headers.get("origin")) or not self.origins.host_allowed(headers.get("host")):
-                await self._error(send, 403, ProtocolError(INVALID_REQUEST, "Forbidden: Origin or Host not allowed"))
-                return
-            try:
-                body = await http_io.read_body(receive, self.settings.max_body_bytes, headers.get("content-length"))
-            except http_io.BodyTooLarge:
-                limit = self.settings.max_body_bytes
-                await self._error(send, 413, ProtocolError(INVALID_REQUEST, f"Request body exceeds {limit} bytes"))
-                return
-            if not headers.get("content-type", "").lower().startswith("application/json"):
-                await self._error(send, 415, ProtocolError(INVALID_REQUEST, "Content-Type must be application/json"))
-                return
-            if not _accepts_mcp(headers.get("accept")):
-                await self._error(send, 406, ProtocolError(
-                    INVALID_REQUEST, "Not Acceptable: accept application/json and text/event-stream"))
-                return
+            body = await self._transport_checks(scope, receive, headers)
             message = jsonrpc.parse_message(body)
-            if message.is_notification:
+            if message.is_notification:  # no client notification needs an answer on HTTP
                 label, outcome = "notification", "ok"
                 await http_io.send_response(send, 202, content_type=None)
                 return
-            label = message.method if message.method in MODERN_METHODS | LEGACY_LABELS else "unknown"
+            label = message.method if message.method in METHOD_LABELS else "unknown"
             era = era_of(headers.get("mcp-protocol-version"))
             if era is Era.MODERN:
                 check_modern_request(message, headers)
@@ -97,23 +89,48 @@ class McpEndpoint:
                 check_legacy_meta(message, headers.get("mcp-protocol-version"))
             check_method(message.method, era)
             if message.method == "tools/call":
-                tool = message.params.get("name") if isinstance(message.params.get("name"), str) else None
+                name = message.params.get("name")
+                tool = name if isinstance(name, str) and name in self.tools.specs else "unknown"
                 outcome = await self._tools_call(message, era, headers, receive, send)
             elif message.method == "subscriptions/listen":
                 outcome = await self._listen(message, receive, send)
             else:
                 await http_io.send_response(send, 200, await self._result(message, era))
                 outcome = "ok"
+        except Rejected as rejection:
+            error = jsonrpc.encode_error(ProtocolError(INVALID_REQUEST, str(rejection)))
+            extra = ALLOW_POST if rejection.status == 405 else ()
+            await http_io.send_response(send, rejection.status, error, headers=extra)
         except ProtocolError as error:
             if error.request_id is None and message is not None:
                 error.request_id = message.id
             await self._error(send, error.http_status(era is Era.MODERN), error)
         except http_io.ClientGone:
             outcome = "cancelled"
+        except Exception:
+            logger.exception("internal error answering %s", label)
+            error = ProtocolError(INTERNAL_ERROR, "Internal error", request_id=message and message.id)
+            await self._error(send, 500, error)
         finally:
-            if tool is not None and tool not in self.tools.specs:
-                tool = "unknown"
             self.metrics.observe(label, tool, outcome, time.perf_counter() - started)
+
+    async def _transport_checks(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> bytes:
+        """HTTP-level rules, in the spec's order; returns the body."""
+        if scope["method"] != "POST":
+            raise Rejected(405, "Method Not Allowed: the MCP endpoint takes POST only")
+        if not (self.origins.origin_allowed(headers.get("origin"))
+                and self.origins.host_allowed(headers.get("host"))):
+            raise Rejected(403, "Forbidden: Origin or Host not allowed")
+        limit = self.settings.max_body_bytes
+        try:
+            body = await http_io.read_body(receive, limit, headers.get("content-length"))
+        except http_io.BodyTooLarge:
+            raise Rejected(413, f"Request body exceeds {limit} bytes") from None
+        if not headers.get("content-type", "").lower().startswith("application/json"):
+            raise Rejected(415, "Unsupported Media Type: Content-Type must be application/json")
+        if not _accepts_mcp(headers.get("accept")):
+            raise Rejected(406, "Not Acceptable: accept application/json and text/event-stream")
+        return body
 
     async def _result(self, message: Message, era: Era) -> bytes:
         """The response bytes for every method answered in one piece (no engine work)."""
@@ -126,7 +143,7 @@ class McpEndpoint:
                 lambda: self.catalog.result_bytes(method, params),
             )
             return jsonrpc.splice_result(message.id, body)
-        if method == "initialize":
+        if method == "initialize":  # stateless: no session is minted, one sent is ignored
             result = {
                 "protocolVersion": negotiate_legacy(params.get("protocolVersion")),
                 "capabilities": self.catalog.legacy_capabilities(),
@@ -143,14 +160,17 @@ class McpEndpoint:
         self, message: Message, era: Era, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         spec = self.tools.spec(message.params.get("name"))
-        arguments = message.params.get("arguments") or {}
+        arguments = message.params.get("arguments")
+        if arguments is None:
+            arguments = {}
         if era is Era.MODERN and isinstance(arguments, dict):
             check_param_headers(spec.header_params, arguments, headers)
         token = message.meta.get("progressToken")
         items = self.tools.call(spec, arguments)
-        if isinstance(token, str | int) and "text/event-stream" in headers.get("accept", ""):
+        streaming = isinstance(token, str | int) and not isinstance(token, bool)
+        if streaming and "text/event-stream" in headers.get("accept", ""):
             events = tool_call_events(message.id, token, items, lambda r: self._shape(r, era))
-            await http_io.until_disconnect(receive, self._stream(send, events))
+            await http_io.until_disconnect(receive, self._stream(send, events, message.id))
             return "ok"
         result = await http_io.until_disconnect(receive, _last(items))
         await http_io.send_response(send, 200, jsonrpc.encode_result(message.id, self._shape(result, era)))
@@ -166,21 +186,24 @@ class McpEndpoint:
             message.id, honoured, self.cache.versions(), self.settings.keepalive_s,
             self.settings.listen_max_s, self.catalog.server_info,
         )
-        await http_io.until_disconnect(receive, self._stream(send, events))
+        await http_io.until_disconnect(receive, self._stream(send, events, message.id))
         return "ok"
 
-    async def _stream(self, send: Send, events: AsyncIterator[bytes]) -> None:
+    async def _stream(self, send: Send, events: AsyncIterator[bytes], request_id: RequestId) -> None:
+        """Send an SSE response; a failure mid-stream still ends it with an error response."""
         async with aclosing(events):
             await http_io.start_stream(send)
-            async for chunk in events:
-                await http_io.send_chunk(send, chunk)
+            try:
+                async for chunk in events:
+                    await http_io.send_chunk(send, chunk)
+            except Exception:
+                logger.exception("internal error while streaming request %r", request_id)
+                error = ProtocolError(INTERNAL_ERROR, "Internal error", request_id=request_id)
+                await http_io.send_chunk(send, sse_event(jsonrpc.encode_error(error)))
             await http_io.send_chunk(send, b"", more=False)
 
     async def _error(self, send: Send, status: int, error: ProtocolError) -> None:
         await http_io.send_response(send, status, jsonrpc.encode_error(error))
-
-    async def _plain(self, send: Send, status: int, text: str) -> None:
-        await http_io.send_response(send, status, text.encode(), b"text/plain; charset=utf-8", ALLOW_POST)
 
 
 async def _last(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, Any]:

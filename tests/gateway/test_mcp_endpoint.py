@@ -294,6 +294,29 @@ def test_get_and_delete(http: httpx.Client, server: LiveServer, verb: str) -> No
     assert response.headers["allow"] == "POST"
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"name": {"a": 1}, "arguments": {}},
+        {"name": ["generate"]},
+        {"name": "tokenize", "arguments": ["text"]},
+        {"name": "tokenize", "arguments": "text"},
+        {"name": "tokenize", "arguments": None},
+    ],
+)
+def test_odd_shapes_get_json_rpc_answers(http: httpx.Client, server: LiveServer, params: dict) -> None:
+    name = params["name"] if isinstance(params["name"], str) else "x"
+    exchange = post(http, server.url, body("tools/call", **params), modern_headers("tools/call", name))
+    assert exchange.status in (200, 400)
+    assert "error" in exchange.body or exchange.result["isError"] is True
+
+
+def test_boolean_progress_token_is_not_a_token(http: httpx.Client, server: LiveServer) -> None:
+    exchange = call(http, server.url, "tools/call", {"name": "tokenize", "arguments": {"text": "a"}},
+                    name="tokenize", meta={"progressToken": True})
+    assert exchange.headers["content-type"] == "application/json"
+
+
 def test_health_and_readiness(http: httpx.Client, server: LiveServer) -> None:
     assert http.get(server.base + "/healthz").json() == {"status": "ok"}
     assert http.get(server.base + "/readyz").json() == {"ready": True}
