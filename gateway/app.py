@@ -83,7 +83,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         ],
         lifespan=lifespan,
     )
-    app.state.catalog = catalog
+    app.state.endpoint = endpoint  # endpoint.catalog is the catalog being served
     app.state.metrics = metrics
     app.state.discovery_cache = cache
     return app

@@ -68,6 +68,12 @@ class McpEndpoint:
         self.metrics = metrics
         self.origins = OriginPolicy(settings.host, settings.allowed_origins)
 
+    def use_catalog(self, catalog: Catalog) -> None:
+        """Serve ``catalog`` from the next request on (a runtime catalog change); announcing
+        its version to listeners and other processes is the caller's next step."""
+        self.catalog = catalog
+        self.tools = InferenceTools(self.tools.engine, catalog.tools)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         # ASGI servers lower-case header names; RFC 9110 5.5: whitespace around a value is not data

@@ -10,6 +10,7 @@ import httpx
 import orjson
 import pytest
 
+from gateway.catalog import Catalog
 from schemas.mcp_wire import validate_server_message
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import (
@@ -65,7 +66,7 @@ def test_tools_are_listed_in_a_fixed_order(http: httpx.Client, server: LiveServe
 def test_resource_read_and_unknown_uri(http: httpx.Client, server: LiveServer) -> None:
     uri = call(http, server.url, "resources/list").result["resources"][0]["uri"]
     contents = call(http, server.url, "resources/read", {"uri": uri}, name=uri).result["contents"]
-    assert orjson.loads(contents[0]["text"])["model"] == server.app.state.catalog.facts.name
+    assert orjson.loads(contents[0]["text"])["model"] == server.app.state.endpoint.catalog.facts.name
     missing = call(http, server.url, "resources/read", {"uri": "kvgate://nope"}, name="kvgate://nope")
     assert (missing.status, missing.error["code"]) == (400, -32602)
     assert missing.error["data"] == {"uri": "kvgate://nope"}
@@ -77,6 +78,15 @@ def test_prompt_get(http: httpx.Client, server: LiveServer) -> None:
     assert result["messages"][0]["content"]["text"].endswith("abc")
     missing = call(http, server.url, "prompts/get", {"name": "nope"}, name="nope")
     assert (missing.status, missing.error["code"]) == (400, -32602)
+
+
+def test_a_new_catalog_is_served_at_once(engine: object) -> None:
+    with LiveServer(engine) as live, httpx.Client() as client:
+        endpoint = live.app.state.endpoint
+        before = call(client, live.url, "server/discover").result
+        endpoint.use_catalog(Catalog(endpoint.catalog.facts, instructions="Now different."))
+        after = call(client, live.url, "server/discover").result
+    assert before["instructions"] != after["instructions"] == "Now different."
 
 
 def test_notification_is_accepted_without_body(http: httpx.Client, server: LiveServer) -> None:

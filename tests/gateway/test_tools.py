@@ -30,7 +30,7 @@ def run_tool(http: httpx.Client, server: LiveServer, tool: str, arguments: dict[
 
 
 def output_schema(server: LiveServer, tool: str) -> Draft202012Validator:
-    definition = next(t for t in server.app.state.catalog.tools if t["name"] == tool)
+    definition = next(t for t in server.app.state.endpoint.catalog.tools if t["name"] == tool)
     return Draft202012Validator(definition["outputSchema"])
 
 
