@@ -95,8 +95,9 @@ class PrefixRouter:
 
         `loads` counts running + waiting requests per replica; `available[r]` is False for
         a stalled or failed replica; `prefilling` maps a block hash to the replica computing
-        it now (only its `.get` is used, so a lazy view of the pool will do). `num_prompt_tokens` is part of the contract for callers; the policy needs only
-        the hashes (a prompt with no full block has none).
+        it now (only its `.get` is used, so a lazy view of the pool will do).
+        `num_prompt_tokens` is part of the callers' contract; the policy needs only the
+        hashes (a prompt shorter than one block has none).
         """
         if len(loads) != self.num_replicas or len(available) != self.num_replicas:
             raise ValueError(
