@@ -61,9 +61,13 @@ class EngineCore:
             self.cache_dtype,
             self.device,
         )
-        # One request may hold at most its replica's share and the conversation share.
+        reserve = config.free_block_reserve
+        if reserve is None:
+            reserve = max(1, self.pool.share // 50)
+        # One request may hold at most its replica's share (less the admission reserve, so it
+        # can always be admitted) and the conversation share of the pool.
         per_request = min(
-            self.pool.share,
+            self.pool.share - reserve,
             int(config.conversation_cache_share * self.pool.share * config.replicas),
         )
         self.max_model_len = min(
@@ -71,9 +75,6 @@ class EngineCore:
         )
         if self.max_model_len < 2:
             raise ValueError("kv_cache_memory is too small to hold one request of 2 tokens")
-        reserve = config.free_block_reserve
-        if reserve is None:
-            reserve = max(1, self.pool.share // 50)
         backend = get_attention_backend(config.attention_backend, self.device)
         runner = ModelRunner(self.model, self.kv_caches, backend, BLOCK_SIZE, self.device)
         self.replicas = [
