@@ -27,6 +27,7 @@ class Window:
     end: float
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
+    answered: int = 0  # every response, warm-up included (to price server CPU per request)
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
@@ -53,6 +54,7 @@ async def connection(host: str, port: int, request: bytes, window: Window) -> No
             writer.write(request)
             status = await read_response(reader)
             done = clock()
+            window.answered += 1
             if sent >= window.start and done <= window.end:
                 if status == 200:
                     window.latencies.append(done - sent)
@@ -85,6 +87,7 @@ async def run(args: argparse.Namespace, request: bytes) -> dict[str, float]:
     return {
         "requests": len(ordered),
         "errors": window.errors,
+        "answered": window.answered,
         "rps": len(ordered) / args.duration,
         "p50_ms": percentile(ordered, 0.50) * 1e3,
         "p99_ms": percentile(ordered, 0.99) * 1e3,

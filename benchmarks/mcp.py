@@ -150,7 +150,9 @@ def load(port: int, method: str, server_pid: int, args: argparse.Namespace) -> d
             subprocess.run(command, cwd=ROOT, check=True, capture_output=True).stdout
         )
         elapsed = time.perf_counter() - started
-    figures["server_cpu_frac"] = (cpu_seconds(server_pid) - before) / elapsed
+    server_cpu = cpu_seconds(server_pid) - before
+    figures["server_cpu_frac"] = server_cpu / elapsed
+    figures["server_us_per_request"] = server_cpu / figures["answered"] * 1e6
     return figures
 
 
@@ -200,22 +202,28 @@ def report(results: dict[str, dict[str, dict]], args: argparse.Namespace) -> Non
         f"{args.duration:g} s measured after {args.warmup:g} s warm-up; errors summed; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
-    header = f"{'target':8} {'method':16} {'req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-    print(header + f" {'bytes':>6} {'client CPU':>10} {'server CPU':>10}")
+    print(
+        f"{'target':8} {'method':16} {'req/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'errors':>6} "
+        f"{'bytes':>6} {'server us/req':>13} {'server CPU':>10} {'client CPU':>10}"
+    )
     for target, by_method in results.items():
         for method, r in by_method.items():
             print(
-                f"{target:8} {method:16} {r['rps']:9.0f} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} "
-                f"{r['errors']:6d} {r['bytes']:6d} {r['client_cpu_frac']:10.0%} "
-                f"{r['server_cpu_frac']:10.0%}"
+                f"{target:8} {method:16} {r['rps']:8.0f} {r['p50_ms']:7.2f} {r['p99_ms']:7.2f} "
+                f"{r['errors']:6d} {r['bytes']:6d} {r['server_us_per_request']:13.0f} "
+                f"{r['server_cpu_frac']:10.0%} {r['client_cpu_frac']:10.0%}"
             )
     if "kvgate" in results and "sdk" in results:
-        print(f"\nkvgate / SDK (targets: req/s >= {RPS_TARGET}x, p99 <= {P99_TARGET}x):")
+        print(f"\nkvgate vs SDK (targets: req/s >= {RPS_TARGET}x, p99 <= {P99_TARGET}x):")
         for method in METHODS:
             ours, sdk = results["kvgate"][method], results["sdk"][method]
             rps, p99 = ours["rps"] / sdk["rps"], ours["p99_ms"] / sdk["p99_ms"]
+            cpu = sdk["server_us_per_request"] / ours["server_us_per_request"]
             verdict = "met" if rps >= RPS_TARGET and p99 <= P99_TARGET else "NOT met"
-            print(f"  {method:16} req/s {rps:5.2f}x   p99 {p99:5.2f}x   {verdict}")
+            print(
+                f"  {method:16} req/s {rps:5.2f}x  p99 {p99:5.2f}x  {verdict:7}  "
+                f"(server CPU per request: SDK spends {cpu:.1f}x kvgate's)"
+            )
     if "kvgate" in results and "bare" in results:
         for method in METHODS:
             share = results["kvgate"][method]["rps"] / results["bare"][method]["rps"]
