@@ -9,7 +9,6 @@ so a load balancer can route on them without reading the body; the server checks
 from __future__ import annotations
 
 import base64
-import binascii
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -35,7 +34,7 @@ def decode_header_value(raw: str) -> str:
         encoded = raw[len(SENTINEL_PREFIX) : -len(SENTINEL_SUFFIX)]
         try:
             return base64.b64decode(encoded, validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError):
+        except ValueError:  # binascii.Error, UnicodeDecodeError, non-ASCII input
             raise header_mismatch("a Base64-encoded header value does not decode") from None
     if _SAFE_VALUE.fullmatch(raw) is None:
         raise header_mismatch("a header value contains characters outside visible ASCII")
