@@ -143,14 +143,27 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._request_counters: dict[tuple[str, str, str], Counter] = {}
+        self._durations: dict[str, Histogram] = {}
         self._counters: dict[str, tuple[Counter, tuple[str, ...]]] = {}
         if engine_stats is not None:
             self.registry.register(EngineCollector(engine_stats, model_name))
 
     def observe(self, method: str, tool: str | None, outcome: str, seconds: float) -> None:
-        """Record one finished request; `tool` is None for anything but `tools/call`."""
-        self._requests.labels(method, tool or "", outcome).inc()
-        self._duration.labels(method).observe(seconds)
+        """Record one finished request; `tool` is None for anything but `tools/call`.
+
+        Labelled children are kept in plain dicts: `labels()` validates and locks on every call,
+        which cost more than the rest of a cached `tools/list` answer.
+        """
+        key = (method, tool or "", outcome)
+        counter = self._request_counters.get(key)
+        if counter is None:
+            counter = self._request_counters[key] = self._requests.labels(*key)
+        counter.inc()
+        histogram = self._durations.get(method)
+        if histogram is None:
+            histogram = self._durations[method] = self._duration.labels(method)
+        histogram.observe(seconds)
 
     def count(self, name: str, **labels: str) -> None:
         """Increment the counter `name` (created on first use); its label names must not vary."""
