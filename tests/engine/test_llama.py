@@ -10,6 +10,8 @@ from transformers import AutoModelForCausalLM
 
 from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
 from engine.loader import LoadedModel, load_model
+from engine.model_config import ModelConfig
+from engine.models.llama import rope_inv_freq
 
 BLOCK_SIZE = 16
 HF_ARCHS = ("llama", "llama3", "mistral", "qwen2")  # built by conftest.hf_checkpoint
@@ -142,3 +144,28 @@ def test_greedy_decoding_matches_transformers_generate(tiny_model_dir: Path) -> 
             pad_token_id=lm.tokenizer.eos_token_ids[0],
         )
     assert ours == expected[0, len(ids) :].tolist()
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "rope_theta": 10000.0, "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    ],
+)
+def test_rope_scaling_matches_transformers(rope: dict) -> None:
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf_config = LlamaConfig(hidden_size=1024, num_attention_heads=8, rope_parameters=rope)
+    expected, attention_factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf_config, "cpu")
+    assert attention_factor == 1.0
+    raw = {**hf_config.to_dict(), "architectures": ["LlamaForCausalLM"]}
+    torch.testing.assert_close(rope_inv_freq(ModelConfig.from_hf(raw)), expected)
