@@ -164,10 +164,12 @@ class RandomRouter(_BlindRouter):
 ROUTING_POLICIES = ("prefix", "round_robin", "random")
 
 
-def make_router(policy: str, num_replicas: int, seed: int = 0) -> PrefixRouter | _BlindRouter:
+def make_router(
+    policy: str, num_replicas: int, seed: int = 0, load_factor: float = 1.25
+) -> PrefixRouter | _BlindRouter:
     """The router for a policy name (`EngineConfig.routing`, `--routing`)."""
     if policy == "prefix":
-        return PrefixRouter(num_replicas)
+        return PrefixRouter(num_replicas, load_factor)
     if policy == "round_robin":
         return RoundRobinRouter()
     if policy == "random":

@@ -192,6 +192,6 @@ def test_random_baseline_is_seeded_and_skips_dead_replicas():
 
 
 def test_unknown_policy_rejected():
-    assert isinstance(make_router("prefix", 2), PrefixRouter)
+    assert make_router("prefix", 2, load_factor=1.1).load_factor == 1.1
     with pytest.raises(ValueError, match="routing"):
         make_router("least_recent", 2)
