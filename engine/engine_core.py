@@ -107,9 +107,9 @@ class EngineCore:
         if config.kv_cache_memory is not None:
             return int(config.kv_cache_memory) // per_block + 1  # + the null block
         budget = int(config.kv_cache_memory_fraction * free_memory_bytes(self.device.type))
-        # Beyond every slot of every replica at full length, more blocks only cache.
+        # Twice every slot of every replica at full length: the rest of the budget stays free.
         useful = (
-            4 * config.replicas * config.max_num_seqs * math.ceil(mc.max_model_len / BLOCK_SIZE)
+            2 * config.replicas * config.max_num_seqs * math.ceil(mc.max_model_len / BLOCK_SIZE)
         )
         return min(budget // per_block, useful) + 1
 
