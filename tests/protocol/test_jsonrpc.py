@@ -1,5 +1,9 @@
+import json
+
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.errors import INVALID_REQUEST, PARSE_ERROR, ProtocolError
 from protocol.jsonrpc import encode_error, encode_result, parse_message, splice_result
@@ -49,3 +53,21 @@ def test_error_without_id_omits_it() -> None:
     }
     error.request_id = 9
     assert orjson.loads(encode_error(error))["id"] == 9
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda children: st.lists(children) | st.dictionaries(st.text(), children),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(json_values.map(lambda v: json.dumps(v).encode()), st.binary()))
+def test_any_body_parses_or_raises_a_protocol_error(body: bytes) -> None:
+    try:
+        message = parse_message(body)
+    except ProtocolError as error:
+        assert error.code in (PARSE_ERROR, INVALID_REQUEST)
+    else:
+        assert isinstance(message.method, str) and isinstance(message.params, dict)

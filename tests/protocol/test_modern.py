@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.errors import HEADER_MISMATCH, INVALID_PARAMS, ProtocolError
 from protocol.jsonrpc_types import Message
@@ -62,3 +64,17 @@ def test_modern_meta_under_a_legacy_header_is_a_mismatch() -> None:
     with pytest.raises(ProtocolError) as caught:
         check_legacy_meta(message(), None)
     assert caught.value.code == HEADER_MISMATCH
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    meta=st.dictionaries(st.sampled_from([PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, "x"]),
+                         st.none() | st.text() | st.dictionaries(st.text(), st.text())),
+    headers=st.dictionaries(st.sampled_from(list(HEADERS)), st.text()),
+    name=st.none() | st.text() | st.integers(),
+)
+def test_any_envelope_passes_or_raises_a_protocol_error(meta: dict, headers: dict, name: object) -> None:
+    try:
+        check_modern_request(Message("tools/call", {"name": name, "_meta": meta}, id=1), headers)
+    except ProtocolError as error:
+        assert error.code in (INVALID_PARAMS, HEADER_MISMATCH)
