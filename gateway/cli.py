@@ -46,10 +46,13 @@ def serve(settings: Settings) -> None:
     from engine import AsyncLLM, EngineConfig
     from gateway.app import create_app
 
-    engine = AsyncLLM(EngineConfig(
-        model=settings.model, replicas=settings.replicas,
-        kv_cache_dtype=settings.kv_cache_dtype, kv_cache_memory=settings.kv_cache_memory,
-    ))
+    try:
+        engine = AsyncLLM(EngineConfig(
+            model=settings.model, replicas=settings.replicas,
+            kv_cache_dtype=settings.kv_cache_dtype, kv_cache_memory=settings.kv_cache_memory,
+        ))
+    except (OSError, ValueError) as exc:  # a wrong folder or setting: say so, no traceback
+        sys.exit(f"kvgate: cannot load the model: {exc}")
     try:
         stats = engine.stats()
         logger.info(

@@ -24,3 +24,11 @@ def test_python_dash_m_gateway_is_the_cli() -> None:
     for flag in ("--host", "--port", "--model", "--replicas", "--kv-cache-dtype",
                  "--kv-cache-memory", "--redis-url", "--allowed-origins", "--max-body-bytes"):
         assert flag in done.stdout
+
+
+def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--model", str(tmp_path / "no")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1
+    assert done.stderr.strip().startswith("kvgate: cannot load the model:")
+    assert "Traceback" not in done.stderr
