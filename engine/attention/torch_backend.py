@@ -41,7 +41,7 @@ class _Prefill:
     q_start: int
     q_end: int
     seq_len: int
-    blocks: torch.Tensor  # [num_blocks] int64
+    rows: torch.Tensor  # [Hkv * nblk] cache rows, see _cache_rows
 
 
 @dataclass
@@ -50,67 +50,68 @@ class _StepPlan:
 
     decode_seqs: torch.Tensor  # [Bd] int64 indices of the sequences with one query
     decode_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
-    decode_blocks: torch.Tensor  # [Bd * nblk] int64 block ids, row-major
-    decode_shape: tuple[int, int]  # (Bd, nblk)
+    decode_cache_rows: torch.Tensor  # [Bd * Hkv * nblk], see _cache_rows
     decode_mask: torch.Tensor  # [Bd, 1, 1, nblk * block_size] bool, True = attend
     prefills: list[_Prefill]
 
+    @property
+    def num_decodes(self) -> int:
+        return self.decode_seqs.shape[0]
 
-def step_plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
-    key = f"torch_plan/{block_size}"
+
+def step_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
+    key = f"torch_plan/{block_size}/{kv_heads}"
     if key not in md.derived:
-        md.derived[key] = _build_plan(md, block_size)
+        md.derived[key] = _build_plan(md, block_size, kv_heads)
     return md.derived[key]
 
 
-def _build_plan(md: AttentionMetadata, block_size: int) -> _StepPlan:
+def _cache_rows(blocks: torch.Tensor, kv_heads: int) -> torch.Tensor:
+    """Block tables ``[S, nblk]`` -> rows of the cache viewed as ``[blocks * Hkv, bs, D]``,
+    ordered (sequence, head, block): one gather then yields ``[S, Hkv, nblk * bs, D]``."""
+    heads = torch.arange(kv_heads, device=blocks.device)
+    return (blocks.long()[:, None, :] * kv_heads + heads[None, :, None]).reshape(-1)
+
+
+def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
     starts = md.query_start_loc.tolist()
     seq_lens = md.seq_lens.tolist()
     device = md.block_tables.device
     decode_seqs, prefills = [], []
     for i, seq_len in enumerate(seq_lens):
-        n_blocks = -(-seq_len // block_size)
         if starts[i + 1] - starts[i] == 1:
             decode_seqs.append(i)
         else:
-            blocks = md.block_tables[i, :n_blocks].long()
-            prefills.append(_Prefill(starts[i], starts[i + 1], seq_len, blocks))
-    n_dec = len(decode_seqs)
+            blocks = md.block_tables[i : i + 1, : -(-seq_len // block_size)]
+            rows = _cache_rows(blocks, kv_heads)
+            prefills.append(_Prefill(starts[i], starts[i + 1], seq_len, rows))
     nblk = max((-(-seq_lens[i] // block_size) for i in decode_seqs), default=0)
     seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
-    blocks = md.block_tables.index_select(0, seqs)[:, :nblk].long().reshape(-1)
+    cache_rows = _cache_rows(md.block_tables.index_select(0, seqs)[:, :nblk], kv_heads)
     keys = torch.arange(nblk * block_size, device=device)
     mask = keys[None, :] < md.seq_lens.index_select(0, seqs)[:, None]
     rows = None
-    if n_dec != len(seq_lens):
+    if len(decode_seqs) != len(seq_lens):
         rows = md.query_start_loc.index_select(0, seqs).long()
-    return _StepPlan(seqs, rows, blocks, (n_dec, nblk), mask[:, None, None, :], prefills)
+    return _StepPlan(seqs, rows, cache_rows, mask[:, None, None, :], prefills)
 
 
 def _gather(
-    store: torch.Tensor, scales: torch.Tensor | None, blocks: torch.Tensor, n_seqs: int, nblk: int
+    store: torch.Tensor, scales: torch.Tensor | None, rows: torch.Tensor, n_seqs: int
 ) -> torch.Tensor:
-    """Cache blocks -> dequantized fp32 ``[n_seqs, Hkv, nblk * block_size, D]``."""
-    _, heads, block_size, dim = store.shape
-    paged = store.index_select(0, blocks).view(n_seqs, nblk, heads, block_size, dim)
-    out = torch.empty(
-        n_seqs, heads, nblk, block_size, dim, dtype=torch.float32, device=store.device
-    )
-    if scales is None:
-        out.copy_(paged.transpose(1, 2))
-    else:
-        scale = scales.index_select(0, blocks).view(n_seqs, nblk, heads, block_size, 1)
-        out.copy_(paged.transpose(1, 2))
-        out.mul_(scale.transpose(1, 2))
-    return out.view(n_seqs, heads, nblk * block_size, dim)
+    """Cache rows -> dequantized fp32 ``[n_seqs, Hkv, nblk * block_size, D]``."""
+    num_blocks, heads, block_size, dim = store.shape
+    out = store.view(num_blocks * heads, block_size, dim).index_select(0, rows).float()
+    if scales is not None:
+        out.mul_(scales.view(num_blocks * heads, block_size).index_select(0, rows)[..., None])
+    return out.view(n_seqs, heads, -1, dim)
 
 
 def _decode(q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float) -> torch.Tensor:
-    n_seqs, nblk = plan.decode_shape
-    _, num_heads, dim = q.shape
+    n_seqs, num_heads, dim = q.shape
     kv_heads = cache.k.shape[1]
-    k = _gather(cache.k, cache.k_scale, plan.decode_blocks, n_seqs, nblk)
-    v = _gather(cache.v, cache.v_scale, plan.decode_blocks, n_seqs, nblk)
+    k = _gather(cache.k, cache.k_scale, plan.decode_cache_rows, n_seqs)
+    v = _gather(cache.v, cache.v_scale, plan.decode_cache_rows, n_seqs)
     grouped = q.float().view(n_seqs, kv_heads, num_heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=plan.decode_mask, scale=scale)
     return out.reshape(n_seqs, num_heads, dim).to(q.dtype)
@@ -118,31 +119,32 @@ def _decode(q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float) -> t
 
 def _prefill(q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float) -> torch.Tensor:
     n_q, num_heads, dim = q.shape
-    k = _gather(cache.k, cache.k_scale, seq.blocks, 1, len(seq.blocks))[0, :, : seq.seq_len]
-    v = _gather(cache.v, cache.v_scale, seq.blocks, 1, len(seq.blocks))[0, :, : seq.seq_len]
-    group = num_heads // k.shape[0]
+    k = _gather(cache.k, cache.k_scale, seq.rows, 1)[:, :, : seq.seq_len]
+    v = _gather(cache.v, cache.v_scale, seq.rows, 1)[:, :, : seq.seq_len]
+    group = num_heads // k.shape[1]
     if group > 1:
-        k, v = k.repeat_interleave(group, dim=0), v.repeat_interleave(group, dim=0)
-    qh = q.float().transpose(0, 1)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    # 4-D inputs: torch's fused CPU kernel; 3-D ones fall back to the unfused math path.
+    qh = q.float().transpose(0, 1).unsqueeze(0)
     if n_q == seq.seq_len:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
     else:
         # Queries are the last n_q positions: query t sees keys 0 .. seq_len - n_q + t.
         mask = torch.ones(n_q, seq.seq_len, dtype=torch.bool, device=q.device)
         mask = mask.tril(diagonal=seq.seq_len - n_q)
-        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale)
-    return out.transpose(0, 1).to(q.dtype)
+        out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask[None, None], scale=scale)
+    return out[0].transpose(0, 1).to(q.dtype)
 
 
 def paged_attention(
     q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype."""
-    plan = step_plan(md, cache.block_size)
-    if plan.decode_rows is None and plan.decode_shape[0] > 0:
+    plan = step_plan(md, cache.block_size, cache.k.shape[1])
+    if plan.decode_rows is None and plan.num_decodes > 0:
         return _decode(q, cache, plan, scale)
     out = torch.empty_like(q)
-    if plan.decode_shape[0] > 0:
+    if plan.num_decodes > 0:
         out[plan.decode_rows] = _decode(q[plan.decode_rows], cache, plan, scale)
     attend_prefills(q, cache, plan, scale, out)
     return out

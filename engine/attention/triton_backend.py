@@ -25,9 +25,9 @@ def paged_attention(
     """Same contract as ``torch_backend.paged_attention``."""
     if md.max_query_len == 1:
         return paged_decode(q, cache, md.seq_lens, md.block_tables, md.max_seq_len, scale)
-    plan = torch_backend.step_plan(md, cache.block_size)
+    plan = torch_backend.step_plan(md, cache.block_size, cache.k.shape[1])
     out = torch.empty_like(q)
-    if plan.decode_shape[0] > 0:
+    if plan.num_decodes > 0:
         seq_lens = md.seq_lens.index_select(0, plan.decode_seqs)
         tables = md.block_tables.index_select(0, plan.decode_seqs)
         max_len = int(seq_lens.max())
