@@ -13,7 +13,7 @@ and without a per-session `cache_key`, and with prefix caching off, it reports:
   prefix caching off divided by this run's;
 - load CoV: coefficient of variation over replicas of time-averaged requests in flight.
 
-    python benchmarks/agentic.py                  # 16 sessions x 12 turns, ~3.5 min on 2 cores
+    python benchmarks/agentic.py                  # 16 sessions x 12 turns, ~1.5 min on 2 cores
     python benchmarks/agentic.py --sessions 4 --turns 3 --system-tokens 512   # quick look
 """
 
