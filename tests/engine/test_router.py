@@ -33,42 +33,46 @@ def idle(n: int) -> tuple[list[int], list[bool]]:
     return [0] * n, [True] * n
 
 
-# Sessions: (hashes, cache_key, tokens, loads, available) built from fixed seeds; no hash().
+# Run in fresh processes with different PYTHONHASHSEEDs: 300 router calls over random
+# prompts, keys, loads and dead replicas, then the engine placing 16 prompts on 4 replicas.
 DETERMINISM_SCRIPT = """
 import json, random, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 from test_router import chained_hashes, prompt
-from engine.block_hash import block_hashes, root_hash
+from engine import LLM, SamplingParams
 from engine.router import PrefixRouter
-router = PrefixRouter(4)
-rng = random.Random(7)
-choices = []
+router, rng, choices = PrefixRouter(4), random.Random(7), []
 for i in range(300):
     tokens = prompt(i % 40, rng.randrange(0, 300))
     key = f"conv-{{i % 13}}" if i % 3 == 0 else None
     loads = [rng.randrange(0, 6) for _ in range(4)]
     available = [rng.random() > 0.2 for _ in range(4)]
-    if not any(available):
-        available[i % 4] = True
+    available[i % 4] = True
     choices.append(router.choose(chained_hashes(tokens), key, len(tokens), loads, available))
-print(json.dumps(choices))
+llm = LLM(replicas=4, kv_cache_memory="8MiB")
+shared = rng.choices(range(4, 260), k=160)
+prompts = [rng.choices(range(4, 260), k=rng.randrange(1, 200)) for _ in range(12)]
+prompts += [shared + rng.choices(range(4, 260), k=20) for _ in range(4)]
+outs = llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0))
+print(json.dumps({{"router": choices, "engine": [out.replica for out in outs]}}))
 """
 
 
-def run_choices(hash_seed: str) -> list[int]:
+def run_in_process(hash_seed: str) -> dict[str, list[int]]:
     script = DETERMINISM_SCRIPT.format(repo=str(REPO), tests=str(Path(__file__).parent))
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     done = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True
     )
-    return json.loads(done.stdout)
+    return json.loads(done.stdout.splitlines()[-1])
 
 
 def test_choices_identical_across_processes_with_different_hash_seeds():
-    first, second = run_choices("1"), run_choices("2024")
-    assert len(first) == 300
+    first, second = run_in_process("1"), run_in_process("2024")
+    assert len(first["router"]) == 300 and len(first["engine"]) == 16
     assert first == second
-    assert set(first) == {0, 1, 2, 3}  # the trace exercises every replica
+    assert set(first["router"]) == {0, 1, 2, 3}  # the trace exercises every replica
+    assert len(set(first["engine"])) > 1
 
 
 def test_same_cache_key_sticks_to_one_replica_while_under_bound():
