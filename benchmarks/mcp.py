@@ -213,6 +213,17 @@ def report(results: dict[str, dict[str, dict]], args: argparse.Namespace) -> Non
                 f"{r['errors']:6d} {r['bytes']:6d} {r['server_us_per_request']:13.0f} "
                 f"{r['server_cpu_frac']:10.0%} {r['client_cpu_frac']:10.0%}"
             )
+    starved = [
+        f"{t} {m}"
+        for t, rows in results.items()
+        for m, r in rows.items()
+        if r["server_cpu_frac"] < 0.8
+    ]
+    if starved:
+        print(
+            f"note: the server had under 80% of a core in {', '.join(starved)}: the machine is busy, "
+            "so req/s and p99 measure its share of the CPU; server us/req depends on it far less"
+        )
     if "kvgate" in results and "sdk" in results:
         print(f"\nkvgate vs SDK (targets: req/s >= {RPS_TARGET}x, p99 <= {P99_TARGET}x):")
         for method in METHODS:
