@@ -41,7 +41,7 @@ class _Prefill:
     q_start: int
     q_end: int
     seq_len: int
-    rows: torch.Tensor  # [Hkv * nblk] cache rows, see _cache_rows
+    cache_rows: torch.Tensor  # [Hkv * nblk], see _cache_rows
 
 
 @dataclass
@@ -49,7 +49,7 @@ class _StepPlan:
     """Index tensors shared by all layers of one step."""
 
     decode_seqs: torch.Tensor  # [Bd] int64 indices of the sequences with one query
-    decode_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
+    decode_query_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
     decode_cache_rows: torch.Tensor  # [Bd * Hkv * nblk], see _cache_rows
     decode_mask: torch.Tensor  # [Bd, 1, 1, nblk * block_size] bool, True = attend
     prefills: list[_Prefill]
@@ -83,17 +83,18 @@ def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepP
             decode_seqs.append(i)
         else:
             blocks = md.block_tables[i : i + 1, : -(-seq_len // block_size)]
-            rows = _cache_rows(blocks, kv_heads)
-            prefills.append(_Prefill(starts[i], starts[i + 1], seq_len, rows))
+            prefills.append(
+                _Prefill(starts[i], starts[i + 1], seq_len, _cache_rows(blocks, kv_heads))
+            )
     nblk = max((-(-seq_lens[i] // block_size) for i in decode_seqs), default=0)
     seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
     cache_rows = _cache_rows(md.block_tables.index_select(0, seqs)[:, :nblk], kv_heads)
     keys = torch.arange(nblk * block_size, device=device)
     mask = keys[None, :] < md.seq_lens.index_select(0, seqs)[:, None]
-    rows = None
+    query_rows = None
     if len(decode_seqs) != len(seq_lens):
-        rows = md.query_start_loc.index_select(0, seqs).long()
-    return _StepPlan(seqs, rows, cache_rows, mask[:, None, None, :], prefills)
+        query_rows = md.query_start_loc.index_select(0, seqs).long()
+    return _StepPlan(seqs, query_rows, cache_rows, mask[:, None, None, :], prefills)
 
 
 def _gather(
@@ -119,8 +120,8 @@ def _decode(q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float) -> t
 
 def _prefill(q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float) -> torch.Tensor:
     n_q, num_heads, dim = q.shape
-    k = _gather(cache.k, cache.k_scale, seq.rows, 1)[:, :, : seq.seq_len]
-    v = _gather(cache.v, cache.v_scale, seq.rows, 1)[:, :, : seq.seq_len]
+    k = _gather(cache.k, cache.k_scale, seq.cache_rows, 1)[:, :, : seq.seq_len]
+    v = _gather(cache.v, cache.v_scale, seq.cache_rows, 1)[:, :, : seq.seq_len]
     group = num_heads // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -141,11 +142,11 @@ def paged_attention(
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype."""
     plan = step_plan(md, cache.block_size, cache.k.shape[1])
-    if plan.decode_rows is None and plan.num_decodes > 0:
+    if plan.decode_query_rows is None and plan.num_decodes > 0:
         return _decode(q, cache, plan, scale)
     out = torch.empty_like(q)
     if plan.num_decodes > 0:
-        out[plan.decode_rows] = _decode(q[plan.decode_rows], cache, plan, scale)
+        out[plan.decode_query_rows] = _decode(q[plan.decode_query_rows], cache, plan, scale)
     attend_prefills(q, cache, plan, scale, out)
     return out
 

@@ -31,8 +31,8 @@ def paged_attention(
         seq_lens = md.seq_lens.index_select(0, plan.decode_seqs)
         tables = md.block_tables.index_select(0, plan.decode_seqs)
         max_len = int(seq_lens.max())
-        out[plan.decode_rows] = paged_decode(
-            q[plan.decode_rows], cache, seq_lens, tables, max_len, scale
+        out[plan.decode_query_rows] = paged_decode(
+            q[plan.decode_query_rows], cache, seq_lens, tables, max_len, scale
         )
     torch_backend.attend_prefills(q, cache, plan, scale, out)
     return out

@@ -161,6 +161,7 @@ def paged_decode(
     if batch == 0:
         return out
     q = q if q.stride(-1) == 1 else q.contiguous()
+    block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     assert cache.k.stride() == cache.v.stride() and cache.k.stride(-1) == 1
     fp8 = cache.k_scale is not None
     scales = (cache.k_scale, cache.v_scale) if fp8 else (cache.k, cache.v)  # unused unless fp8
