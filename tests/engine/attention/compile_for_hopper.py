@@ -43,8 +43,10 @@ def main() -> None:
         flags = {"G_PAD": 16, "D_PAD": 128, "BLOCK_N": paged_decode.BLOCK_N, "FP8": fp8,
                  "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
         compile_kernel(paged_decode._decode_split_kernel, {**int_ptrs, **io}, flags)
-    merge_flags = {"S_PAD": 64, "D_PAD": 128, "BLOCK_N": paged_decode.BLOCK_N}
-    compile_kernel(paged_decode._merge_splits_kernel, {**int_ptrs, "out_ptr": "*bf16"}, merge_flags)
+    for splits in (1, 64):
+        merge_flags = {"S_PAD": splits, "D_PAD": 128, "BLOCK_N": paged_decode.BLOCK_N}
+        merge_io = {**int_ptrs, "out_ptr": "*bf16"}
+        compile_kernel(paged_decode._merge_splits_kernel, merge_io, merge_flags)
 
 
 if __name__ == "__main__":
