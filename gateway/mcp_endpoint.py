@@ -40,6 +40,7 @@ logger = logging.getLogger("kvgate.mcp")
 ALLOW_POST = [(b"allow", b"POST")]
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
 METHOD_LABELS = MODERN_METHODS | LEGACY_METHODS  # anything else is counted as "unknown"
+MRTR_RETRY_PARAMS = frozenset(("inputResponses", "requestState"))  # caching.mdx: MUST NOT cache
 
 
 class Rejected(Exception):
@@ -144,10 +145,14 @@ class McpEndpoint:
         if method in CATALOG_METHODS or method == "server/discover":
             if "cursor" in params:
                 raise invalid_params("Invalid cursor: this server returns every list in one page")
-            body = await self.cache.get_or_build(
-                self.catalog.version, method, _params_hash(method, params),
-                lambda: self.catalog.result_bytes(method, params),
-            )
+            catalog = self.catalog
+            if MRTR_RETRY_PARAMS.isdisjoint(params):
+                body = await self.cache.get_or_build(
+                    catalog.version, method, _params_hash(method, params),
+                    lambda: catalog.result_bytes(method, params),
+                )
+            else:  # a retry's result depends on inputs outside the cache key: never cached
+                body = catalog.result_bytes(method, params)
             return jsonrpc.splice_result(message.id, body)
         if method == "initialize":  # stateless: no session is minted, one sent is ignored
             result = {

@@ -89,6 +89,22 @@ def test_a_new_catalog_is_served_at_once(engine: object) -> None:
     assert before["instructions"] != after["instructions"] == "Now different."
 
 
+@pytest.mark.parametrize("retry", [{"requestState": "opaque"}, {"inputResponses": {"q": {}}}])
+def test_mrtr_retries_bypass_the_discovery_cache(http: httpx.Client, server: LiveServer,
+                                                 retry: dict) -> None:
+    """caching.mdx: results of requests carrying inputResponses or requestState MUST NOT be
+    cached; they are built from the catalog and never touch the discovery cache."""
+    cache = server.app.state.discovery_cache
+    plain = call(http, server.url, "tools/list").result
+    before = dict(cache.stats)
+    retried = call(http, server.url, "tools/list", retry).result
+    after = cache.stats
+    assert retried == plain
+    assert (after["hits"], after["misses"]) == (before["hits"], before["misses"])
+    call(http, server.url, "tools/list")
+    assert cache.stats["hits"] == before["hits"] + 1  # the counters do move for a plain call
+
+
 def test_notification_is_accepted_without_body(http: httpx.Client, server: LiveServer) -> None:
     note = {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
     exchange = post(http, server.url, note, modern_headers("notifications/cancelled"))
