@@ -6,8 +6,12 @@ apps in tests and its lifetime stays with whoever created it.
 
 from __future__ import annotations
 
+import asyncio
 import gc
-from collections.abc import AsyncIterator
+import logging
+import signal
+import threading
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -16,7 +20,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.admin import admin_routes
 from gateway.catalog import Catalog, ModelFacts
+from gateway.catalog_config import CatalogConfig, CatalogConfigError, load_catalog_config
+from gateway.catalog_reload import CatalogReloader
 from gateway.discovery_cache import make_discovery_cache
 from gateway.mcp_endpoint import McpEndpoint
 from gateway.metrics import Metrics
@@ -24,6 +31,7 @@ from gateway.settings import Settings
 from gateway.tools import InferenceTools
 
 MCP_PATH = "/mcp"
+log = logging.getLogger(__name__)
 
 
 def model_facts(engine: Any, settings: Settings) -> ModelFacts:
@@ -38,12 +46,17 @@ def model_facts(engine: Any, settings: Settings) -> ModelFacts:
     )
 
 
+def build_catalog(facts: ModelFacts, settings: Settings) -> Catalog:
+    """The catalog for the model and the config file as it is now (CatalogConfigError if bad)."""
+    config = load_catalog_config(settings.catalog_config) if settings.catalog_config else CatalogConfig()
+    instructions = settings.instructions if config.instructions is None else config.instructions
+    return Catalog(facts, settings.server_name, instructions, settings.catalog_ttl_ms, config)
+
+
 def create_app(settings: Settings, engine: Any) -> Starlette:
     metrics = Metrics(engine.stats, engine.model_name)
-    catalog = Catalog(
-        model_facts(engine, settings), settings.server_name, settings.instructions,
-        settings.catalog_ttl_ms,
-    )
+    facts = model_facts(engine, settings)
+    catalog = build_catalog(facts, settings)
 
     def on_cache_event(event: str) -> None:
         if event != "near_hit":  # the hot path's own event stays off it (cache.stats has it)
@@ -51,12 +64,18 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
 
     cache = make_discovery_cache(settings.redis_url, on_event=on_cache_event)
     endpoint = McpEndpoint(settings, catalog, InferenceTools(engine, catalog.tools), cache, metrics)
+    reloader = CatalogReloader(endpoint, cache, lambda: build_catalog(facts, settings), metrics)
+    endpoint.versions = reloader.versions
+    metrics.gauge("kvgate_discovery_cache_degraded",
+                  "1 while Redis is unreachable and discovery is answered by this process alone.",
+                  lambda: float(cache.degraded))
+    loop: asyncio.AbstractEventLoop | None = None
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        ready = engine.is_ready()
+        ready = engine.is_ready() and not app.state.draining
         return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
 
     async def prometheus(request: Request) -> Response:
@@ -65,14 +84,27 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        nonlocal loop
+        loop = asyncio.get_running_loop()
+        reloader.start()
         await cache.start()
         await cache.publish_version(catalog.version)
+        remove_sighup = _on_sighup(loop, reloader)
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter GC pauses, better p99
         try:
             yield
         finally:
+            remove_sighup()
+            await reloader.close()
             await cache.close()
+
+    def begin_drain() -> None:
+        """Not ready from now on, and listen streams end (they would hold the drain open).
+        Safe to call from a signal handler or another thread."""
+        app.state.draining = True
+        if loop is not None:
+            loop.call_soon_threadsafe(reloader.end_listen_streams)
 
     app = Starlette(
         routes=[
@@ -80,10 +112,38 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", prometheus),
+            *admin_routes(settings.admin_api_key, reloader),
         ],
         lifespan=lifespan,
     )
     app.state.endpoint = endpoint  # endpoint.catalog is the catalog being served
     app.state.metrics = metrics
     app.state.discovery_cache = cache
+    app.state.catalog_reloader = reloader
+    app.state.draining = False
+    app.state.begin_drain = begin_drain
     return app
+
+
+def _on_sighup(loop: asyncio.AbstractEventLoop, reloader: CatalogReloader) -> Callable[[], None]:
+    """SIGHUP re-reads the catalog config (main thread only: signals go there); returns the undo."""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    pending: set[asyncio.Task[None]] = set()
+
+    async def reload() -> None:
+        try:
+            result = await reloader.reload("signal")
+        except CatalogConfigError as exc:
+            log.error("SIGHUP: catalog config not loaded, still serving %s: %s",
+                      reloader.endpoint.catalog.version, exc)
+            return
+        log.info("SIGHUP: catalog %s", "now " + result.version if result.changed else "unchanged")
+
+    def schedule() -> None:
+        task = loop.create_task(reload())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+
+    loop.add_signal_handler(signal.SIGHUP, schedule)
+    return lambda: loop.remove_signal_handler(signal.SIGHUP)

@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from gateway.catalog_config import CatalogConfig, CatalogConfigError, PromptTemplate
 from protocol.errors import invalid_params
 from protocol.results import cacheable
 from protocol.versions import SUPPORTED_VERSIONS
@@ -68,11 +69,13 @@ class Catalog:
     server_name: str = "kvgate"
     instructions: str = ""
     ttl_ms: int = 3_600_000
+    config: CatalogConfig = field(default_factory=CatalogConfig)  # operator resources, prompts
     server_info: dict[str, str] = field(init=False)
     tools: list[dict[str, Any]] = field(init=False)
     version: str = field(init=False)
     _bytes: dict[str, bytes] = field(init=False)
     _resources: dict[str, bytes] = field(init=False)
+    _prompts: dict[str, PromptTemplate] = field(init=False)
 
     def __post_init__(self) -> None:
         self.server_info = server_info(self.server_name)
@@ -113,15 +116,23 @@ class Catalog:
                 "instructions": self.instructions,
             },
             "tools/list": {"tools": self.tools},
-            "resources/list": {"resources": [resource]},
+            "resources/list": {"resources": [resource, *(r.listing for r in self.config.resources)]},
             "resources/templates/list": {"resourceTemplates": [template]},
-            "prompts/list": {"prompts": [SUMMARIZE_PROMPT]},
+            "prompts/list": {"prompts": [SUMMARIZE_PROMPT, *(p.listing for p in self.config.prompts)]},
         }
         self.version = hashlib.sha256(
-            orjson.dumps([results, contents, self.server_info], option=orjson.OPT_SORT_KEYS)
+            orjson.dumps([results, contents, self.server_info, self.config.fingerprint()],
+                         option=orjson.OPT_SORT_KEYS)
         ).hexdigest()[:16]
         self._bytes = {method: self._serialize(result) for method, result in results.items()}
         self._resources = {uri: self._serialize(contents)}
+        self._prompts = {p.name: p for p in self.config.prompts}
+        for extra in self.config.resources:
+            if extra.uri in self._resources:
+                raise CatalogConfigError(f"resource {extra.uri} is already served")
+            self._resources[extra.uri] = self._serialize(extra.contents())
+        if SUMMARIZE_PROMPT["name"] in self._prompts:
+            raise CatalogConfigError(f"prompt {SUMMARIZE_PROMPT['name']} is already served")
 
     def _serialize(self, result: dict[str, Any]) -> bytes:
         return orjson.dumps(cacheable(result, self.server_info, self.ttl_ms, "public"))
@@ -142,6 +153,8 @@ class Catalog:
 
     def get_prompt(self, name: Any, arguments: Any) -> dict[str, Any]:
         """The ``prompts/get`` result body (unshaped)."""
+        if isinstance(name, str) and name in self._prompts:
+            return self._prompts[name].render(arguments)
         if name != SUMMARIZE_PROMPT["name"]:
             raise invalid_params(f"Unknown prompt: {name}", data={"name": name})
         text = arguments.get("text") if isinstance(arguments, dict) else None

@@ -68,6 +68,7 @@ class McpEndpoint:
         self.cache = cache
         self.metrics = metrics
         self.origins = OriginPolicy(settings.host, settings.allowed_origins)
+        self.versions = cache.versions  # what listen streams follow (the app may put a reloader's)
 
     def use_catalog(self, catalog: Catalog) -> None:
         """Serve ``catalog`` from the next request on (a runtime catalog change); announcing
@@ -159,7 +160,7 @@ class McpEndpoint:
                 "protocolVersion": negotiate_legacy(params.get("protocolVersion")),
                 "capabilities": self.catalog.legacy_capabilities(),
                 "serverInfo": self.catalog.server_info,
-                "instructions": self.settings.instructions,
+                "instructions": self.catalog.instructions,
             }
         elif method == "ping":
             result = {}
@@ -194,7 +195,7 @@ class McpEndpoint:
     async def _listen(self, message: Message, receive: Receive, send: Send) -> str:
         honoured = accepted_filter(message.params.get("notifications"))
         events = listen_events(
-            message.id, honoured, self.cache.versions(), self.settings.keepalive_s,
+            message.id, honoured, self.versions(), self.settings.keepalive_s,
             self.settings.listen_max_s, self.catalog.server_info,
         )
         await http_io.until_disconnect(receive, self._stream(send, events, message.id))

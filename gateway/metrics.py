@@ -176,6 +176,18 @@ class Metrics:
             raise ValueError(f"counter {name} has labels {known}, got {label_names}")
         (counter.labels(**labels) if labels else counter).inc()
 
+    def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        """A gauge whose value `read()` gives at scrape time (nothing to update on the hot path)."""
+        self.registry.register(_ReadGauge(name, documentation, read))
+
     def render(self) -> tuple[bytes, str]:
         """The exposition body and its content type, for `GET /metrics`."""
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+class _ReadGauge(Collector):
+    def __init__(self, name: str, documentation: str, read: Callable[[], float]) -> None:
+        self._name, self._documentation, self._read = name, documentation, read
+
+    def collect(self) -> Iterator[Metric]:
+        yield GaugeMetricFamily(self._name, self._documentation, value=self._read())

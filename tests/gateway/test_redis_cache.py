@@ -239,13 +239,17 @@ async def test_redis_down_at_start_then_up(tmp_path):
         await cache.close()
 
 
-def test_two_gateways_share_the_catalog_and_hear_each_others_changes(redis_server, engine):
-    """Two kvgate apps on one Redis: one catalog, and a change announced by the first reaches
-    a `subscriptions/listen` stream on the second as list_changed within a second."""
+def test_two_gateways_share_the_catalog_and_hear_each_others_changes(redis_server, engine, tmp_path):
+    """Two kvgate apps on one Redis and one catalog config: one catalog; a config change
+    reloaded by the first reaches the second within a second, as list_changed on its
+    `subscriptions/listen` stream, and the second then serves the new catalog."""
+    config = tmp_path / "catalog.json"
+    config.write_text(json.dumps({"instructions": "Version one."}))
+    options = dict(redis_url=redis_server.url, keepalive_s=0.2, catalog_config=str(config),
+                   admin_api_key="secret")
     listen = {"jsonrpc": "2.0", "id": "watch", "method": "subscriptions/listen",
               "params": {"notifications": {"toolsListChanged": True}, "_meta": modern_meta()}}
-    with (LiveServer(engine, redis_url=redis_server.url, keepalive_s=0.2) as first,
-          LiveServer(engine, redis_url=redis_server.url, keepalive_s=0.2) as second,
+    with (LiveServer(engine, **options) as first, LiveServer(engine, **options) as second,
           httpx.Client(timeout=10) as http):
         lists = [call(http, gateway.url, "tools/list", {}).body for gateway in (first, second)]
         assert lists[0] == lists[1]
@@ -254,13 +258,18 @@ def test_two_gateways_share_the_catalog_and_hear_each_others_changes(redis_serve
                          headers=modern_headers("subscriptions/listen")) as response:
             messages = sse_messages(response)
             assert next(messages)["method"] == "notifications/subscriptions/acknowledged"
+            config.write_text(json.dumps({"instructions": "Version two."}))
             began = time.monotonic()
-            first.run(first.app.state.discovery_cache.publish_version("catalog-v2"))
+            reloaded = http.post(first.base + "/admin/catalog/reload",
+                                 headers={"Authorization": "Bearer secret"}).json()
             change = next(messages)
             elapsed = time.monotonic() - began
+        discovered = call(http, second.url, "server/discover").result
+    assert reloaded["changed"] and reloaded["version"] == second.app.state.endpoint.catalog.version
     assert change["method"] == "notifications/tools/list_changed"
     assert change["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "watch"
     assert elapsed < 1.0
+    assert discovered["instructions"] == "Version two."
 
 
 def sse_messages(response: httpx.Response):

@@ -11,6 +11,7 @@ import orjson
 import pytest
 
 from engine import AsyncLLM
+from gateway.catalog import Catalog
 from schemas.mcp_wire import validate_server_message
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import MODERN, call, modern_headers, modern_meta
@@ -119,8 +120,12 @@ def test_listen_acknowledges_then_announces_changes(http: httpx.Client, server: 
         assert ack["params"]["_meta"] == {"io.modelcontextprotocol/subscriptionId": 42}
         assert ack["params"]["notifications"] == {"toolsListChanged": True, "promptsListChanged": True}
         assert next(stream) is None  # a keep-alive comment while nothing changes
-        server.run(server.app.state.discovery_cache.publish_version("catalog-v2"))
-        changes = [e for e in (next(stream), next(stream), next(stream)) if e is not None][:2]
+        reloader, original = server.app.state.catalog_reloader, server.app.state.endpoint.catalog
+        try:
+            server.run(reloader.serve(Catalog(original.facts, instructions="Changed.")))
+            changes = [e for e in (next(stream), next(stream), next(stream)) if e is not None][:2]
+        finally:
+            server.run(reloader.serve(original))
     assert sorted(e["method"] for e in changes) == [
         "notifications/prompts/list_changed", "notifications/tools/list_changed"]
     assert all(e["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == 42 for e in changes)

@@ -1,0 +1,125 @@
+"""Runtime catalog changes, kept consistent across every process that shares one Redis.
+
+A change starts in one process (SIGHUP, or ``POST /admin/catalog/reload``): it rebuilds its
+catalog from its config, serves it at once and publishes the new version. Every other process
+hears that version; one that does not serve it cannot build it from the version alone (a
+version is a content hash), so it re-reads its own config, which the processes share (one
+file, one ConfigMap), and serves what that yields. Only then are this process's
+``subscriptions/listen`` streams told (``versions()``), so a client that lists again after a
+``list_changed`` gets the new catalog from the process that told it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+from gateway.catalog import Catalog
+from gateway.catalog_config import CatalogConfigError
+from gateway.discovery_cache import DiscoveryCache, VersionFanout
+from gateway.mcp_endpoint import McpEndpoint
+from gateway.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Reload:
+    previous: str
+    version: str
+
+    @property
+    def changed(self) -> bool:
+        return self.version != self.previous
+
+
+class CatalogReloader:
+    """Rebuilds the served catalog on request or when another process announces a change."""
+
+    def __init__(self, endpoint: McpEndpoint, cache: DiscoveryCache,
+                 build: Callable[[], Catalog], metrics: Metrics) -> None:
+        self.endpoint = endpoint
+        self.cache = cache
+        self._build = build  # reads the config; raises CatalogConfigError when it is bad
+        self._metrics = metrics
+        self._listeners = VersionFanout()
+        self._listeners.latest = endpoint.catalog.version
+        self._follower: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def start(self) -> None:
+        """Follow versions announced through the discovery cache (by anyone, from now on)."""
+        self._follower = asyncio.create_task(self._follow(self.cache.versions()),
+                                             name="kvgate-catalog-follow")
+
+    async def reload(self, trigger: str) -> Reload:
+        """Re-read the config here; serve and publish the result if it changed."""
+        try:
+            catalog = self._build()
+        except CatalogConfigError:
+            self._metrics.count("kvgate_catalog_reloads", trigger=trigger, outcome="error")
+            raise
+        result = await self.serve(catalog)
+        self._metrics.count("kvgate_catalog_reloads", trigger=trigger,
+                            outcome="changed" if result.changed else "unchanged")
+        return result
+
+    async def serve(self, catalog: Catalog) -> Reload:
+        """Serve ``catalog`` now and, if it is new, announce it here and to every process.
+        (Other processes follow by re-reading their config, as on any announced change.)"""
+        result = self._use(catalog)
+        if result.changed:
+            await self.cache.publish_version(result.version)
+        return result
+
+    def versions(self) -> AsyncIterator[str]:
+        """Versions this process has started serving, for listen streams; ends on `close()`."""
+        if self._closed:
+            return _nothing()
+        return self._listeners.subscribe()
+
+    def end_listen_streams(self) -> None:
+        """End every listen stream now, gracefully (each gets its final result); a listen
+        request arriving later ends at once. For draining before shutdown."""
+        self._closed = True
+        self._listeners.close()
+
+    async def close(self) -> None:
+        self.end_listen_streams()
+        if self._follower is not None:
+            self._follower.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower
+
+    def _use(self, catalog: Catalog) -> Reload:
+        previous = self.endpoint.catalog.version
+        if catalog.version != previous:
+            self.endpoint.use_catalog(catalog)
+            self._listeners.announce(catalog.version)
+            log.info("catalog version %s -> %s", previous, catalog.version)
+        return Reload(previous, catalog.version)
+
+    async def _follow(self, versions: AsyncIterator[str]) -> None:
+        async for version in versions:
+            if version == self.endpoint.catalog.version:
+                continue  # ours, or one we already serve
+            try:
+                result = self._use(self._build())
+            except CatalogConfigError as exc:
+                self._metrics.count("kvgate_catalog_reloads", trigger="peer", outcome="error")
+                log.warning("catalog %s announced, but this process cannot load its config: %s",
+                            version, exc)
+                continue
+            self._metrics.count("kvgate_catalog_reloads", trigger="peer",
+                                outcome="changed" if result.changed else "unchanged")
+            if result.version != version:
+                log.info("catalog %s announced; this process serves %s (its own config and "
+                         "model)", version, result.version)
+
+
+async def _nothing() -> AsyncIterator[str]:
+    return
+    yield  # an async generator that ends at once

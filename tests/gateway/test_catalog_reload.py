@@ -1,0 +1,129 @@
+"""Runtime catalog changes in one process: reload, listen streams told after the swap, peers'
+announcements followed by re-reading the config, a bad config refused, drain ends streams.
+(Across processes through Redis: tests/gateway/test_redis_cache.py.)"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+import pytest
+
+from tests.gateway.live_server import LiveServer
+from tests.gateway.wire import call, modern_headers, modern_meta
+
+LISTEN = {"jsonrpc": "2.0", "id": "w", "method": "subscriptions/listen",
+          "params": {"notifications": {"toolsListChanged": True, "resourcesListChanged": True},
+                     "_meta": modern_meta()}}
+KINDS = ["notifications/resources/list_changed", "notifications/tools/list_changed"]
+
+
+@pytest.fixture
+def config(tmp_path: Path) -> Path:
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps({"instructions": "One."}))
+    return path
+
+
+@pytest.fixture
+def live(engine: Any, config: Path) -> Iterator[LiveServer]:
+    with LiveServer(engine, catalog_config=str(config), keepalive_s=0.1) as server:
+        yield server
+
+
+def messages(response: httpx.Response) -> Iterator[dict[str, Any] | None]:
+    """JSON-RPC messages of an SSE stream; None for each keep-alive comment."""
+    for line in response.iter_lines():
+        if line.startswith(":"):
+            yield None
+        elif line.startswith("data:"):
+            yield orjson.loads(line[5:])
+
+
+def next_messages(stream: Iterator[dict[str, Any] | None], count: int, keepalives: int = 20) -> list:
+    found: list[dict[str, Any]] = []
+    for message in stream:
+        if message is not None:
+            found.append(message)
+        else:
+            keepalives -= 1
+        if len(found) == count or keepalives == 0:
+            break
+    return found
+
+
+def write(path: Path, config: dict[str, Any]) -> None:
+    path.write_text(json.dumps(config))
+
+
+def test_reload_swaps_then_tells_listeners(live: LiveServer, config: Path) -> None:
+    reloader = live.app.state.catalog_reloader
+    resource = {"uri": "docs://usage", "name": "usage", "text": "Call generate."}
+    with httpx.Client(timeout=10) as http, http.stream(
+            "POST", live.url, content=orjson.dumps(LISTEN),
+            headers=modern_headers("subscriptions/listen")) as response:
+        stream = messages(response)
+        assert next_messages(stream, 1)[0]["method"] == "notifications/subscriptions/acknowledged"
+        write(config, {"instructions": "Two.", "resources": [resource]})
+        before = live.app.state.endpoint.catalog.version
+        result = live.run(reloader.reload("test"))
+        changes = next_messages(stream, 2)
+        listed = call(http, live.url, "resources/list").result["resources"]
+        read = call(http, live.url, "resources/read", {"uri": "docs://usage"}, name="docs://usage")
+        again = live.run(reloader.reload("test"))
+        assert next_messages(stream, 1, keepalives=3) == []  # nothing changed, nothing said
+    assert (result.previous, result.changed) == (before, True)
+    assert result.version == live.app.state.endpoint.catalog.version
+    assert sorted(m["method"] for m in changes) == KINDS
+    assert all(m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "w" for m in changes)
+    assert [r["uri"] for r in listed][1:] == ["docs://usage"]
+    assert read.result["contents"][0]["text"] == "Call generate."
+    assert not again.changed
+
+
+def test_a_peer_announcement_rereads_the_config(live: LiveServer, config: Path) -> None:
+    """Another process published a version this one cannot build from the hash: it re-reads
+    its config; a config that did not change keeps the catalog (and says nothing)."""
+    endpoint, cache = live.app.state.endpoint, live.app.state.discovery_cache
+    served = endpoint.catalog.version
+    live.run(cache.publish_version("peer-unchanged"))
+    with httpx.Client(timeout=10) as http:
+        assert call(http, live.url, "server/discover").result["instructions"] == "One."
+        write(config, {"instructions": "From the peer."})
+        live.run(cache.publish_version("peer-changed"))
+        discovered = call(http, live.url, "server/discover").result
+        metrics = http.get(live.base + "/metrics").text
+    assert endpoint.catalog.version != served
+    assert discovered["instructions"] == "From the peer."
+    assert 'kvgate_catalog_reloads_total{outcome="unchanged",trigger="peer"} 1.0' in metrics
+    assert 'kvgate_catalog_reloads_total{outcome="changed",trigger="peer"} 1.0' in metrics
+
+
+def test_a_bad_config_keeps_the_catalog(live: LiveServer, config: Path) -> None:
+    from gateway.catalog_config import CatalogConfigError
+
+    served = live.app.state.endpoint.catalog.version
+    config.write_text('{"instructions": ')
+    with pytest.raises(CatalogConfigError, match="catalog.json"):
+        live.run(live.app.state.catalog_reloader.reload("test"))
+    assert live.app.state.endpoint.catalog.version == served
+
+
+def test_drain_flips_readiness_and_ends_listen_streams(engine: Any) -> None:
+    with LiveServer(engine, keepalive_s=0.1) as live, httpx.Client(timeout=10) as http:
+        assert http.get(live.base + "/readyz").status_code == 200
+        with http.stream("POST", live.url, content=orjson.dumps(LISTEN),
+                         headers=modern_headers("subscriptions/listen")) as response:
+            stream = messages(response)
+            next_messages(stream, 1)
+            live.app.state.begin_drain()
+            rest = [m for m in stream if m is not None]  # ends: the server closed the stream
+        ready = http.get(live.base + "/readyz")
+        late = call(http, live.url, "subscriptions/listen", {"notifications": {}}).messages
+    assert rest[-1]["id"] == "w" and rest[-1]["result"]["resultType"] == "complete"
+    assert (ready.status_code, ready.json()) == (503, {"ready": False})
+    assert late[-1]["result"]["resultType"] == "complete"  # a listen during drain ends at once
