@@ -6,7 +6,10 @@ sequence is gathered into a padded ``[B, Hkv, L, D]`` tensor through the block t
 attended with one masked SDPA call, the ``G = Hq / Hkv`` query heads of a KV head taking the
 place of the query-length axis. Prefill rows (several queries) go per sequence, causal with
 the queries aligned to the end of the context, so a chunk never reads keys past its end.
-Softmax and accumulation run in fp32.
+
+Inputs stay in the cache dtype when the queries share it (bf16 serving converts nothing);
+torch's fused CPU kernel still runs the softmax and accumulates in fp32. An fp8 cache is
+dequantized to fp32. Few, large ops per layer: on a shared CPU every parallel region costs.
 """
 
 from __future__ import annotations
@@ -98,35 +101,42 @@ def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepP
 
 
 def _gather(
-    store: torch.Tensor, scales: torch.Tensor | None, rows: torch.Tensor, n_seqs: int
-) -> torch.Tensor:
-    """Cache rows -> dequantized fp32 ``[n_seqs, Hkv, nblk * block_size, D]``."""
+    store: torch.Tensor, scales: torch.Tensor | None, rows: torch.Tensor, n_seqs: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """Cache rows -> ``[n_seqs, Hkv, nblk * block_size, D]`` in ``dtype``, dequantized."""
     num_blocks, heads, block_size, dim = store.shape
-    out = store.view(num_blocks * heads, block_size, dim).index_select(0, rows).float()
+    out = store.view(num_blocks * heads, block_size, dim).index_select(0, rows).to(dtype)
     if scales is not None:
         out.mul_(scales.view(num_blocks * heads, block_size).index_select(0, rows)[..., None])
     return out.view(n_seqs, heads, -1, dim)
 
 
+def _compute_dtype(q: torch.Tensor, cache: KVCache) -> torch.dtype:
+    """The cache dtype when the queries share it (no conversion pass), else fp32."""
+    return q.dtype if cache.k.dtype == q.dtype else torch.float32
+
+
 def _decode(q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float) -> torch.Tensor:
     n_seqs, num_heads, dim = q.shape
-    kv_heads = cache.k.shape[1]
-    k = _gather(cache.k, cache.k_scale, plan.decode_cache_rows, n_seqs)
-    v = _gather(cache.v, cache.v_scale, plan.decode_cache_rows, n_seqs)
-    grouped = q.float().view(n_seqs, kv_heads, num_heads // kv_heads, dim)
+    kv_heads, dtype = cache.k.shape[1], _compute_dtype(q, cache)
+    k = _gather(cache.k, cache.k_scale, plan.decode_cache_rows, n_seqs, dtype)
+    v = _gather(cache.v, cache.v_scale, plan.decode_cache_rows, n_seqs, dtype)
+    grouped = q.to(dtype).view(n_seqs, kv_heads, num_heads // kv_heads, dim)
     out = F.scaled_dot_product_attention(grouped, k, v, attn_mask=plan.decode_mask, scale=scale)
     return out.reshape(n_seqs, num_heads, dim).to(q.dtype)
 
 
 def _prefill(q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float) -> torch.Tensor:
     n_q, num_heads, dim = q.shape
-    k = _gather(cache.k, cache.k_scale, seq.cache_rows, 1)[:, :, : seq.seq_len]
-    v = _gather(cache.v, cache.v_scale, seq.cache_rows, 1)[:, :, : seq.seq_len]
+    dtype = _compute_dtype(q, cache)
+    k = _gather(cache.k, cache.k_scale, seq.cache_rows, 1, dtype)[:, :, : seq.seq_len]
+    v = _gather(cache.v, cache.v_scale, seq.cache_rows, 1, dtype)[:, :, : seq.seq_len]
     group = num_heads // k.shape[1]
     if group > 1:
         k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     # 4-D inputs: torch's fused CPU kernel; 3-D ones fall back to the unfused math path.
-    qh = q.float().transpose(0, 1).unsqueeze(0)
+    qh = q.to(dtype).transpose(0, 1).unsqueeze(0)
     if n_q == seq.seq_len:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale)
     else:
