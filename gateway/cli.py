@@ -9,6 +9,7 @@ import argparse
 import logging
 import sys
 
+from gateway.logs import configure_logging
 from gateway.settings import Settings
 
 logger = logging.getLogger("kvgate")
@@ -27,6 +28,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--redis-url", help="share the discovery cache through Redis")
     serve.add_argument("--allowed-origins", help="comma-separated Origins allowed beyond localhost")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (default 1 MiB)")
+    serve.add_argument("--catalog-config", help="JSON file: instructions, resources, prompts "
+                                                "(re-read on SIGHUP and admin reload)")
+    serve.add_argument("--admin-api-key", help="enable /admin/* for 'Authorization: Bearer KEY'")
+    serve.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
+                       help="seconds in-flight requests get after SIGTERM (default 30)")
+    serve.add_argument("--log-format", choices=("text", "json"), help="log lines (default text)")
     tiny = commands.add_parser("make-tiny-model", help="write the tiny test model to DIR")
     tiny.add_argument("dir")
     tiny.add_argument("--preset", default="tiny", help="size preset (tiny, bench55m)")
@@ -36,15 +43,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
     names = ("host", "port", "model", "replicas", "kv_cache_dtype", "kv_cache_memory",
-             "redis_url", "allowed_origins", "max_body_bytes")
+             "redis_url", "allowed_origins", "max_body_bytes", "catalog_config", "admin_api_key",
+             "drain_timeout_s", "log_format")
     return Settings.from_env(**{name: getattr(args, name) for name in names})
 
 
 def serve(settings: Settings) -> None:
-    import uvicorn
-
     from engine import AsyncLLM, EngineConfig
     from gateway.app import create_app
+    from gateway.catalog_config import CatalogConfigError
+    from gateway.serving import serve_app
 
     try:
         engine = AsyncLLM(EngineConfig(
@@ -62,14 +70,18 @@ def serve(settings: Settings) -> None:
             stats.cache_dtype,
         )
         logger.info("MCP endpoint http://%s:%d/mcp", settings.host, settings.port)
-        uvicorn.run(create_app(settings, engine), host=settings.host, port=settings.port,
-                    log_level="warning", access_log=False)
+        try:
+            app = create_app(settings, engine)
+        except CatalogConfigError as exc:
+            sys.exit(f"kvgate: {exc}")
+        serve_app(app, settings.host, settings.port, settings.drain_timeout_s,
+                  uvicorn_logging=settings.log_format == "text")
+        logger.info("stopped")
     finally:
         engine.shutdown()
 
 
 def main(argv: list[str] | None = None) -> None:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     args = build_parser().parse_args(argv)
     if args.command == "make-tiny-model":
         from engine.tiny_model import make_tiny_model
@@ -78,6 +90,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     try:
         settings = settings_from_args(args)
+        configure_logging(settings.log_format)
     except ValueError as exc:
         sys.exit(f"kvgate: {exc}")
     serve(settings)

@@ -18,7 +18,7 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from gateway import http_io
+from gateway import http_io, tracing
 from gateway.catalog import Catalog
 from gateway.discovery_cache import DiscoveryCache
 from gateway.metrics import Metrics
@@ -96,15 +96,16 @@ class McpEndpoint:
             else:
                 check_legacy_meta(message, headers.get("mcp-protocol-version"))
             check_method(message.method, era)
-            if message.method == "tools/call":
-                name = message.params.get("name")
-                tool = name if isinstance(name, str) and name in self.tools.specs else "unknown"
-                outcome = await self._tools_call(message, era, headers, receive, send)
-            elif message.method == "subscriptions/listen":
-                outcome = await self._listen(message, receive, send)
-            else:
-                await http_io.send_response(send, 200, await self._result(message, era))
-                outcome = "ok"
+            with tracing.request_span(message.method, message.params, message.meta, message.id):
+                if message.method == "tools/call":
+                    name = message.params.get("name")
+                    tool = name if isinstance(name, str) and name in self.tools.specs else "unknown"
+                    outcome = await self._tools_call(message, era, headers, receive, send)
+                elif message.method == "subscriptions/listen":
+                    outcome = await self._listen(message, receive, send)
+                else:
+                    await http_io.send_response(send, 200, await self._result(message, era))
+                    outcome = "ok"
         except Rejected as rejection:
             error = jsonrpc.encode_error(ProtocolError(INVALID_REQUEST, str(rejection)))
             extra = ALLOW_POST if rejection.status == 405 else ()

@@ -15,12 +15,14 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine import RequestOutput, SamplingParams
+from gateway import tracing
 from protocol.errors import invalid_params
 from protocol.headers import HeaderParam, header_params
 from schemas.validation import ArgumentValidator
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 DEFAULT_MAX_TOKENS = 64
+OPERATIONS = {"generate": "text_completion", "chat": "chat"}  # gen_ai.operation.name
 
 
 class Engine(Protocol):
@@ -107,12 +109,26 @@ class InferenceTools:
         self, tool: str, prompt: str | list[int], params: SamplingParams, cache_key: str | None
     ) -> AsyncIterator[Progress | dict[str, Any]]:
         last: RequestOutput | None = None
+        operation, model = OPERATIONS[tool], self.engine.model_name
         try:
-            async with aclosing(self.engine.generate(prompt, params, cache_key=cache_key)) as stream:
-                async for out in stream:
-                    last = out
-                    if out.delta_text:
-                        yield Progress(len(out.token_ids), out.delta_text)
+            with (tracing.span("kvgate.route", **{"kvgate.tool": tool,
+                                                  "kvgate.cache_key.set": cache_key is not None}) as route,
+                  tracing.span(f"{operation} {model}", route, **{
+                      "gen_ai.operation.name": operation, "gen_ai.request.model": model,
+                      "gen_ai.request.max_tokens": params.max_tokens}) as run):
+                async with aclosing(self.engine.generate(prompt, params, cache_key=cache_key)) as stream:
+                    async for out in stream:
+                        if last is None:  # the replica chosen, and how much of the prompt it had
+                            tracing.annotate(route, **{"kvgate.replica": out.replica,
+                                                       "kvgate.cached_tokens": out.cached_tokens})
+                        last = out
+                        if out.delta_text:
+                            yield Progress(len(out.token_ids), out.delta_text)
+                if last is not None:
+                    tracing.annotate(run, **{
+                        "gen_ai.usage.input_tokens": len(last.prompt_token_ids),
+                        "gen_ai.usage.output_tokens": len(last.token_ids),
+                        "gen_ai.response.finish_reasons": [last.finish_reason or "stop"]})
         except ValueError as exc:
             if last is not None:
                 raise

@@ -22,7 +22,8 @@ def test_python_dash_m_gateway_is_the_cli() -> None:
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     for flag in ("--host", "--port", "--model", "--replicas", "--kv-cache-dtype",
-                 "--kv-cache-memory", "--redis-url", "--allowed-origins", "--max-body-bytes"):
+                 "--kv-cache-memory", "--redis-url", "--allowed-origins", "--max-body-bytes",
+                 "--catalog-config", "--admin-api-key", "--drain-timeout", "--log-format"):
         assert flag in done.stdout
 
 

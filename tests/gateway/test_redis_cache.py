@@ -277,3 +277,27 @@ def sse_messages(response: httpx.Response):
     for line in response.iter_lines():
         if line.startswith("data:"):
             yield orjson.loads(line[5:])
+
+
+def test_redis_trouble_shows_in_metrics(redis_server, engine):
+    """Killed Redis: requests still answered, fallbacks counted, the degraded gauge at 1;
+    restarted: the gauge back at 0 by itself."""
+    def metric(http, live, line_start: str) -> float:
+        lines = http.get(live.base + "/metrics").text.splitlines()
+        return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(line_start))
+
+    with (LiveServer(engine, redis_url=redis_server.url) as live, httpx.Client(timeout=10) as http):
+        assert metric(http, live, "kvgate_discovery_cache_degraded ") == 0.0
+        redis_server.kill()
+        answered = [call(http, live.url, method).status
+                    for method in ("tools/list", "prompts/list", "resources/list", "tools/list")]
+        degraded = metric(http, live, "kvgate_discovery_cache_degraded ")
+        fallbacks = metric(http, live, 'kvgate_discovery_cache_events_total{event="degraded"}')
+        outages = metric(http, live, 'kvgate_discovery_cache_events_total{event="outage"}')
+        redis_server.start()
+        deadline = time.monotonic() + 5
+        while metric(http, live, "kvgate_discovery_cache_degraded ") != 0.0:
+            assert time.monotonic() < deadline, "never recovered"
+            time.sleep(0.05)
+    assert answered == [200] * 4
+    assert degraded == 1.0 and fallbacks >= 2 and outages == 1.0
