@@ -7,11 +7,13 @@ import pytest
 from benchmarks.agentic import (
     Run,
     Turn,
+    in_flight,
     load_cov,
     make_trace,
     parse_args,
     repeated_tokens,
     run_trace,
+    work,
 )
 from engine.block_hash import BLOCK_SIZE
 
@@ -37,10 +39,12 @@ def test_a_fully_repeated_prompt_still_recomputes_its_last_token():
     assert repeated_tokens([turn(prompt, [1, 2], 0.0), turn(prompt, [1], 1.0)]) == 31
 
 
-def test_load_cov_is_over_time_in_flight_per_replica():
-    turns = [turn([1], [1], 0.0, replica=0), turn([1], [1], 0.0, replica=1)]
-    turns += [turn([1], [1], 0.5, replica=1), turn([1], [1], 2.0, replica=1)]
-    assert load_cov(turns, 2) == pytest.approx(0.5)  # busy 1 s vs 3 s
+def test_load_cov_over_replicas_of_work_and_time_in_flight():
+    turns = [turn([1] * 40, [1], 0.0, replica=0), turn([1] * 10, [1], 0.0, replica=1)]
+    turns += [turn([1] * 10, [1], 0.5, replica=1), turn([1] * 7, [1, 1, 1], 2.0, replica=1)]
+    turns[0].cached_tokens = 9
+    assert load_cov(turns, 2, work) == pytest.approx(0.0)  # 32 tokens computed on each
+    assert load_cov(turns, 2, in_flight) == pytest.approx(0.5)  # busy 1 s vs 3 s
 
 
 def test_trace_is_seeded_and_within_bounds():
