@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # A whole kvgate deployment on loopback: a private Redis, 3 kvgate processes sharing it, and
-# nginx in front (examples/deploy/nginx.conf); then a smoke test through nginx, and a clean
+# nginx in front (examples/deploy/nginx.conf); then a smoke test through nginx (or, given
+# `-- COMMAND ...`, that command instead, with KVGATE_MCP_URL set to nginx's /mcp), and a clean
 # teardown (also on Ctrl-C or failure).
 #
 #   examples/deploy/run-local.sh            # needs redis-server, nginx (apt-get install nginx)
 #   KVGATE_ARGS="--model /models/qwen --kv-cache-dtype fp8" examples/deploy/run-local.sh
+#   examples/deploy/run-local.sh -- python benchmarks/deploy_agentic.py   # what the benchmark does
 #
 # Ports (loopback only, fixed in nginx.conf): nginx 18100, kvgate 18101-18103, Redis 18179.
 set -euo pipefail
@@ -21,6 +23,9 @@ KVGATE=${KVGATE:-kvgate}
 read -r -a KVGATE_ARGS <<<"${KVGATE_ARGS:-}"  # extra `kvgate serve` flags
 PYTHON=$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)
 READY_TIMEOUT_S=${READY_TIMEOUT_S:-180}
+if [[ ${1:-} == -- ]]; then shift; fi
+COMMAND=("$@")  # empty: the smoke test
+WHAT=$([[ ${#COMMAND[@]} == 0 ]] && echo "smoke test" || echo "command")
 
 WORK=$(mktemp -d /tmp/kvgate-deploy.XXXXXX)
 chmod 755 "$WORK"  # nginx workers (an unprivileged user when started as root) write temp files here
@@ -41,8 +46,8 @@ teardown() {
   done
   for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null; done
   wait 2>/dev/null
-  if [[ $OK == 1 ]]; then rm -rf "$WORK"; echo "all stopped; smoke test PASSED"
-  else echo "all stopped; smoke test FAILED, logs kept in $WORK"; tail -n 20 "$WORK"/*.log; fi
+  if [[ $OK == 1 ]]; then rm -rf "$WORK"; echo "all stopped; $WHAT PASSED"
+  else echo "all stopped; $WHAT FAILED, logs kept in $WORK"; tail -n 20 "$WORK"/*.log; fi
 }
 trap teardown EXIT
 trap 'exit 130' INT TERM
@@ -145,6 +150,13 @@ nginx -t -q -p "$WORK/nginx" -c "$HERE/nginx.conf"
 nginx -p "$WORK/nginx" -c "$HERE/nginx.conf" -g 'daemon off;' >"$WORK/nginx.log" 2>&1 &
 PIDS+=($!)
 wait_for nginx $! curl -sf "http://127.0.0.1:$NGINX_PORT/healthz"
+
+if [[ ${#COMMAND[@]} -gt 0 ]]; then
+  log "${COMMAND[*]}"
+  KVGATE_MCP_URL=$MCP_URL "${COMMAND[@]}"
+  OK=1
+  exit 0
+fi
 
 PROMPT="The quick brown fox jumps over the lazy dog while the cat sleeps in the warm sun. "
 PROMPT="$PROMPT$PROMPT$PROMPT$PROMPT Tell me what happens next:"
