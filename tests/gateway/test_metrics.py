@@ -176,8 +176,11 @@ def test_a_real_engine_reports_its_prefix_cache_and_layout() -> None:
 def test_gauge_is_read_at_scrape_time() -> None:
     metrics = Metrics()
     state = {"degraded": False}
-    metrics.gauge("kvgate_discovery_cache_degraded", "1 while Redis is unreachable.",
-                  lambda: float(state["degraded"]))
+    metrics.gauge(
+        "kvgate_discovery_cache_degraded",
+        "1 while Redis is unreachable.",
+        lambda: float(state["degraded"]),
+    )
     assert "kvgate_discovery_cache_degraded 0.0" in metrics.render()[0].decode()
     state["degraded"] = True
     assert "kvgate_discovery_cache_degraded 1.0" in metrics.render()[0].decode()
