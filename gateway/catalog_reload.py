@@ -4,7 +4,8 @@ A change starts in one process (SIGHUP, or ``POST /admin/catalog/reload``): it r
 catalog from its config, serves it at once and publishes the new version. Every other process
 hears that version; one that does not serve it cannot build it from the version alone (a
 version is a content hash), so it re-reads its own config, which the processes share (one
-file, one ConfigMap), and serves what that yields. Only then are this process's
+file, one ConfigMap), and serves what that yields, re-reading for a while if that is not yet
+the announced version (a file can reach processes at different times). Only then are this process's
 ``subscriptions/listen`` streams told (``versions()``), so a client that lists again after a
 ``list_changed`` gets the new catalog from the process that told it.
 """
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 from gateway.catalog import Catalog
@@ -24,6 +25,7 @@ from gateway.mcp_endpoint import McpEndpoint
 from gateway.metrics import Metrics
 
 log = logging.getLogger(__name__)
+REREAD_DELAYS_S = (1.0, 2.0, 5.0, 10.0, 20.0, 30.0, 60.0)  # ~2 min: a ConfigMap's sync time
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,7 @@ class CatalogReloader:
         self._listeners.latest = endpoint.catalog.version
         self._follower: asyncio.Task[None] | None = None
         self._closed = False
+        self.reread_delays_s = REREAD_DELAYS_S
 
     def start(self) -> None:
         """Follow versions announced through the discovery cache (by anyone, from now on)."""
@@ -103,21 +106,50 @@ class CatalogReloader:
         return Reload(previous, catalog.version)
 
     async def _follow(self, versions: AsyncIterator[str]) -> None:
-        async for version in versions:
-            if version == self.endpoint.catalog.version:
-                continue  # ours, or one we already serve
-            try:
-                result = self._use(self._build())
-            except CatalogConfigError as exc:
-                self._metrics.count("kvgate_catalog_reloads", trigger="peer", outcome="error")
-                log.warning("catalog %s announced, but this process cannot load its config: %s",
-                            version, exc)
-                continue
-            self._metrics.count("kvgate_catalog_reloads", trigger="peer",
-                                outcome="changed" if result.changed else "unchanged")
-            if result.version != version:
-                log.info("catalog %s announced; this process serves %s (its own config and "
-                         "model)", version, result.version)
+        """Re-read the config whenever another version is announced; while it does not yield
+        that version (the file may reach this process later, as a mounted ConfigMap does),
+        re-read again after each of `reread_delays_s`, until it does or a newer one comes."""
+        pending: asyncio.Future[str] | None = None
+        wanted: str | None = None
+        delays: Iterator[float] = iter(())
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(anext(versions))
+                timeout = next(delays, None) if wanted is not None else None
+                if wanted is not None and timeout is None:
+                    log.info("catalog %s announced; this process serves %s (from its config)",
+                             wanted, self.endpoint.catalog.version)
+                    wanted = None
+                done, _ = await asyncio.wait((pending,), timeout=timeout)
+                if done:
+                    try:
+                        version = pending.result()
+                    except StopAsyncIteration:
+                        return
+                    pending = None
+                    if version == self.endpoint.catalog.version:
+                        wanted = None  # ours, or one we already serve
+                        continue
+                    wanted, delays = version, iter(self.reread_delays_s)
+                if wanted is not None and self._reread() == wanted:
+                    wanted = None
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    def _reread(self) -> str:
+        """Rebuild from the config as a follower; the version served afterwards."""
+        try:
+            result = self._use(self._build())
+        except CatalogConfigError as exc:
+            self._metrics.count("kvgate_catalog_reloads", trigger="peer", outcome="error")
+            log.warning("catalog config not loaded, still serving %s: %s",
+                        self.endpoint.catalog.version, exc)
+            return self.endpoint.catalog.version
+        self._metrics.count("kvgate_catalog_reloads", trigger="peer",
+                            outcome="changed" if result.changed else "unchanged")
+        return result.version
 
 
 async def _nothing() -> AsyncIterator[str]:

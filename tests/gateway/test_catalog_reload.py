@@ -5,6 +5,7 @@ announcements followed by re-reading the config, a bad config refused, drain end
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,7 @@ def test_a_peer_announcement_rereads_the_config(live: LiveServer, config: Path) 
     """Another process published a version this one cannot build from the hash: it re-reads
     its config; a config that did not change keeps the catalog (and says nothing)."""
     endpoint, cache = live.app.state.endpoint, live.app.state.discovery_cache
+    live.app.state.catalog_reloader.reread_delays_s = ()  # one re-read per announcement
     served = endpoint.catalog.version
     live.run(cache.publish_version("peer-unchanged"))
     with httpx.Client(timeout=10) as http:
@@ -101,6 +103,40 @@ def test_a_peer_announcement_rereads_the_config(live: LiveServer, config: Path) 
     assert discovered["instructions"] == "From the peer."
     assert 'kvgate_catalog_reloads_total{outcome="unchanged",trigger="peer"} 1.0' in metrics
     assert 'kvgate_catalog_reloads_total{outcome="changed",trigger="peer"} 1.0' in metrics
+
+
+def test_a_config_that_arrives_late_is_picked_up(live: LiveServer, config: Path,
+                                                 tmp_path: Path) -> None:
+    """A peer announced the catalog of a file this process does not see yet: it re-reads on a
+    schedule until its config yields that version, then stops."""
+    from dataclasses import replace
+
+    from gateway.app import build_catalog
+
+    reloader, endpoint = live.app.state.catalog_reloader, live.app.state.endpoint
+    reloader.reread_delays_s = (0.1,) * 50
+    future = tmp_path / "future.json"
+    write(future, {"instructions": "Arrives late."})
+    wanted = build_catalog(endpoint.catalog.facts, replace(live.settings, catalog_config=str(future)))
+    live.run(live.app.state.discovery_cache.publish_version(wanted.version))
+    time.sleep(0.35)
+    assert endpoint.catalog.version != wanted.version  # still the old file: still the old catalog
+    config.write_bytes(future.read_bytes())
+    deadline = time.monotonic() + 3
+    while endpoint.catalog.version != wanted.version:
+        assert time.monotonic() < deadline, "the late config was never picked up"
+        time.sleep(0.02)
+    with httpx.Client(timeout=10) as http:
+        rereads = reloads(http, live)
+        time.sleep(0.35)
+        assert reloads(http, live) == rereads  # caught up: no more re-reads
+        assert call(http, live.url, "server/discover").result["instructions"] == "Arrives late."
+
+
+def reloads(http: httpx.Client, live: LiveServer) -> float:
+    lines = http.get(live.base + "/metrics").text.splitlines()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
+               if line.startswith("kvgate_catalog_reloads_total{"))
 
 
 def test_a_bad_config_keeps_the_catalog(live: LiveServer, config: Path) -> None:
