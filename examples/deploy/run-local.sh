@@ -106,7 +106,7 @@ if result is None or result.get("isError"):
     sys.exit(f"FAILED ({upstream}): {json.dumps(message)[:2000]}")
 hints = {k: result.get(k) for k in ("ttlMs", "cacheScope") if k in result}
 if method == "server/discover":
-    digest = {k: result.get(k) for k in ("supportedVersions", "capabilities")} | hints
+    digest = {k: result.get(k) for k in ("supportedVersions", "instructions")} | hints
 elif method == "tools/list":
     digest = {"tools": [tool["name"] for tool in result["tools"]]} | hints
 else:
@@ -133,9 +133,13 @@ start_redis() {
 start_redis
 
 log "3 kvgate processes: ${KVGATE_PORTS[*]}"
+CATALOG_CONFIG="$WORK/catalog.json"  # shared by the processes (in Kubernetes: a ConfigMap)
+echo '{"instructions": "kvgate behind nginx, catalog one."}' >"$CATALOG_CONFIG"
+ADMIN_KEY=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')
 declare -A KVGATE_PID
 for port in "${KVGATE_PORTS[@]}"; do
-  "$KVGATE" serve --host 127.0.0.1 --port "$port" --redis-url "$REDIS_URL" \
+  KVGATE_ADMIN_API_KEY=$ADMIN_KEY "$KVGATE" serve --host 127.0.0.1 --port "$port" \
+    --redis-url "$REDIS_URL" --catalog-config "$CATALOG_CONFIG" \
     ${KVGATE_ARGS[@]+"${KVGATE_ARGS[@]}"} >"$WORK/kvgate-$port.log" 2>&1 &
   KVGATE_PID[$port]=$!
   PIDS+=($!)
@@ -180,6 +184,15 @@ mcp tools/call generate "$GENERATE" conversation-42
 log "Redis restarted: the processes reconnect by themselves"
 start_redis
 sleep 3  # reconnect backoff is at most 2 s
+
+log "catalog change: new config, reloaded on :${KVGATE_PORTS[0]} only; every process follows"
+echo '{"instructions": "kvgate behind nginx, catalog two."}' >"$CATALOG_CONFIG"
+curl -sS --max-time 5 -X POST -H "Authorization: Bearer $ADMIN_KEY" \
+  "http://127.0.0.1:${KVGATE_PORTS[0]}/admin/catalog/reload"
+echo
+sleep 1
+for _ in 1 2 3; do mcp server/discover "" '{}' | tee -a "$WORK/after-change"; done
+[[ $(grep -c 'catalog two' "$WORK/after-change") == 3 ]] || { echo "a process missed the change" >&2; exit 1; }
 
 log "summary"
 echo "processes answering cache key conversation-42: $(sort -u "$WORK/upstreams-conversation-42" | xargs)"

@@ -82,3 +82,13 @@ def test_files_that_cannot_be_read(tmp_path) -> None:
     good = tmp_path / "good.json"
     good.write_text(json.dumps(CONFIG))
     assert load_catalog_config(good) == parse_catalog_config(CONFIG)
+
+
+def test_the_kubernetes_example_catalog_is_valid() -> None:
+    yaml = pytest.importorskip("yaml")
+    from pathlib import Path
+
+    manifest = Path(__file__).resolve().parents[2] / "examples/deploy/k8s/kvgate.yaml"
+    config_map = next(d for d in yaml.safe_load_all(manifest.read_text()) if d["kind"] == "ConfigMap")
+    config = parse_catalog_config(json.loads(config_map["data"]["catalog.json"]))
+    assert Catalog(FACTS, config=config).get_prompt("translate", {"text": "a", "language": "b"})
