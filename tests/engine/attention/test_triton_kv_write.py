@@ -1,7 +1,5 @@
 """The Triton ``kv_write`` kernel against the PyTorch reference ``write_kv``."""
 
-from dataclasses import astuple
-
 import pytest
 import torch
 from attention_cases import DEVICE
@@ -21,7 +19,8 @@ def _both(dtype: torch.dtype, k: torch.Tensor, v: torch.Tensor, slots: torch.Ten
     for write in (kv_write, write_kv):
         (cache,) = allocate_kv_caches(1, 6, k.shape[1], 4, k.shape[2], dtype, DEVICE)
         write(cache, k, v, slots)
-        written.append(KVCache(*(t if t is None else t.cpu() for t in astuple(cache))))
+        tensors = (cache.k, cache.v, cache.k_scale, cache.v_scale)
+        written.append(KVCache(*(t if t is None else t.cpu() for t in tensors)))
     return written
 
 
