@@ -1,9 +1,12 @@
 """The Triton backend serves whole steps: decode rows by kernel, prefill rows by reference."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from attention_cases import DEVICE, expected_output, make_case
 
+from engine import LLM, SamplingParams
 from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
 from engine.attention.kv_cache import FP8_DTYPE
 
@@ -30,3 +33,14 @@ def test_kernel_written_cache_serves_a_decode() -> None:
     backend.write_kv(cache, torch.cat(case.keys), torch.cat(case.values), everything.slot_mapping)
     out = backend.paged_attention(case.q, cache, case.md, case.scale)
     torch.testing.assert_close(out.double(), expected_output(case), atol=1e-3, rtol=0)
+
+
+def test_engine_with_triton_backend_matches_the_torch_backend(tiny_model_dir: Path) -> None:
+    prompts = ["The quick brown fox", "def fibonacci(n):"]
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    tokens = {}
+    for backend in ("torch", "triton"):
+        llm = LLM(str(tiny_model_dir), dtype="float32", kv_cache_dtype="fp8",
+                  kv_cache_memory="1MiB", attention_backend=backend, device=DEVICE.type)  # fmt: skip
+        tokens[backend] = [out.token_ids for out in llm.generate(prompts, params)]
+    assert tokens["triton"] == tokens["torch"]
