@@ -62,7 +62,7 @@ class _StepPlan:
         return self.decode_seqs.shape[0]
 
 
-def step_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
+def _step_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
     key = f"torch_plan/{block_size}/{kv_heads}"
     if key not in md.derived:
         md.derived[key] = _build_plan(md, block_size, kv_heads)
@@ -151,19 +151,12 @@ def paged_attention(
     q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype."""
-    plan = step_plan(md, cache.block_size, cache.k.shape[1])
+    plan = _step_plan(md, cache.block_size, cache.k.shape[1])
     if plan.decode_query_rows is None and plan.num_decodes > 0:
         return _decode(q, cache, plan, scale)
     out = torch.empty_like(q)
     if plan.num_decodes > 0:
         out[plan.decode_query_rows] = _decode(q[plan.decode_query_rows], cache, plan, scale)
-    attend_prefills(q, cache, plan, scale, out)
-    return out
-
-
-def attend_prefills(
-    q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float, out: torch.Tensor
-) -> None:
-    """Fill ``out``'s rows of the sequences with several queries (prefill chunks)."""
     for seq in plan.prefills:
         out[seq.q_start : seq.q_end] = _prefill(q[seq.q_start : seq.q_end], cache, seq, scale)
+    return out

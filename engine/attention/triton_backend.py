@@ -1,18 +1,19 @@
-"""The Triton backend: Triton ``kv_write`` and decode kernels, prefill rows via the reference.
+"""The Triton backend: ``kv_write``, split-K decode and paged prefill kernels.
 
-Decode rows of a step (one query per sequence) go to the flash-decoding kernel in one launch;
-sequences with several queries (prefill chunks) still use the PyTorch reference for now.
+Decode rows (sequences with one query) always go to the split-K decode kernel, so a
+sequence's result does not depend on whether its step also carried prefills; the rows of
+multi-query sequences (prefill chunks) go to the prefill kernel.
 """
 
 from __future__ import annotations
 
 import torch
 
-from engine.attention import torch_backend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
 from engine.kernels.kv_write import kv_write
 from engine.kernels.paged_decode import paged_decode
+from engine.kernels.paged_prefill import paged_prefill
 
 
 def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
@@ -25,14 +26,14 @@ def paged_attention(
     """Same contract as ``torch_backend.paged_attention``."""
     if md.max_query_len == 1:
         return paged_decode(q, cache, md.seq_lens, md.block_tables, md.max_seq_len, scale)
-    plan = torch_backend.step_plan(md, cache.block_size, cache.k.shape[1])
     out = torch.empty_like(q)
-    if plan.num_decodes > 0:
-        seq_lens = md.seq_lens.index_select(0, plan.decode_seqs)
-        tables = md.block_tables.index_select(0, plan.decode_seqs)
+    paged_prefill(q, cache, md, scale, out)
+    starts = md.query_start_loc
+    decodes = ((starts[1:] - starts[:-1]) == 1).nonzero().squeeze(1)
+    if decodes.numel() > 0:
+        rows = starts.index_select(0, decodes).long()
+        seq_lens = md.seq_lens.index_select(0, decodes)
+        tables = md.block_tables.index_select(0, decodes)
         max_len = int(seq_lens.max())
-        out[plan.decode_query_rows] = paged_decode(
-            q[plan.decode_query_rows], cache, seq_lens, tables, max_len, scale
-        )
-    torch_backend.attend_prefills(q, cache, plan, scale, out)
+        out[rows] = paged_decode(q[rows], cache, seq_lens, tables, max_len, scale)
     return out

@@ -130,7 +130,7 @@ def _merge_splits_kernel(
              mask=d < head_dim)  # fmt: skip
 
 
-def _dot_dtype(q: torch.Tensor, cache_dtype: torch.dtype) -> tuple[tl.dtype, str]:
+def dot_dtype(q: torch.Tensor, cache_dtype: torch.dtype) -> tuple[tl.dtype, str]:
     """Tensor-core inputs on a GPU when they lose nothing (fp8 or same-dtype cache), else
     exact fp32 (also under the CPU interpreter, whose bf16 dot is unreliable)."""
     half = q.dtype in (torch.bfloat16, torch.float16)
@@ -165,7 +165,7 @@ def paged_decode(
     assert cache.k.stride() == cache.v.stride() and cache.k.stride(-1) == 1
     fp8 = cache.k_scale is not None
     scales = (cache.k_scale, cache.v_scale) if fp8 else (cache.k, cache.v)  # unused unless fp8
-    dot_dtype, precision = _dot_dtype(q, cache.k.dtype)
+    dot, precision = dot_dtype(q, cache.k.dtype)
     _decode_split_kernel[(batch, kv_heads, grid_splits)](
         q, cache.k, cache.v, *scales, seq_lens, block_tables, o_part, lse,
         q.stride(0), q.stride(1), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
@@ -173,7 +173,7 @@ def paged_decode(
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         scale * _LOG2E, group, head_dim, cache.block_size, split_tokens, max_splits,
         G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=d_pad, BLOCK_N=BLOCK_N, FP8=fp8,
-        DOT_DTYPE=dot_dtype, PRECISION=precision,
+        DOT_DTYPE=dot, PRECISION=precision,
     )  # fmt: skip
     _merge_splits_kernel[(batch, num_heads)](
         o_part, lse, seq_lens, out,

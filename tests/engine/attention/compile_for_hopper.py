@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.kernels import kv_write, paged_decode
+from engine.kernels import kv_write, paged_decode, paged_prefill
 
 HOPPER = GPUTarget("cuda", 90, 32)
 
@@ -27,7 +27,8 @@ def compile_kernel(kernel: triton.JITFunction, types: dict[str, str], constexprs
 
 
 def main() -> None:
-    int_ptrs = {"slot_ptr": "*i64", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32"}
+    int_ptrs = {"slot_ptr": "*i64", "seq_lens_ptr": "*i32", "block_tables_ptr": "*i32",
+                "tile_seq_ptr": "*i32", "tile_first_ptr": "*i32", "query_start_ptr": "*i32"}  # fmt: skip
     for cache, fp8 in (("*fp8e4nv", True), ("*bf16", False), ("*fp16", False)):
         io = {"k_ptr": "*bf16", "v_ptr": "*bf16", "k_cache_ptr": cache, "v_cache_ptr": cache}
         write_flags = {"D_PAD": 128, "FP8": fp8, "FP8_MAX": 448.0, "MIN_SCALE": 1e-12}
@@ -43,6 +44,10 @@ def main() -> None:
         flags = {"G_PAD": 16, "D_PAD": 128, "BLOCK_N": paged_decode.BLOCK_N, "FP8": fp8,
                  "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
         compile_kernel(paged_decode._decode_split_kernel, {**int_ptrs, **io}, flags)
+        prefill_flags = {"BLOCK_Q": 16, "G_PAD": 4, "D_PAD": 128, "BLOCK_N": 64, "FP8": fp8,
+                         "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
+        prefill_io = {**io, "out_ptr": q}
+        compile_kernel(paged_prefill._prefill_kernel, {**int_ptrs, **prefill_io}, prefill_flags)
     for splits in (1, 64):
         merge_flags = {"S_PAD": splits, "D_PAD": 128, "BLOCK_N": paged_decode.BLOCK_N}
         merge_io = {**int_ptrs, "out_ptr": "*bf16"}
