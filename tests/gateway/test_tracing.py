@@ -33,7 +33,7 @@ def exporter() -> Iterator[InMemorySpanExporter]:
         trace.set_tracer_provider(provider)
     provider.add_span_processor(SimpleSpanProcessor(memory))
     yield memory
-    memory.clear()
+    memory.shutdown()  # later tests' spans are dropped, not kept (the provider stays set)
 
 
 def finished(exporter: InMemorySpanExporter, names: set[str], within_s: float = 5.0) -> dict:
