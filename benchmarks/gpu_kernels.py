@@ -130,20 +130,9 @@ def bench_ms(fn) -> float:
     return triton.testing.do_bench(fn, warmup=10, rep=50, return_mode="median")
 
 
-def reference_on(cache: KVCache, q, tables, seq_lens, context: int, scale: float):
+def reference_on(cache: KVCache, q, tables, seq_lens, scale: float):
     """The PyTorch reference for the same decode step (gathers an fp32 copy of the cache)."""
-    batch = q.shape[0]
-    md = AttentionMetadata(
-        positions=(seq_lens - 1).long(),
-        query_start_loc=torch.arange(batch + 1, dtype=torch.int32, device="cuda"),
-        seq_lens=seq_lens,
-        block_tables=tables,
-        slot_mapping=torch.full((batch,), -1, dtype=torch.int64, device="cuda"),
-        logits_indices=torch.arange(batch, device="cuda"),
-        max_query_len=1,
-        max_seq_len=context,
-    )
-    return reference_attention(q, cache, md, scale)
+    return reference_attention(q, cache, step_metadata(seq_lens, tables, 1), scale)
 
 
 def measure(batch: int, context: int, shape: Shape, paged_decode) -> dict[str, float]:
@@ -164,11 +153,58 @@ def measure(batch: int, context: int, shape: Shape, paged_decode) -> dict[str, f
     fp8_out, row["fp8"] = run(), bench_ms(run)
     row["fp8_err"] = float("nan")
     if batch * context <= 16 * 32768:  # keep the reference's fp32 copy small
-        reference = reference_on(cache, q, tables, seq_lens, context, scale)
+        reference = reference_on(cache, q, tables, seq_lens, scale)
         row["fp8_err"] = (fp8_out.float() - reference.float()).abs().max().item()
     del cache, run
     torch.cuda.empty_cache()
     return row
+
+
+def step_metadata(seq_lens: torch.Tensor, tables: torch.Tensor, n_q: int) -> AttentionMetadata:
+    """Every sequence computes its last ``n_q`` tokens (1: a decode step)."""
+    batch, context = seq_lens.shape[0], int(seq_lens.max())
+    starts = torch.arange(0, batch * n_q + 1, n_q, dtype=torch.int32, device="cuda")
+    return AttentionMetadata(
+        positions=torch.arange(context - n_q, context, device="cuda").repeat(batch),
+        query_start_loc=starts,
+        seq_lens=seq_lens,
+        block_tables=tables,
+        slot_mapping=torch.full((batch * n_q,), -1, dtype=torch.int64, device="cuda"),
+        logits_indices=starts[1:].long() - 1,
+        max_query_len=n_q,
+        max_seq_len=context,
+    )
+
+
+def bench_prefill(prompts: int, length: int, shape: Shape, paged_prefill) -> None:
+    """Fresh prompts, causal: Triton over fp8 and bf16 caches vs SDPA on dense K/V."""
+    scale = shape.head_dim**-0.5
+    flops = 4 * prompts * shape.q_heads * length * length / 2 * shape.head_dim
+    q = torch.randn(prompts * length, shape.q_heads, shape.head_dim, device="cuda",
+                    dtype=torch.bfloat16)  # fmt: skip
+    cells, outs = [], {}
+    for name, dtype in (("fp8 triton", FP8_DTYPE), ("bf16 triton", torch.bfloat16)):
+        cache, tables, seq_lens, _ = random_case(prompts, length, shape, dtype)
+        md, out = step_metadata(seq_lens, tables, length), torch.empty_like(q)
+        run = partial(paged_prefill, q, cache, md, scale, out)
+        run()
+        ms = bench_ms(run)
+        cells.append(f"{name} {ms:.2f} ms {flops / ms / 1e9:.0f} TFLOP/s")
+        outs[name] = out.clone()
+        if dtype == torch.bfloat16:
+            k, v = gather_dense(cache, tables, length)
+        del cache, run
+    group = shape.q_heads // shape.kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    dense_q = q.view(prompts, length, shape.q_heads, shape.head_dim).transpose(1, 2)
+    run = partial(F.scaled_dot_product_attention, dense_q, k, v, is_causal=True, scale=scale)
+    ms = bench_ms(run)
+    dense = run().transpose(1, 2).reshape_as(q)
+    cells.append(f"sdpa {ms:.2f} ms {flops / ms / 1e9:.0f} TFLOP/s")
+    err = (outs["bf16 triton"].float() - dense.float()).abs().max().item()
+    print(f"prefill {prompts} x {length}: " + " | ".join(cells) + f" | max|err| bf16 {err:.1e}")
+    del k, v, run
+    torch.cuda.empty_cache()
 
 
 def main() -> int:
@@ -186,6 +222,7 @@ def main() -> int:
         return 2
     os.environ["TRITON_INTERPRET"] = "0"
     from engine.kernels.paged_decode import paged_decode  # after the env is settled
+    from engine.kernels.paged_prefill import paged_prefill
 
     name = torch.cuda.get_device_name()
     peak = peak_gbps(name, args.peak_gbps)
@@ -230,6 +267,8 @@ def main() -> int:
         worst = min(r[3] for r in long)
         print(f"  fp8 >= 1.6x faster than bf16 at ctx >= 16k: worst {worst:.2f}x -> "
               f"{'PASS' if worst >= 1.6 else 'MISS'}")  # fmt: skip
+    print()
+    bench_prefill(8, 2048, shape, paged_prefill)
     print(f"kernel tests on the GPU: {'passed' if tests_ok else 'FAILED'}")
     return 0 if tests_ok else 1
 

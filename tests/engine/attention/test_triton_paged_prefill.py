@@ -43,3 +43,11 @@ def test_unquantized_caches(cache_dtype: torch.dtype) -> None:
     case = make_case([16, 40], [16, 24], 4, 2, head_dim=32, cache_dtype=cache_dtype)
     got, want = _prefill_rows(case)
     torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=0)
+
+
+def test_bf16_queries_on_fp8_cache() -> None:
+    case = make_case([40, 9], [24, 9], 8, 2, head_dim=64, cache_dtype=FP8_DTYPE,
+                     q_dtype=torch.bfloat16)  # fmt: skip
+    got, want = _prefill_rows(case)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, atol=2e-2, rtol=0)
