@@ -1,12 +1,10 @@
-"""Cache storage: fp8 quantization, the scatter write, sizing, and backend choice."""
+"""Cache storage: fp8 quantization, the scatter write, and sizing from a byte budget."""
 
 import pytest
 import torch
 
 from engine.attention import (
-    AttentionMetadata,
     allocate_kv_caches,
-    get_attention_backend,
     kv_bytes_per_token,
     resolve_cache_dtype,
     write_kv,
@@ -77,22 +75,3 @@ def test_resolve_cache_dtype() -> None:
     assert resolve_cache_dtype("fp8", torch.bfloat16) == FP8_DTYPE
     with pytest.raises(ValueError, match="kv_cache_dtype"):
         resolve_cache_dtype("int4", torch.bfloat16)
-
-
-def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert get_attention_backend("auto", "cpu").name == "torch"
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
-    with pytest.raises(ValueError, match="attention_backend"):
-        get_attention_backend("triton", "cpu")
-    with pytest.raises(ValueError, match="attention_backend"):
-        get_attention_backend("cudnn", "cpu")
-
-
-def test_metadata_from_lists() -> None:
-    md = AttentionMetadata.from_lists([18, 5], [2, 5], [[3, 7], [2]], block_size=16)
-    assert md.positions.tolist() == [16, 17, 0, 1, 2, 3, 4]
-    assert md.slot_mapping.tolist() == [7 * 16, 7 * 16 + 1, 32, 33, 34, 35, 36]
-    assert md.query_start_loc.tolist() == [0, 2, 7]
-    assert md.logits_indices.tolist() == [1, 6]
-    assert md.block_tables.tolist() == [[3, 7], [2, 0]]
-    assert (md.max_query_len, md.max_seq_len) == (5, 18)
