@@ -6,6 +6,7 @@
 
 from engine.async_llm import AsyncLLM
 from engine.config import EngineConfig
+from engine.errors import AdmissionRefused, EngineOverloaded, EngineStepError, EngineUnavailable
 from engine.llm import LLM
 from engine.outputs import RequestOutput
 from engine.sampling_params import SamplingParams
@@ -13,6 +14,10 @@ from engine.stats import EngineStats, ReplicaStats
 
 __all__ = [
     "LLM",
+    "AdmissionRefused",
+    "EngineOverloaded",
+    "EngineStepError",
+    "EngineUnavailable",
     "AsyncLLM",
     "EngineConfig",
     "EngineStats",

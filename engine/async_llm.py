@@ -1,9 +1,13 @@
 """The asyncio face of the engine, used by the HTTP gateway.
 
 Each replica steps in its own thread; outputs cross into the event loop with
-``loop.call_soon_threadsafe`` onto one asyncio.Queue per request (at most max_tokens items,
-so unbounded is fine). Leaving the ``generate`` iterator early — ``aclose()``, task
-cancellation, a client gone — aborts the request at the next step boundary.
+``loop.call_soon_threadsafe`` onto one asyncio.Queue per request (bounded without a maxsize:
+one item per token, so at most max_tokens + 1). Leaving the ``generate`` iterator early —
+``aclose()``, task cancellation, a client gone — aborts the request at the next step boundary.
+
+Admission: a request is placed only on a replica that is stepping and has fewer than
+``max_waiting`` requests waiting; otherwise ``generate`` raises AdmissionRefused at once
+(nothing queued), so a burst meets a clear refusal instead of an ever longer queue.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
+from engine.errors import EngineOverloaded, EngineStepError, EngineUnavailable
 from engine.outputs import RequestOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -60,15 +65,17 @@ class AsyncLLM:
         cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Cumulative outputs, each with the delta since the previous one; the last has
-        ``finished`` set. ``cache_salt`` keeps one tenant's cached blocks from another's."""
+        ``finished`` set. ``cache_salt`` keeps one tenant's cached blocks from another's.
+        Raises ValueError for bad input and AdmissionRefused when no replica can take it,
+        both before anything is queued; EngineStepError if the step computing it fails."""
         if self._closed:
             raise RuntimeError("the engine has been shut down")
         request = self.core.make_request(prompt, params, cache_key, cache_salt)
+        replica = self.core.admit(request)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:
             self._streams[request.request_id] = (loop, queue)
-        replica = self.core.choose_replica(request)
         replica.submit(request)
         finished = False
         try:
@@ -76,6 +83,8 @@ class AsyncLLM:
                 item = await queue.get()
                 if isinstance(item, BaseException):
                     finished = True
+                    if isinstance(item, EngineStepError):
+                        raise EngineStepError(f"engine replica {replica.index}: {item}") from item
                     raise RuntimeError(f"engine replica {replica.index}: {item}") from item
                 finished = item.finished
                 yield item
@@ -100,8 +109,23 @@ class AsyncLLM:
     def stats(self) -> EngineStats:
         return self.core.stats()
 
+    def check_admission(self) -> None:
+        """Raise AdmissionRefused if a request arriving now would be refused (lets a caller
+        answer before it commits to a streamed response; ``generate`` checks again)."""
+        replicas = self.core.replicas
+        if not any(r.available for r in replicas):
+            raise EngineUnavailable(f"all {len(replicas)} engine replicas are stalled or failed")
+        if all(r.num_waiting >= self.config.max_waiting for r in replicas if r.available):
+            raise EngineOverloaded(
+                f"the engine is at capacity ({self.config.max_waiting} waiting per replica)"
+            )
+
+    def replicas_ready(self) -> list[bool]:
+        """Per replica: stepping (not stalled past ``step_timeout_s``, not failed)."""
+        return [r.available for r in self.core.replicas]
+
     def is_ready(self) -> bool:
-        return not self._closed and all(r.available for r in self.core.replicas)
+        return not self._closed and all(self.replicas_ready())
 
     def shutdown(self) -> None:
         """Stop the step threads (idempotent)."""

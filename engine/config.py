@@ -36,6 +36,11 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048  # tokens computed per replica step
     free_block_reserve: int | None = None  # admission keeps this many blocks free; None = 2%
     conversation_cache_share: float = 0.5  # most of the pool one request may hold or keep cached
+    # Admission (AsyncLLM): beyond these a request is refused at once instead of queued.
+    max_waiting: int = 256  # requests queued, not yet running, per replica (total: x replicas)
+    max_prompt_tokens: int | None = None  # None = only max_model_len bounds a prompt
+    max_tokens_limit: int | None = None  # largest SamplingParams.max_tokens; None = no cap
+    step_timeout_s: float = 120.0  # a step running longer marks its replica stalled
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -50,6 +55,13 @@ class EngineConfig:
             raise ValueError("conversation_cache_share must be in (0, 1]")
         if self.free_block_reserve is not None and self.free_block_reserve < 0:
             raise ValueError("free_block_reserve must be >= 0")
+        if self.max_waiting < 1:
+            raise ValueError(f"max_waiting must be >= 1, got {self.max_waiting}")
+        for name in ("max_prompt_tokens", "max_tokens_limit"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.step_timeout_s <= 0:
+            raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if self.kv_cache_memory is not None:

@@ -25,6 +25,7 @@ from engine.attention import (
 from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash
 from engine.block_pool import BlockPool
 from engine.config import EngineConfig, free_memory_bytes
+from engine.errors import EngineOverloaded, EngineUnavailable
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
@@ -88,6 +89,7 @@ class EngineCore:
                 ),
                 runner,
                 on_output,
+                config.step_timeout_s,
             )
             for i in range(config.replicas)
         ]
@@ -131,7 +133,13 @@ class EngineCore:
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
+        limit = self.config.max_tokens_limit
+        if limit is not None and params.max_tokens > limit:
+            raise ValueError(f"max_tokens: at most {limit} on this server, got {params.max_tokens}")
         token_ids = self._prompt_ids(prompt)
+        limit = self.config.max_prompt_tokens
+        if limit is not None and len(token_ids) > limit:
+            raise ValueError(f"prompt: {len(token_ids)} tokens, at most {limit} on this server")
         if len(token_ids) + 1 > self.max_model_len:
             raise ValueError(
                 f"prompt: {len(token_ids)} tokens leave no room to generate within "
@@ -176,13 +184,14 @@ class EngineCore:
             raise ValueError("prompt must not be empty")
         return token_ids
 
-    def choose_replica(self, request: Request) -> Replica:
+    def choose_replica(self, request: Request, available: list[bool] | None = None) -> Replica:
         """The replica for a request: the configured router's choice (prefix hash with
-        bounded load by default)."""
+        bounded load by default) among the ``available`` ones (default: those stepping)."""
         if self.router is None:
             return self.replicas[0]
         loads = [r.load for r in self.replicas]
-        available = [r.available for r in self.replicas]
+        if available is None:
+            available = [r.available for r in self.replicas]
         index = self.router.choose(
             request.block_hashes,
             request.cache_key,
@@ -192,6 +201,22 @@ class EngineCore:
             prefilling=_PendingView(self.pool),
         )
         return self.replicas[index]
+
+    def admit(self, request: Request) -> Replica:
+        """The replica for a request, among those that are available and whose waiting queue
+        has room (``max_waiting`` each); raises AdmissionRefused when there is none."""
+        live = [r.available for r in self.replicas]
+        if not any(live):
+            raise EngineUnavailable(f"all {len(live)} engine replicas are stalled or failed")
+        room = [
+            ok and r.num_waiting < self.config.max_waiting
+            for ok, r in zip(live, self.replicas, strict=True)
+        ]
+        if not any(room):
+            raise EngineOverloaded(
+                f"the engine is at capacity ({self.config.max_waiting} waiting per replica)"
+            )
+        return self.choose_replica(request, room)
 
     def stats(self) -> EngineStats:
         per_replica = [r.stats() for r in self.replicas]

@@ -3,14 +3,22 @@
 Other threads talk to a replica only through ``submit`` and ``abort``, which queue work under
 a condition variable; the step loop picks it up at the next step boundary and sleeps on the
 condition when there is nothing to do (no busy spinning).
+
+Faults stay inside one step: if the model run raises, only the requests of that step fail
+(with EngineStepError) and free their blocks; the replica goes on with the next step. A step
+that runs past ``step_timeout_s`` marks the replica stalled (``available`` False) until it
+returns, so the router and readiness skip it; only a fault in the bookkeeping itself
+(scheduling) stops the replica for good.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
+from engine.errors import EngineStepError
 from engine.model_runner import ModelRunner
 from engine.outputs import RequestOutput
 from engine.request import Request
@@ -31,12 +39,16 @@ class Replica:
         scheduler: Scheduler,
         runner: ModelRunner,
         on_output: OutputSink | None = None,
+        step_timeout_s: float = 120.0,
     ):
         self.index = index
         self.scheduler = scheduler
         self.runner = runner
         self.on_output = on_output
+        self.step_timeout_s = step_timeout_s
         self.failed: BaseException | None = None
+        self.num_failed_steps = 0
+        self._step_started: float | None = None  # monotonic start of the model run in flight
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
         self._aborts: list[Request] = []
@@ -66,8 +78,22 @@ class Replica:
         return queued + len(self.scheduler.waiting) + len(self.scheduler.running)
 
     @property
+    def num_waiting(self) -> int:
+        """Requests submitted but not yet running (what admission bounds)."""
+        with self._cond:
+            queued = len(self._incoming)
+        return queued + len(self.scheduler.waiting)
+
+    @property
+    def stalled(self) -> bool:
+        """The model run in flight has taken longer than ``step_timeout_s`` (the watchdog)."""
+        started = self._step_started
+        return started is not None and time.monotonic() - started > self.step_timeout_s
+
+    @property
     def available(self) -> bool:
-        return self.failed is None and (self._thread is None or self._thread.is_alive())
+        alive = self._thread is None or self._thread.is_alive()
+        return self.failed is None and alive and not self.stalled
 
     def stats(self) -> ReplicaStats:
         kv = self.scheduler.kv
@@ -114,7 +140,14 @@ class Replica:
         self._last_batch_size = len(batch)
         if not batch:
             return []
-        sampled = self.runner.execute(batch)
+        self._step_started = time.monotonic()
+        try:
+            sampled = self.runner.execute(batch)
+        except Exception as exc:  # noqa: BLE001 - fails this step's requests, not the replica
+            self._fail_step(batch.requests, exc)
+            return []
+        finally:
+            self._step_started = None
         changed = self.scheduler.update(batch, sampled)
         if self.on_output is not None:
             for request in changed:
@@ -141,6 +174,17 @@ class Replica:
                 # Waiting for blocks other replicas hold: nap until news or a short timeout.
                 with self._cond:
                     self._cond.wait(timeout=BLOCKED_RETRY_S)
+
+    def _fail_step(self, requests: list[Request], exc: Exception) -> None:
+        """Fail the requests of a step whose model run raised; their blocks (the pending ones
+        this step was writing included) go back to the pool, and the replica goes on."""
+        log.exception("replica %d: a step of %d request(s) failed", self.index, len(requests))
+        self.num_failed_steps += 1
+        error = EngineStepError(f"the engine step failed ({type(exc).__name__}: {exc})")
+        for request in requests:
+            self.scheduler.abort(request)
+            if self.on_output is not None:
+                self.on_output(request, error)
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, AsyncLLM, EngineConfig, SamplingParams
+from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, SamplingParams
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 
@@ -131,3 +131,43 @@ async def test_a_cache_salt_keeps_tenants_apart(engine: AsyncLLM):
     assert await cached("tenant-a") == 32
     assert await cached("tenant-b") == 0
     assert await cached(None) == 0
+
+
+async def test_waiting_queue_is_bounded_and_a_refusal_queues_nothing(tiny_model_dir: Path):
+    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
+                                   kv_cache_memory="1MiB", max_num_seqs=1, max_waiting=2))
+    try:
+        streams = [engine.generate(f"queued {i}", LONG) for i in range(3)]
+        await anext(streams[0])  # running
+        firsts = [asyncio.ensure_future(anext(s)) for s in streams[1:]]  # 2 wait
+        await asyncio.sleep(0.05)
+        assert engine.stats().num_running == 1 and engine.stats().num_waiting == 2
+        with pytest.raises(EngineOverloaded, match="capacity"):
+            engine.check_admission()
+        with pytest.raises(EngineOverloaded):
+            await anext(engine.generate("one too many", LONG))
+        assert engine.stats().num_waiting == 2
+        for first in firsts:
+            first.cancel()
+        await asyncio.gather(*firsts, return_exceptions=True)
+        for stream in streams:
+            await stream.aclose()
+        assert await all_blocks_released(engine)
+        engine.check_admission()  # room again
+    finally:
+        engine.shutdown()
+
+
+async def test_prompt_and_max_tokens_limits_name_the_field(tiny_model_dir: Path):
+    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
+                                   kv_cache_memory="1MiB", max_prompt_tokens=8,
+                                   max_tokens_limit=16))
+    try:
+        with pytest.raises(ValueError, match="max_tokens: at most 16"):
+            await anext(engine.generate("hi", SamplingParams(max_tokens=17)))
+        with pytest.raises(ValueError, match="prompt: 20 tokens, at most 8"):
+            await anext(engine.generate([5] * 20, SamplingParams(max_tokens=4)))
+        outs = [o async for o in engine.generate([5] * 8, SamplingParams(max_tokens=16))]
+        assert outs[-1].finished
+    finally:
+        engine.shutdown()

@@ -1,0 +1,30 @@
+"""What the engine raises to its callers beyond ValueError (bad input).
+
+    AdmissionRefused        nothing was queued; retry after ``retry_after_s``
+      ├── EngineOverloaded      every live replica's waiting queue is full
+      └── EngineUnavailable     every replica is stalled or failed
+    EngineStepError         the step computing this request failed; its blocks are freed and
+                            the replica keeps serving, so a retry may well succeed
+"""
+
+from __future__ import annotations
+
+
+class AdmissionRefused(Exception):
+    reason = "refused"
+
+    def __init__(self, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class EngineOverloaded(AdmissionRefused):
+    reason = "overloaded"
+
+
+class EngineUnavailable(AdmissionRefused):
+    reason = "unavailable"
+
+
+class EngineStepError(RuntimeError):
+    """The engine step that was computing this request raised."""
