@@ -2,10 +2,11 @@
 
 httpx spends more CPU per request than a fast server does, so it would measure itself. This
 client sends one pre-built request over `concurrency` raw asyncio connections, parses only the
-status line and `Content-Length`, and reports its own CPU time so a reader can see it was not
-the bottleneck. Usage (prints one JSON object):
+status line and `Content-Length`, and reports over the measured window its own and the server's
+CPU share and the share of time each waited for a CPU while runnable (a busy machine shows up
+there, not hidden in the figures). Usage (prints one JSON object):
 
-    python -m benchmarks.loadgen --port 8000 --request-file req.bin --duration 5
+    python -m benchmarks.loadgen --port 8000 --request-file req.bin --duration 5 --watch-pid PID
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import resource
+import os
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -27,7 +29,6 @@ class Window:
     end: float
     latencies: list[float] = field(default_factory=list)
     errors: int = 0
-    answered: int = 0  # every response, warm-up included (to price server CPU per request)
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
@@ -54,7 +55,6 @@ async def connection(host: str, port: int, request: bytes, window: Window) -> No
             writer.write(request)
             status = await read_response(reader)
             done = clock()
-            window.answered += 1
             if sent >= window.start and done <= window.end:
                 if status == 200:
                     window.latencies.append(done - sent)
@@ -62,6 +62,15 @@ async def connection(host: str, port: int, request: bytes, window: Window) -> No
                     window.errors += 1
     finally:
         writer.close()
+
+
+def cpu_and_wait(pid: int | str) -> tuple[float, float]:
+    """CPU seconds of a whole process so far, and seconds its main thread spent runnable but
+    waiting for a CPU (Linux /proc)."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    waited_ns = int(Path(f"/proc/{pid}/schedstat").read_text().split()[1])
+    return cpu, waited_ns / 1e9
 
 
 def percentile(ordered: list[float], fraction: float) -> float:
@@ -77,23 +86,26 @@ async def run(args: argparse.Namespace, request: bytes) -> dict[str, float]:
         for _ in range(args.concurrency)
     ]
     await asyncio.sleep(args.warmup)
-    cpu_before = resource.getrusage(resource.RUSAGE_SELF)
+    watched = {"client": "self"} | ({"server": args.watch_pid} if args.watch_pid else {})
+    before = {name: cpu_and_wait(pid) for name, pid in watched.items()}
     await asyncio.gather(*tasks)
-    cpu_after = resource.getrusage(resource.RUSAGE_SELF)
-    cpu = (cpu_after.ru_utime - cpu_before.ru_utime) + (cpu_after.ru_stime - cpu_before.ru_stime)
+    elapsed = time.perf_counter() - window.start
     ordered = sorted(window.latencies)
     if not ordered:
         raise RuntimeError(f"no successful responses ({window.errors} errors)")
-    return {
+    figures = {
         "requests": len(ordered),
         "errors": window.errors,
-        "answered": window.answered,
         "rps": len(ordered) / args.duration,
         "p50_ms": percentile(ordered, 0.50) * 1e3,
         "p99_ms": percentile(ordered, 0.99) * 1e3,
-        "client_cpu_s": cpu,
-        "client_cpu_frac": cpu / (time.perf_counter() - window.start),
     }
+    for name, pid in watched.items():
+        cpu, waited = (a - b for a, b in zip(cpu_and_wait(pid), before[name], strict=True))
+        figures[f"{name}_cpu_frac"] = cpu / elapsed
+        figures[f"{name}_wait_frac"] = waited / elapsed
+        figures[f"{name}_us_per_request"] = cpu / len(ordered) * 1e6
+    return figures
 
 
 def main() -> None:
@@ -104,6 +116,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
+    parser.add_argument("--watch-pid", type=int, help="the server's process id, to report its CPU")
     args = parser.parse_args()
     with open(args.request_file, "rb") as file:
         request = file.read()

@@ -2,6 +2,7 @@
 
 import argparse
 import asyncio
+import os
 
 import pytest
 
@@ -28,8 +29,10 @@ async def serve(*responses: bytes) -> tuple[asyncio.Server, int, list[int]]:
     return server, server.sockets[0].getsockname()[1], seen
 
 
-def options(port: int) -> argparse.Namespace:
-    return argparse.Namespace(host="127.0.0.1", port=port, concurrency=4, duration=0.3, warmup=0.1)
+def options(port: int, watch_pid: int | None = None) -> argparse.Namespace:
+    return argparse.Namespace(
+        host="127.0.0.1", port=port, concurrency=4, duration=0.3, warmup=0.1, watch_pid=watch_pid
+    )
 
 
 async def test_counts_successes_within_the_window() -> None:
@@ -40,7 +43,19 @@ async def test_counts_successes_within_the_window() -> None:
     assert 0 < figures["requests"] < seen[0]  # warm-up requests are not counted
     assert figures["rps"] == pytest.approx(figures["requests"] / 0.3)
     assert 0 < figures["p50_ms"] <= figures["p99_ms"]
-    assert figures["client_cpu_s"] > 0
+    assert 0 <= figures["client_wait_frac"] < 1
+    assert "server_cpu_frac" not in figures  # no server process to watch
+
+
+async def test_watches_the_server_process() -> None:
+    server, port, _ = await serve(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}")
+    async with server:  # served from this very process, so it is busy the whole window
+        figures = await run(options(port, watch_pid=os.getpid()), REQUEST)
+    assert 0.3 < figures["server_cpu_frac"] < 1.5
+    assert figures["server_cpu_frac"] == figures["client_cpu_frac"]
+    assert figures["server_us_per_request"] == pytest.approx(
+        figures["server_cpu_frac"] * 0.3e6 / figures["requests"], rel=0.2
+    )
 
 
 async def test_non_200_answers_are_errors() -> None:
