@@ -75,8 +75,11 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
+        """Ready while every replica steps (a stuck one makes the pod unready, so a load
+        balancer steers new traffic elsewhere while the router here skips that replica)."""
         ready = engine.is_ready() and not app.state.draining
-        return JSONResponse({"ready": ready}, status_code=200 if ready else 503)
+        return JSONResponse({"ready": ready, "replicas": engine.replicas_ready()},
+                            status_code=200 if ready else 503)
 
     async def prometheus(request: Request) -> Response:
         body, content_type = metrics.render()

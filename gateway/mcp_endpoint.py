@@ -5,10 +5,17 @@ notification (202) → era from ``MCP-Protocol-Version`` → modern envelope and
 (or legacy checks) → method table → handler. Catalog results are pre-serialized bytes spliced
 around the request id; tool calls run on the engine, as JSON or as SSE when the caller sent a
 ``progressToken`` and accepts ``text/event-stream``.
+
+Limits (``gateway.admission``): a body must arrive within ``body_timeout_s`` and nest no
+deeper than ``max_json_depth``; a tools/call runs under its client's concurrency limit, is
+refused up front when the engine is at capacity, and is cancelled at its deadline; listen
+streams are capped. Each SSE response is its own task whose sends wait on that client only,
+so a reader that stops reading stalls nothing else (and its deadline still ends it).
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import time
@@ -18,7 +25,17 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from engine import AdmissionRefused
 from gateway import http_io, tracing
+from gateway.admission import (
+    ConcurrencyLimit,
+    call_timeout_s,
+    client_key,
+    client_limited,
+    deadline_exceeded,
+    engine_refused,
+    listen_limited,
+)
 from gateway.catalog import Catalog
 from gateway.discovery_cache import DiscoveryCache
 from gateway.metrics import Metrics
@@ -27,7 +44,15 @@ from gateway.streaming import accepted_filter, listen_events, sse_event, tool_ca
 from gateway.tools import InferenceTools, Progress
 from gateway.transport_security import OriginPolicy
 from protocol import jsonrpc
-from protocol.errors import INTERNAL_ERROR, INVALID_REQUEST, ProtocolError, invalid_params
+from protocol.errors import (
+    INTERNAL_ERROR,
+    INVALID_REQUEST,
+    RATE_LIMITED,
+    REQUEST_TIMEOUT,
+    SERVER_OVERLOADED,
+    ProtocolError,
+    invalid_params,
+)
 from protocol.headers import check_param_headers
 from protocol.jsonrpc_types import Message, RequestId
 from protocol.methods import CATALOG_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
@@ -38,7 +63,9 @@ from protocol.versions import Era, era_of, negotiate_legacy
 logger = logging.getLogger("kvgate.mcp")
 
 ALLOW_POST = [(b"allow", b"POST")]
+STREAM_CLOSE_GRACE_S = 5.0  # to send a stream's last event to a reader that may have stalled
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
+REFUSAL_CODES = frozenset((SERVER_OVERLOADED, RATE_LIMITED, REQUEST_TIMEOUT))
 METHOD_LABELS = MODERN_METHODS | LEGACY_METHODS  # anything else is counted as "unknown"
 MRTR_RETRY_PARAMS = frozenset(("inputResponses", "requestState"))  # caching.mdx: MUST NOT cache
 
@@ -46,9 +73,10 @@ MRTR_RETRY_PARAMS = frozenset(("inputResponses", "requestState"))  # caching.mdx
 class Rejected(Exception):
     """A transport-level refusal: an HTTP status and a JSON-RPC error without an id."""
 
-    def __init__(self, status: int, message: str) -> None:
+    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
         super().__init__(message)
         self.status = status
+        self.reason = reason  # counted in kvgate_rejected_requests_total when set
 
 
 class McpEndpoint:
@@ -69,6 +97,8 @@ class McpEndpoint:
         self.metrics = metrics
         self.origins = OriginPolicy(settings.host, settings.allowed_origins)
         self.versions = cache.versions  # what listen streams follow (the app may put a reloader's)
+        self.clients = ConcurrencyLimit(settings.max_concurrency_per_client)
+        self.listens = ConcurrencyLimit(settings.max_listen_streams)
 
     def use_catalog(self, catalog: Catalog) -> None:
         """Serve ``catalog`` from the next request on (a runtime catalog change); announcing
@@ -84,7 +114,7 @@ class McpEndpoint:
         era, message = Era.LEGACY, None
         try:
             body = await self._transport_checks(scope, receive, headers)
-            message = jsonrpc.parse_message(body)
+            message = jsonrpc.parse_message(body, self.settings.max_json_depth)
             if message.is_notification:  # no client notification needs an answer on HTTP
                 label, outcome = "notification", "ok"
                 await http_io.send_response(send, 202, content_type=None)
@@ -102,17 +132,28 @@ class McpEndpoint:
                     tool = name if isinstance(name, str) and name in self.tools.specs else "unknown"
                     outcome = await self._tools_call(message, era, headers, receive, send)
                 elif message.method == "subscriptions/listen":
-                    outcome = await self._listen(message, receive, send)
+                    if self.listens.full(None):
+                        raise listen_limited(self.settings.max_listen_streams)
+                    with self.listens.hold(None):
+                        outcome = await self._listen(message, receive, send)
                 else:
                     await http_io.send_response(send, 200, await self._result(message, era))
                     outcome = "ok"
         except Rejected as rejection:
+            self._count_rejection(rejection.reason)
             error = jsonrpc.encode_error(ProtocolError(INVALID_REQUEST, str(rejection)))
             extra = ALLOW_POST if rejection.status == 405 else ()
             await http_io.send_response(send, rejection.status, error, headers=extra)
+        except AdmissionRefused as exc:
+            outcome = "rejected"
+            error = engine_refused(exc)
+            error.request_id = message and message.id
+            await self._error(send, error.http_status(era is Era.MODERN), error)
         except ProtocolError as error:
             if error.request_id is None and message is not None:
                 error.request_id = message.id
+            if _rejection_reason(error):
+                outcome = "rejected"
             await self._error(send, error.http_status(era is Era.MODERN), error)
         except http_io.ClientGone:
             outcome = "cancelled"
@@ -130,11 +171,15 @@ class McpEndpoint:
         if not (self.origins.origin_allowed(headers.get("origin"))
                 and self.origins.host_allowed(headers.get("host"))):
             raise Rejected(403, "Forbidden: Origin or Host not allowed")
-        limit = self.settings.max_body_bytes
+        limit, timeout = self.settings.max_body_bytes, self.settings.body_timeout_s
         try:
-            body = await http_io.read_body(receive, limit, headers.get("content-length"))
+            async with asyncio.timeout(timeout):
+                body = await http_io.read_body(receive, limit, headers.get("content-length"))
         except http_io.BodyTooLarge:
-            raise Rejected(413, f"Request body exceeds {limit} bytes") from None
+            raise Rejected(413, f"Request body exceeds {limit} bytes", "body_too_large") from None
+        except TimeoutError:
+            raise Rejected(408, f"Request body not received within {timeout:g} s",
+                           "body_timeout") from None
         if not headers.get("content-type", "").lower().startswith("application/json"):
             raise Rejected(415, "Unsupported Media Type: Content-Type must be application/json")
         if not _accepts_mcp(headers.get("accept")):
@@ -179,13 +224,22 @@ class McpEndpoint:
         if era is Era.MODERN and isinstance(arguments, dict):
             check_param_headers(spec.header_params, arguments, headers)
         token = message.meta.get("progressToken")
-        items = self.tools.call(spec, arguments)
-        streaming = isinstance(token, str | int) and not isinstance(token, bool)
-        if streaming and "text/event-stream" in headers.get("accept", ""):
-            events = tool_call_events(message.id, token, items, lambda r: self._shape(r, era))
-            await http_io.until_disconnect(receive, self._stream(send, events, message.id))
-            return "ok"
-        result = await http_io.until_disconnect(receive, _last(items))
+        timeout = call_timeout_s(message.meta, self.settings.request_timeout_s)
+        client = client_key(headers, arguments)
+        if self.clients.full(client):
+            raise client_limited(self.settings.max_concurrency_per_client)
+        with self.clients.hold(client):
+            self.tools.check_capacity(spec)  # refuse before a streamed answer has begun
+            items = self.tools.call(spec, arguments)
+            streaming = isinstance(token, str | int) and not isinstance(token, bool)
+            if streaming and "text/event-stream" in headers.get("accept", ""):
+                events = tool_call_events(message.id, token, items, lambda r: self._shape(r, era))
+                await http_io.until_disconnect(receive, self._stream(send, events, message.id, timeout))
+                return "ok"
+            try:
+                result = await http_io.until_disconnect(receive, asyncio.wait_for(_last(items), timeout))
+            except TimeoutError:
+                raise deadline_exceeded(timeout) from None
         await http_io.send_response(send, 200, jsonrpc.encode_result(message.id, self._shape(result, era)))
         return "tool_error" if result.get("isError") else "ok"
 
@@ -199,24 +253,51 @@ class McpEndpoint:
             message.id, honoured, self.versions(), self.settings.keepalive_s,
             self.settings.listen_max_s, self.catalog.server_info,
         )
-        await http_io.until_disconnect(receive, self._stream(send, events, message.id))
+        # It ends itself after listen_max_s; the deadline only cuts off a reader that stalled.
+        timeout = self.settings.listen_max_s + STREAM_CLOSE_GRACE_S
+        await http_io.until_disconnect(receive, self._stream(send, events, message.id, timeout))
         return "ok"
 
-    async def _stream(self, send: Send, events: AsyncIterator[bytes], request_id: RequestId) -> None:
-        """Send an SSE response; a failure mid-stream still ends it with an error response."""
+    async def _stream(self, send: Send, events: AsyncIterator[bytes], request_id: RequestId,
+                      timeout_s: float) -> None:
+        """Send an SSE response for at most ``timeout_s``; a failure or the deadline mid-stream
+        still ends it with an error response."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
         async with aclosing(events):
             await http_io.start_stream(send)
+            error = None
             try:
-                async for chunk in events:
-                    await http_io.send_chunk(send, chunk)
+                async with asyncio.timeout_at(deadline):
+                    async for chunk in events:
+                        await http_io.send_chunk(send, chunk)
+            except TimeoutError:
+                error = deadline_exceeded(timeout_s)
+            except AdmissionRefused as exc:
+                error = engine_refused(exc)
             except Exception:
                 logger.exception("internal error while streaming request %r", request_id)
-                error = ProtocolError(INTERNAL_ERROR, "Internal error", request_id=request_id)
-                await http_io.send_chunk(send, sse_event(jsonrpc.encode_error(error)))
-            await http_io.send_chunk(send, b"", more=False)
+                error = ProtocolError(INTERNAL_ERROR, "Internal error")
+            try:
+                async with asyncio.timeout(STREAM_CLOSE_GRACE_S):
+                    if error is not None:
+                        self._count_rejection(_rejection_reason(error))
+                        error.request_id = request_id
+                        await http_io.send_chunk(send, sse_event(jsonrpc.encode_error(error)))
+                    await http_io.send_chunk(send, b"", more=False)
+            except TimeoutError:  # the reader has stopped reading: let the server drop it
+                logger.info("dropping stream %r: its reader stopped reading", request_id)
 
     async def _error(self, send: Send, status: int, error: ProtocolError) -> None:
-        await http_io.send_response(send, status, jsonrpc.encode_error(error))
+        reason = _rejection_reason(error)
+        self._count_rejection(reason)
+        headers = ()
+        if isinstance(error.data, dict) and "retryAfterS" in error.data:
+            headers = ((b"retry-after", str(error.data["retryAfterS"]).encode()),)
+        await http_io.send_response(send, status, jsonrpc.encode_error(error), headers=headers)
+
+    def _count_rejection(self, reason: str | None) -> None:
+        if reason is not None:
+            self.metrics.count("kvgate_rejected_requests", reason=reason)
 
 
 async def _last(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, Any]:
@@ -226,6 +307,13 @@ async def _last(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, An
             if not isinstance(item, Progress):
                 return item
     raise RuntimeError("tool call ended without a result")
+
+
+def _rejection_reason(error: ProtocolError) -> str | None:
+    """The limit that refused a request (for metrics), or None for an ordinary error."""
+    if error.code in REFUSAL_CODES and isinstance(error.data, dict):
+        return error.data.get("reason")
+    return None
 
 
 def _accepts_mcp(accept: str | None) -> bool:

@@ -10,6 +10,7 @@ which would kill the process before the engine is stopped; kvgate returns normal
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import signal
 import threading
@@ -18,6 +19,9 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+
+from gateway.http_limits import LimitedHttpToolsProtocol
+from gateway.settings import Settings
 
 DRAIN_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 log = logging.getLogger("kvgate")
@@ -49,11 +53,17 @@ class DrainingServer(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
+def http_protocol(settings: Settings) -> Any:
+    """uvicorn's ``http`` protocol with kvgate's header size and header time limits."""
+    return functools.partial(LimitedHttpToolsProtocol, max_header_bytes=settings.max_header_bytes,
+                             header_timeout_s=settings.header_timeout_s)
+
+
 def serve_app(app: Any, host: str, port: int, drain_timeout_s: float, *,
-              uvicorn_logging: bool = True) -> None:
+              uvicorn_logging: bool = True, http: Any = "auto") -> None:
     """Run until SIGTERM/SIGINT, then drain; ``uvicorn_logging`` False leaves the log setup
-    to the caller (JSON logs)."""
+    to the caller (JSON logs); ``http`` is uvicorn's protocol (see ``http_protocol``)."""
     config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=drain_timeout_s,
+                            timeout_graceful_shutdown=drain_timeout_s, http=http,
                             **({} if uvicorn_logging else {"log_config": None}))
     DrainingServer(config, app.state.begin_drain).run()

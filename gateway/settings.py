@@ -29,6 +29,18 @@ class Settings:
     admin_api_key: str | None = None  # enables /admin/* for "Authorization: Bearer <key>"
     drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may still run
     log_format: str = "text"  # text | json
+    # Admission and abuse limits (0 = off where it says so).
+    max_waiting: int = 256  # engine requests waiting per replica; beyond -> 503 + Retry-After
+    max_prompt_tokens: int = 0  # 0 = only the context length bounds a prompt
+    max_tokens_limit: int = 0  # largest max_tokens a call may ask for; 0 = the context length
+    max_concurrency_per_client: int = 0  # calls in flight per API key or cache_key; 0 = off
+    request_timeout_s: float = 300.0  # a tools/call deadline (a call's _meta may shorten it)
+    step_timeout_s: float = 120.0  # an engine step running longer marks its replica unready
+    body_timeout_s: float = 30.0  # the whole request body must arrive within this
+    header_timeout_s: float = 30.0  # the request line and headers must arrive within this
+    max_header_bytes: int = 32 * 1024  # request line plus headers; beyond -> 431
+    max_json_depth: int = 64  # nesting of arrays/objects in a body; beyond -> -32600
+    max_listen_streams: int = 1024  # open subscriptions/listen streams; beyond -> 503
     instructions: str = field(
         default=(
             "LLM inference as tools: `generate` continues a prompt, `chat` answers a "

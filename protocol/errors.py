@@ -19,6 +19,13 @@ HEADER_MISMATCH = -32020
 MISSING_REQUIRED_CLIENT_CAPABILITY = -32021
 UNSUPPORTED_PROTOCOL_VERSION = -32022
 
+# kvgate's own codes. The 2026-07-28 allocation policy (basic/index.mdx, "Error Codes"): new
+# codes SHOULD be allocated outside the JSON-RPC reserved range -32768..-32000 (-32000..-32019
+# is legacy, -32020..-32099 belongs to MCP), so these sit just above it.
+SERVER_OVERLOADED = -31000  # the engine's queues (or listen streams) are full: retry later
+RATE_LIMITED = -31001  # this client already has its allowed number of calls in flight
+REQUEST_TIMEOUT = -31002  # the call's deadline passed; its generation was cancelled
+
 MODERN_HTTP_STATUS = {
     PARSE_ERROR: 400,
     INVALID_REQUEST: 400,
@@ -27,6 +34,9 @@ MODERN_HTTP_STATUS = {
     MISSING_REQUIRED_CLIENT_CAPABILITY: 400,
     UNSUPPORTED_PROTOCOL_VERSION: 400,
     METHOD_NOT_FOUND: 404,
+    SERVER_OVERLOADED: 503,
+    RATE_LIMITED: 429,
+    REQUEST_TIMEOUT: 504,
 }
 """HTTP status per error code under modern (2026-07-28) rules; anything else is 200."""
 
@@ -35,6 +45,9 @@ LEGACY_HTTP_STATUS = {
     INVALID_REQUEST: 400,
     HEADER_MISMATCH: 400,
     UNSUPPORTED_PROTOCOL_VERSION: 400,
+    SERVER_OVERLOADED: 503,
+    RATE_LIMITED: 429,
+    REQUEST_TIMEOUT: 504,
 }
 """Legacy wires answer handler errors with 200; unreadable or self-contradicting requests 400."""
 
@@ -64,6 +77,13 @@ class ProtocolError(Exception):
         if self.data is not None:
             error["data"] = self.data
         return error
+
+
+def refused(code: int, message: str, reason: str, retry_after_s: float) -> ProtocolError:
+    """An overload or rate-limit refusal; ``data`` says why and when to come back (the HTTP
+    transport mirrors ``retryAfterS`` into ``Retry-After``)."""
+    seconds = max(1, round(retry_after_s))
+    return ProtocolError(code, message, data={"reason": reason, "retryAfterS": seconds})
 
 
 def header_mismatch(message: str) -> ProtocolError:

@@ -14,18 +14,25 @@ from protocol.errors import INVALID_REQUEST, PARSE_ERROR, ProtocolError
 from protocol.jsonrpc_types import Message, RequestId
 
 _VERSION_PREFIX = b'{"jsonrpc":"2.0","id":'
+MAX_DEPTH = 64  # nesting of objects and arrays; orjson's own fixed limit is 1024
 
 
-def parse_message(body: bytes) -> Message:
+def parse_message(body: bytes, max_depth: int = MAX_DEPTH) -> Message:
     """Decode a POST body into a request or notification, or raise the matching error.
 
     Batches (JSON arrays) are not part of MCP and are rejected as invalid requests, as are
-    responses: this server never sends a request a client could answer.
+    responses: this server never sends a request a client could answer. JSON nested deeper
+    than ``max_depth`` is refused as an invalid request (nothing legitimate nests that deep).
     """
     try:
         value = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if "depth limit" in str(exc) or "recursion" in str(exc):
+            raise _too_deep(max_depth) from None
         raise ProtocolError(PARSE_ERROR, f"Parse error: {exc}") from None
+    # A document with no more brackets than the limit cannot nest deeper: skip the walk.
+    if body.count(b"[") + body.count(b"{") > max_depth and _depth(value) > max_depth:
+        raise _too_deep(max_depth, _read_id(value) if isinstance(value, dict) else None)
     if isinstance(value, list):
         raise ProtocolError(INVALID_REQUEST, "Invalid request: batches are not supported")
     if not isinstance(value, dict):
@@ -46,6 +53,25 @@ def parse_message(body: bytes) -> Message:
         raise ProtocolError(INVALID_REQUEST, 'Invalid request: "params" must be an object',
                             request_id=request_id)
     return Message(method=method, params=params, id=request_id)
+
+
+def _too_deep(max_depth: int, request_id: RequestId | None = None) -> ProtocolError:
+    return ProtocolError(INVALID_REQUEST, f"Invalid request: JSON nested deeper than {max_depth}",
+                         request_id=request_id)
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of containers (a scalar is 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            node = node.values()
+        elif not isinstance(node, list):
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node if isinstance(child, dict | list))
+    return deepest
 
 
 def _read_id(value: dict[str, Any]) -> RequestId | None:

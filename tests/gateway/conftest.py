@@ -23,3 +23,9 @@ def server(engine: AsyncLLM) -> Iterator[LiveServer]:
     with LiveServer(engine, max_body_bytes=64 * 1024, keepalive_s=0.2,
                     allowed_origins=("https://app.example.com",)) as live:
         yield live
+
+
+@pytest.fixture(scope="session")
+def tiny_engine_config() -> dict:
+    """What the shared engine is built from, for tests that need their own engine limits."""
+    return {"kv_cache_memory": "16MiB", "seed": 0}

@@ -161,5 +161,5 @@ def test_drain_flips_readiness_and_ends_listen_streams(engine: Any) -> None:
         ready = http.get(live.base + "/readyz")
         late = call(http, live.url, "subscriptions/listen", {"notifications": {}}).messages
     assert rest[-1]["id"] == "w" and rest[-1]["result"]["resultType"] == "complete"
-    assert (ready.status_code, ready.json()) == (503, {"ready": False})
+    assert (ready.status_code, ready.json()) == (503, {"ready": False, "replicas": [True]})
     assert late[-1]["result"]["resultType"] == "complete"  # a listen during drain ends at once

@@ -345,7 +345,7 @@ def test_boolean_progress_token_is_not_a_token(http: httpx.Client, server: LiveS
 
 def test_health_and_readiness(http: httpx.Client, server: LiveServer) -> None:
     assert http.get(server.base + "/healthz").json() == {"status": "ok"}
-    assert http.get(server.base + "/readyz").json() == {"ready": True}
+    assert http.get(server.base + "/readyz").json() == {"ready": True, "replicas": [True]}
 
 
 def test_requests_are_counted_in_metrics(http: httpx.Client, server: LiveServer) -> None:
