@@ -16,6 +16,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
+from gateway.serving import http_protocol
 from gateway.settings import Settings
 
 
@@ -33,7 +34,7 @@ class LiveServer:
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.base = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                access_log=False)
+                                access_log=False, http=http_protocol(self.settings))
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
