@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from engine.attention.kv_cache import KVCache, quantize_fp8
+from engine.attention.kv_cache import FP8_DTYPE, KVCache, quantize_fp8
 from engine.attention.metadata import AttentionMetadata
 
 
@@ -35,8 +35,13 @@ def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
             store[blocks, :, offsets] = new.to(store.dtype)
         else:
             values, scale = quantize_fp8(new)
-            store[blocks, :, offsets] = values
+            _bytes(store)[blocks, :, offsets] = _bytes(values)
             scales[blocks, :, offsets] = scale
+
+
+def _bytes(x: torch.Tensor) -> torch.Tensor:
+    """fp8 tensors as raw bytes: indexing kernels do not cover fp8 on every device."""
+    return x.view(torch.uint8) if x.dtype == FP8_DTYPE else x
 
 
 @dataclass
@@ -106,7 +111,8 @@ def _gather(
 ) -> torch.Tensor:  # fmt: skip
     """Cache rows -> ``[n_seqs, Hkv, nblk * block_size, D]`` in ``dtype``, dequantized."""
     num_blocks, heads, block_size, dim = store.shape
-    out = store.view(num_blocks * heads, block_size, dim).index_select(0, rows).to(dtype)
+    picked = _bytes(store).view(num_blocks * heads, block_size, dim).index_select(0, rows)
+    out = picked.view(store.dtype).to(dtype)
     if scales is not None:
         out.mul_(scales.view(num_blocks * heads, block_size).index_select(0, rows)[..., None])
     return out.view(n_seqs, heads, -1, dim)

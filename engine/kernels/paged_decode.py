@@ -9,8 +9,9 @@ probabilities) and writes a partial output with its log-sum-exp. Stage 2 merges 
     stage 1:    o0, lse0           o1, lse1          o2, lse2
     stage 2:  out = sum_s exp(lse_s - max) * o_s / sum_s exp(lse_s - max)
 
-The number of splits depends only on the sequence's length, never on the batch, so a
-sequence gets bit-identical results whatever it is batched with. Rows with no visible key
+The number of splits depends only on the sequence's length, never on the batch, and the merge
+always reduces over the same padded width, so a sequence gets bit-identical results whatever
+it is batched with. Rows with no visible key
 (empty splits) are guarded instead of producing NaN. Head sizes are padded to a power of two.
 Reference: ``engine.attention.torch_backend.paged_attention``.
 """
@@ -179,6 +180,6 @@ def paged_decode(
         o_part, lse, seq_lens, out,
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
         out.stride(0), out.stride(1), head_dim, split_tokens, max_splits,
-        S_PAD=triton.next_power_of_2(grid_splits), D_PAD=d_pad, BLOCK_N=BLOCK_N,
+        S_PAD=triton.next_power_of_2(max_splits), D_PAD=d_pad, BLOCK_N=BLOCK_N,
     )  # fmt: skip
     return out

@@ -29,8 +29,9 @@ def test_kernel_written_cache_serves_a_decode() -> None:
     case = make_case([18, 33], [1, 1], 2, 1, head_dim=16, cache_dtype=FP8_DTYPE)
     (cache,) = allocate_kv_caches(1, case.cache.k.shape[0], 1, 16, 16, FP8_DTYPE, DEVICE)
     tables = [case.md.block_tables[i].tolist() for i in range(2)]
-    everything = AttentionMetadata.from_lists([18, 33], [18, 33], tables, block_size=16)
-    backend.write_kv(cache, torch.cat(case.keys), torch.cat(case.values), everything.slot_mapping)
+    everything = AttentionMetadata.from_lists([18, 33], [18, 33], tables, 16, DEVICE)
+    k, v = torch.cat(case.keys).to(DEVICE), torch.cat(case.values).to(DEVICE)
+    backend.write_kv(cache, k, v, everything.slot_mapping)
     out = backend.paged_attention(case.q, cache, case.md, case.scale)
     torch.testing.assert_close(out.double(), expected_output(case), atol=1e-3, rtol=0)
 

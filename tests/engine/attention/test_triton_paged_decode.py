@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from attention_cases import expected_output, make_case
+from attention_cases import DEVICE, expected_output, make_case
 
 from engine.attention import AttentionMetadata
 from engine.attention.kv_cache import FP8_DTYPE
@@ -52,9 +52,10 @@ def test_more_splits_than_tokens_leaves_empty_splits_harmless() -> None:
 
 
 def test_results_do_not_depend_on_the_batch() -> None:
-    crowd = make_case([140, 9, 77], [1, 1, 1], 4, 2, head_dim=32, cache_dtype=FP8_DTYPE)
+    # The crowd's longest sequence needs more splits than the one checked: another grid.
+    crowd = make_case([140, 9, 300], [1, 1, 1], 4, 2, head_dim=32, cache_dtype=FP8_DTYPE)
     table = crowd.md.block_tables[0, :9].tolist()
-    alone = AttentionMetadata.from_lists([140], [1], [table], block_size=16)
+    alone = AttentionMetadata.from_lists([140], [1], [table], 16, DEVICE)
     together = _decode(crowd, split_tokens=64)[0]
     by_itself = paged_decode(crowd.q[:1], crowd.cache, alone.seq_lens, alone.block_tables,
                              alone.max_seq_len, crowd.scale, split_tokens=64)[0]  # fmt: skip

@@ -15,8 +15,8 @@ def _prefill_rows(case) -> tuple[torch.Tensor, torch.Tensor]:
     decode rows were left alone."""
     out = torch.full_like(case.q, 7.0)
     paged_prefill(case.q, case.cache, case.md, case.scale, out)
-    multi = torch.tensor([n for n in case.query_lens for _ in range(n)]) > 1
-    assert bool((out[~multi.to(out.device)] == 7.0).all())
+    multi = torch.tensor([n for n in case.query_lens for _ in range(n)], device=out.device) > 1
+    assert bool((out[~multi] == 7.0).all())
     return out[multi], expected_output(case)[multi]
 
 
