@@ -19,7 +19,7 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
-from engine.errors import EngineOverloaded, EngineStepError, EngineUnavailable
+from engine.errors import EngineStepError
 from engine.outputs import RequestOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
@@ -108,17 +108,6 @@ class AsyncLLM:
 
     def stats(self) -> EngineStats:
         return self.core.stats()
-
-    def check_admission(self) -> None:
-        """Raise AdmissionRefused if a request arriving now would be refused (lets a caller
-        answer before it commits to a streamed response; ``generate`` checks again)."""
-        replicas = self.core.replicas
-        if not any(r.available for r in replicas):
-            raise EngineUnavailable(f"all {len(replicas)} engine replicas are stalled or failed")
-        if all(r.num_waiting >= self.config.max_waiting for r in replicas if r.available):
-            raise EngineOverloaded(
-                f"the engine is at capacity ({self.config.max_waiting} waiting per replica)"
-            )
 
     def replicas_ready(self) -> list[bool]:
         """Per replica: stepping (not stalled past ``step_timeout_s``, not failed)."""

@@ -39,18 +39,22 @@ def client_key(headers: Mapping[str, str], arguments: Any) -> str | None:
 
 
 class ConcurrencyLimit:
-    """At most ``limit`` holders per key at once (``limit`` 0: no limit)."""
+    """At most ``limit`` holders per key at once (``limit`` 0: no limit). The key None (a
+    caller who cannot be told apart from others) is neither limited nor counted."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
-        self._held: dict[str | None, int] = {}
+        self._held: dict[str, int] = {}
 
     def full(self, key: str | None) -> bool:
-        return self.limit > 0 and self._held.get(key, 0) >= self.limit
+        return key is not None and self.limit > 0 and self._held.get(key, 0) >= self.limit
 
     @contextmanager
     def hold(self, key: str | None) -> Iterator[None]:
         """Count one holder for the block; the caller checks ``full`` first."""
+        if key is None:
+            yield
+            return
         self._held[key] = self._held.get(key, 0) + 1
         try:
             yield

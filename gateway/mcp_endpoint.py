@@ -8,8 +8,8 @@ around the request id; tool calls run on the engine, as JSON or as SSE when the 
 
 Limits (``gateway.admission``): a body must arrive within ``body_timeout_s`` and nest no
 deeper than ``max_json_depth``; a tools/call runs under its client's concurrency limit, is
-refused up front when the engine is at capacity, and is cancelled at its deadline; listen
-streams are capped. Each SSE response is its own task whose sends wait on that client only,
+refused (503) when the engine is at capacity — its SSE response starts only once the engine
+has admitted it — and is cancelled at its deadline; listen streams are capped. Each SSE response is its own task whose sends wait on that client only,
 so a reader that stops reading stalls nothing else (and its deadline still ends it).
 """
 
@@ -63,6 +63,7 @@ from protocol.versions import Era, era_of, negotiate_legacy
 logger = logging.getLogger("kvgate.mcp")
 
 ALLOW_POST = [(b"allow", b"POST")]
+LISTEN_KEY = "listen"  # every listen stream counts against one server-wide cap
 STREAM_CLOSE_GRACE_S = 5.0  # to send a stream's last event to a reader that may have stalled
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
 REFUSAL_CODES = frozenset((SERVER_OVERLOADED, RATE_LIMITED, REQUEST_TIMEOUT))
@@ -132,9 +133,9 @@ class McpEndpoint:
                     tool = name if isinstance(name, str) and name in self.tools.specs else "unknown"
                     outcome = await self._tools_call(message, era, headers, receive, send)
                 elif message.method == "subscriptions/listen":
-                    if self.listens.full(None):
+                    if self.listens.full(LISTEN_KEY):
                         raise listen_limited(self.settings.max_listen_streams)
-                    with self.listens.hold(None):
+                    with self.listens.hold(LISTEN_KEY):
                         outcome = await self._listen(message, receive, send)
                 else:
                     await http_io.send_response(send, 200, await self._result(message, era))
@@ -229,14 +230,19 @@ class McpEndpoint:
         if self.clients.full(client):
             raise client_limited(self.settings.max_concurrency_per_client)
         with self.clients.hold(client):
-            self.tools.check_capacity(spec)  # refuse before a streamed answer has begun
             items = self.tools.call(spec, arguments)
             streaming = isinstance(token, str | int) and not isinstance(token, bool)
-            if streaming and "text/event-stream" in headers.get("accept", ""):
-                events = tool_call_events(message.id, token, items, lambda r: self._shape(r, era))
-                await http_io.until_disconnect(receive, self._stream(send, events, message.id, timeout))
-                return "ok"
+            started = asyncio.get_running_loop().time()
             try:
+                if streaming and "text/event-stream" in headers.get("accept", ""):
+                    # The first item comes once the engine has admitted the call (or refused it:
+                    # then the answer is still a plain 503), so the stream starts only after it.
+                    first = await http_io.until_disconnect(receive, asyncio.wait_for(anext(items), timeout))
+                    events = tool_call_events(message.id, token, _prepend(first, items),
+                                              lambda r: self._shape(r, era))
+                    stream = self._stream(send, events, message.id, timeout, started)
+                    await http_io.until_disconnect(receive, stream)
+                    return "ok"
                 result = await http_io.until_disconnect(receive, asyncio.wait_for(_last(items), timeout))
             except TimeoutError:
                 raise deadline_exceeded(timeout) from None
@@ -259,10 +265,11 @@ class McpEndpoint:
         return "ok"
 
     async def _stream(self, send: Send, events: AsyncIterator[bytes], request_id: RequestId,
-                      timeout_s: float) -> None:
-        """Send an SSE response for at most ``timeout_s``; a failure or the deadline mid-stream
-        still ends it with an error response."""
-        deadline = asyncio.get_running_loop().time() + timeout_s
+                      timeout_s: float, started: float | None = None) -> None:
+        """Send an SSE response until ``timeout_s`` after ``started`` (loop time, default now);
+        a failure or the deadline mid-stream still ends it with an error response."""
+        loop = asyncio.get_running_loop()
+        deadline = (loop.time() if started is None else started) + timeout_s
         async with aclosing(events):
             await http_io.start_stream(send)
             error = None
@@ -272,8 +279,6 @@ class McpEndpoint:
                         await http_io.send_chunk(send, chunk)
             except TimeoutError:
                 error = deadline_exceeded(timeout_s)
-            except AdmissionRefused as exc:
-                error = engine_refused(exc)
             except Exception:
                 logger.exception("internal error while streaming request %r", request_id)
                 error = ProtocolError(INTERNAL_ERROR, "Internal error")
@@ -298,6 +303,15 @@ class McpEndpoint:
     def _count_rejection(self, reason: str | None) -> None:
         if reason is not None:
             self.metrics.count("kvgate_rejected_requests", reason=reason)
+
+
+async def _prepend(first: Progress | dict[str, Any],
+                   items: AsyncIterator[Progress | dict[str, Any]]) -> AsyncIterator[Progress | dict[str, Any]]:
+    """``first``, then the rest of ``items`` (closed when this is)."""
+    async with aclosing(items):
+        yield first
+        async for item in items:
+            yield item
 
 
 async def _last(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, Any]:

@@ -39,8 +39,6 @@ class Engine(Protocol):
         self, prompt: str | list[int], params: SamplingParams, cache_key: str | None = None
     ) -> AsyncIterator[RequestOutput]: ...
 
-    def check_admission(self) -> None: ...
-
 
 @dataclass(frozen=True, slots=True)
 class Progress:
@@ -76,11 +74,6 @@ class InferenceTools:
         if spec is None:
             raise invalid_params(f"Unknown tool: {name}", data={"name": name})
         return spec
-
-    def check_capacity(self, spec: ToolSpec) -> None:
-        """Raise AdmissionRefused now if a generating tool would be refused by the engine."""
-        if spec.name in OPERATIONS:
-            self.engine.check_admission()
 
     async def call(
         self, spec: ToolSpec, arguments: Mapping[str, Any]
