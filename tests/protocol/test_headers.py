@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.errors import HEADER_MISMATCH, ProtocolError
 from protocol.headers import (
@@ -103,3 +105,40 @@ def test_missing_or_different_headers_are_rejected(arguments: dict, headers: dic
     with pytest.raises(ProtocolError) as caught:
         check_param_headers(PARAMS, arguments, headers)
     assert caught.value.code == HEADER_MISMATCH
+
+
+# -- fuzzing --------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_text_survives_the_header_round_trip(value: str) -> None:
+    header = encode_header_value(value)
+    assert header.isascii() and decode_header_value(header) == value
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.one_of(st.text(), st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
+                 .map(lambda s: f"=?base64?{s}?="), st.binary().map(lambda b: b.decode("latin-1"))))
+def test_any_header_value_decodes_or_is_a_header_mismatch(raw: str) -> None:
+    try:
+        decoded = decode_header_value(raw)
+    except ProtocolError as error:
+        assert error.code == HEADER_MISMATCH
+    else:
+        assert isinstance(decoded, str)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    arguments=st.dictionaries(st.sampled_from(["region", "n", "flag", "nested", "plain"]),
+                              st.none() | st.booleans() | st.integers() | st.floats() | st.text()
+                              | st.dictionaries(st.just("key"), st.text() | st.integers())),
+    headers=st.dictionaries(st.sampled_from(["mcp-param-region", "mcp-param-n", "mcp-param-flag",
+                                             "mcp-param-key", "mcp-param-other"]), st.text()),
+)
+def test_any_arguments_and_headers_pass_or_are_a_header_mismatch(arguments: dict, headers: dict) -> None:
+    try:
+        check_param_headers(header_params(SCHEMA), arguments, headers)
+    except ProtocolError as error:
+        assert error.code == HEADER_MISMATCH

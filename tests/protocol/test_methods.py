@@ -1,7 +1,9 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.errors import METHOD_NOT_FOUND, ProtocolError
-from protocol.methods import CACHEABLE_METHODS, check_method
+from protocol.methods import CACHEABLE_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
 from protocol.versions import Era
 
 
@@ -30,3 +32,17 @@ def test_each_era_serves_its_own_methods() -> None:
 def test_cacheable_methods_are_the_specs() -> None:
     assert CACHEABLE_METHODS == {"server/discover", "tools/list", "prompts/list", "resources/list",
                                  "resources/templates/list", "resources/read"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(method=st.text() | st.sampled_from(sorted(MODERN_METHODS | LEGACY_METHODS)),
+       era=st.sampled_from(list(Era)))
+def test_any_method_is_served_in_its_era_or_not_found(method: str, era: Era) -> None:
+    served = MODERN_METHODS if era is Era.MODERN else LEGACY_METHODS
+    try:
+        check_method(method, era)
+    except ProtocolError as error:
+        assert method not in served and error.code == METHOD_NOT_FOUND
+        assert error.data == {"method": method}
+    else:
+        assert method in served

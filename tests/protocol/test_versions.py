@@ -1,4 +1,6 @@
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from protocol.errors import UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
 from protocol.versions import (
@@ -32,3 +34,15 @@ def test_initialize_negotiation() -> None:
     assert negotiate_legacy("2025-06-18") == "2025-06-18"
     assert negotiate_legacy("2026-07-28") == LATEST_LEGACY_VERSION
     assert negotiate_legacy(None) == LATEST_LEGACY_VERSION
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text())
+def test_any_version_header_picks_an_era_or_lists_the_supported(header: str) -> None:
+    try:
+        era = era_of(header)
+    except ProtocolError as error:
+        assert header not in SUPPORTED_VERSIONS
+        assert error.code == UNSUPPORTED_PROTOCOL_VERSION and error.data["requested"] == header
+    else:
+        assert header in SUPPORTED_VERSIONS and era is (Era.MODERN if header >= "2026" else Era.LEGACY)
