@@ -197,3 +197,21 @@ def test_callers_without_a_key_are_not_limited_together(http: httpx.Client, engi
                              name="generate")
             assert anonymous.status == 200
     wait_idle(engine, 2.0)
+
+
+def test_a_stuck_replica_is_unready_and_calls_are_refused_not_queued(
+    http: httpx.Client, server: LiveServer, engine: AsyncLLM
+) -> None:
+    replica = engine.core.replicas[0]
+    replica._step_started = time.monotonic() - 2 * replica.step_timeout_s  # as if stuck in a step
+    try:
+        ready = http.get(server.base + "/readyz")
+        assert (ready.status_code, ready.json()) == (503, {"ready": False, "replicas": [False]})
+        refused = call(http, server.url, "tools/call",
+                       {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
+                       name="generate")
+        assert refused.status == 503 and refused.headers["retry-after"] == "1"
+        assert refused.error["data"]["reason"] == "unavailable"
+    finally:
+        replica._step_started = None
+    assert http.get(server.base + "/readyz").status_code == 200
