@@ -40,7 +40,14 @@ from gateway.catalog import Catalog
 from gateway.discovery_cache import DiscoveryCache
 from gateway.metrics import Metrics
 from gateway.settings import Settings
-from gateway.streaming import accepted_filter, listen_events, sse_event, tool_call_events
+from gateway.streaming import (
+    STREAM_CLOSE_GRACE_S,
+    accepted_filter,
+    listen_events,
+    prepend,
+    send_sse,
+    tool_call_events,
+)
 from gateway.tools import InferenceTools, Progress
 from gateway.transport_security import OriginPolicy
 from protocol import jsonrpc
@@ -63,8 +70,7 @@ from protocol.versions import Era, era_of, negotiate_legacy
 logger = logging.getLogger("kvgate.mcp")
 
 ALLOW_POST = [(b"allow", b"POST")]
-LISTEN_KEY = "listen"  # every listen stream counts against one server-wide cap
-STREAM_CLOSE_GRACE_S = 5.0  # to send a stream's last event to a reader that may have stalled
+LISTEN_KEY = "listen"  # every listen stream counts against one server-wide cap  # to send a stream's last event to a reader that may have stalled
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
 REFUSAL_CODES = frozenset((SERVER_OVERLOADED, RATE_LIMITED, REQUEST_TIMEOUT))
 METHOD_LABELS = MODERN_METHODS | LEGACY_METHODS  # anything else is counted as "unknown"
@@ -238,7 +244,7 @@ class McpEndpoint:
                     # The first item comes once the engine has admitted the call (or refused it:
                     # then the answer is still a plain 503), so the stream starts only after it.
                     first = await http_io.until_disconnect(receive, asyncio.wait_for(anext(items), timeout))
-                    events = tool_call_events(message.id, token, _prepend(first, items),
+                    events = tool_call_events(message.id, token, prepend(first, items),
                                               lambda r: self._shape(r, era))
                     stream = self._stream(send, events, message.id, timeout, started)
                     await http_io.until_disconnect(receive, stream)
@@ -268,29 +274,9 @@ class McpEndpoint:
                       timeout_s: float, started: float | None = None) -> None:
         """Send an SSE response until ``timeout_s`` after ``started`` (loop time, default now);
         a failure or the deadline mid-stream still ends it with an error response."""
-        loop = asyncio.get_running_loop()
-        deadline = (loop.time() if started is None else started) + timeout_s
-        async with aclosing(events):
-            await http_io.start_stream(send)
-            error = None
-            try:
-                async with asyncio.timeout_at(deadline):
-                    async for chunk in events:
-                        await http_io.send_chunk(send, chunk)
-            except TimeoutError:
-                error = deadline_exceeded(timeout_s)
-            except Exception:
-                logger.exception("internal error while streaming request %r", request_id)
-                error = ProtocolError(INTERNAL_ERROR, "Internal error")
-            try:
-                async with asyncio.timeout(STREAM_CLOSE_GRACE_S):
-                    if error is not None:
-                        self._count_rejection(_rejection_reason(error))
-                        error.request_id = request_id
-                        await http_io.send_chunk(send, sse_event(jsonrpc.encode_error(error)))
-                    await http_io.send_chunk(send, b"", more=False)
-            except TimeoutError:  # the reader has stopped reading: let the server drop it
-                logger.info("dropping stream %r: its reader stopped reading", request_id)
+        error = await send_sse(send, events, request_id, timeout_s, started)
+        if error is not None:
+            self._count_rejection(_rejection_reason(error))
 
     async def _error(self, send: Send, status: int, error: ProtocolError) -> None:
         reason = _rejection_reason(error)
@@ -303,15 +289,6 @@ class McpEndpoint:
     def _count_rejection(self, reason: str | None) -> None:
         if reason is not None:
             self.metrics.count("kvgate_rejected_requests", reason=reason)
-
-
-async def _prepend(first: Progress | dict[str, Any],
-                   items: AsyncIterator[Progress | dict[str, Any]]) -> AsyncIterator[Progress | dict[str, Any]]:
-    """``first``, then the rest of ``items`` (closed when this is)."""
-    async with aclosing(items):
-        yield first
-        async for item in items:
-            yield item
 
 
 async def _last(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, Any]:

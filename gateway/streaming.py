@@ -10,15 +10,25 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import aclosing
 from typing import Any
 
+from starlette.types import Send
+
+from gateway import http_io
+from gateway.admission import deadline_exceeded
 from gateway.tools import Progress
-from protocol.jsonrpc import encode_notification, encode_result
+from protocol.errors import INTERNAL_ERROR, ProtocolError
+from protocol.jsonrpc import encode_error, encode_notification, encode_result
 from protocol.jsonrpc_types import RequestId
 from protocol.modern import SUBSCRIPTION_ID_KEY
 
+logger = logging.getLogger("kvgate.mcp")
 KEEPALIVE = b":\n\n"
+STREAM_CLOSE_GRACE_S = 5.0  # to send a stream's last event to a reader that may have stalled
+Item = Progress | dict[str, Any]
 
 LIST_CHANGED = {
     "toolsListChanged": "notifications/tools/list_changed",
@@ -29,6 +39,45 @@ LIST_CHANGED = {
 
 def sse_event(data: bytes) -> bytes:
     return b"event: message\ndata: " + data + b"\n\n"
+
+
+async def send_sse(send: Send, events: AsyncIterator[bytes], request_id: RequestId,
+                   timeout_s: float, started: float | None = None) -> ProtocolError | None:
+    """Send an SSE response until ``timeout_s`` after ``started`` (loop time, default now). A
+    failure or the deadline mid-stream still ends it with an error event (returned, so the
+    caller can count it). Sends wait on this client alone (uvicorn's flow control), so a
+    reader that stops reading stalls only its own stream, and the deadline still ends it."""
+    loop = asyncio.get_running_loop()
+    deadline = (loop.time() if started is None else started) + timeout_s
+    error = None
+    async with aclosing(events):
+        await http_io.start_stream(send)
+        try:
+            async with asyncio.timeout_at(deadline):
+                async for chunk in events:
+                    await http_io.send_chunk(send, chunk)
+        except TimeoutError:
+            error = deadline_exceeded(timeout_s)
+        except Exception:
+            logger.exception("internal error while streaming request %r", request_id)
+            error = ProtocolError(INTERNAL_ERROR, "Internal error")
+        try:
+            async with asyncio.timeout(STREAM_CLOSE_GRACE_S):
+                if error is not None:
+                    error.request_id = request_id
+                    await http_io.send_chunk(send, sse_event(encode_error(error)))
+                await http_io.send_chunk(send, b"", more=False)
+        except TimeoutError:  # the reader has stopped reading: let the server drop it
+            logger.info("dropping stream %r: its reader stopped reading", request_id)
+    return error
+
+
+async def prepend(first: Item, items: AsyncIterator[Item]) -> AsyncIterator[Item]:
+    """``first``, then the rest of ``items`` (closed when this is)."""
+    async with aclosing(items):
+        yield first
+        async for item in items:
+            yield item
 
 
 async def tool_call_events(
