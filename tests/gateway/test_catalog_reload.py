@@ -97,6 +97,10 @@ def test_a_peer_announcement_rereads_the_config(live: LiveServer, config: Path) 
         assert call(http, live.url, "server/discover").result["instructions"] == "One."
         write(config, {"instructions": "From the peer."})
         live.run(cache.publish_version("peer-changed"))
+        deadline = time.monotonic() + 3  # the re-read runs on the server's loop, not in publish
+        while endpoint.catalog.version == served:
+            assert time.monotonic() < deadline, "the peer's announcement was never acted on"
+            time.sleep(0.02)
         discovered = call(http, live.url, "server/discover").result
         metrics = http.get(live.base + "/metrics").text
     assert endpoint.catalog.version != served
