@@ -70,7 +70,7 @@ def make_call(rng: random.Random, worker: int, request_id: int) -> tuple[dict[st
     """A random tools/call: (body, headers, kind) with kind ok | over_limit."""
     tool = rng.choice(("generate", "chat"))
     kind = "over_limit" if rng.random() < 0.05 else "ok"
-    words, max_tokens = rng.randint(1, 200), rng.randint(1, 96)
+    words, max_tokens = rng.randint(1, 200), rng.randint(1, 96)  # < 1024 tokens with a template
     if kind == "over_limit":  # a prompt past --max-prompt-tokens, or max_tokens past its limit
         if rng.random() < 0.5:
             words = rng.randint(2000, 3000)
@@ -266,7 +266,7 @@ async def drive(url: str, args: argparse.Namespace, tally: Tally) -> tuple[float
 
 
 def run_soak(args: argparse.Namespace) -> dict[str, Any]:
-    settings = Settings(port=free_port(), max_waiting=args.max_waiting, max_prompt_tokens=512,
+    settings = Settings(port=free_port(), max_waiting=args.max_waiting, max_prompt_tokens=1024,
                         max_tokens_limit=128, max_concurrency_per_client=2, request_timeout_s=120)
     engine = AsyncLLM(EngineConfig(kv_cache_memory=args.kv_cache_memory, replicas=args.replicas,
                                    max_num_seqs=args.max_num_seqs, **engine_limits(settings)))
