@@ -70,6 +70,7 @@ from protocol.versions import Era, era_of, negotiate_legacy
 logger = logging.getLogger("kvgate.mcp")
 
 ALLOW_POST = [(b"allow", b"POST")]
+CLOSE = [(b"connection", b"close")]
 LISTEN_KEY = "listen"  # every listen stream counts against one server-wide cap  # to send a stream's last event to a reader that may have stalled
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
 REFUSAL_CODES = frozenset((SERVER_OVERLOADED, RATE_LIMITED, REQUEST_TIMEOUT))
@@ -150,6 +151,8 @@ class McpEndpoint:
             self._count_rejection(rejection.reason)
             error = jsonrpc.encode_error(ProtocolError(INVALID_REQUEST, str(rejection)))
             extra = ALLOW_POST if rejection.status == 405 else ()
+            if rejection.status in (408, 413):  # the rest of the body may still come: hang up
+                extra = CLOSE
             await http_io.send_response(send, rejection.status, error, headers=extra)
         except AdmissionRefused as exc:
             outcome = "rejected"

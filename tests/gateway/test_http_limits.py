@@ -61,7 +61,7 @@ def test_a_body_that_never_completes_is_408(live: LiveServer) -> None:
     head = (b"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100\r\n\r\n{\"jsonrpc\":")
     reply = raw(live, head, pause_s=1.5)
-    assert reply.startswith(b"HTTP/1.1 408 ")
+    assert reply.startswith(b"HTTP/1.1 408 ") and b"connection: close" in reply.lower()
     assert orjson.loads(reply.split(b"\r\n\r\n", 1)[1])["error"]["code"] == -32600
     metrics = httpx.get(live.base + "/metrics").text
     assert 'kvgate_rejected_requests_total{reason="body_timeout"} 1.0' in metrics
