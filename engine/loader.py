@@ -59,6 +59,7 @@ def load_model(
     tokenizer = Tokenizer.from_dir(path)
     model = model_class(config.architecture)(config, torch_dtype, device)
     load_weights(model, files)
+    model.pack_weights()
     model.eval()
     return LoadedModel(
         model, config, tokenizer, model_identity(path, files, torch_dtype), path, torch_dtype

@@ -4,6 +4,9 @@ Architectures differ only through `ModelConfig` (qkv bias, tied embeddings, RoPE
 q/k/v and gate/up are fused into single matmuls; the loader fills the fused weights from the
 separate Hugging Face tensors. Every layer writes its new K/V into the cache first and then
 attends from the cache, so a prefix-cache hit and a miss compute from identical inputs.
+
+`pack_weights()` (called by the loader) moves bf16 CPU matmuls onto oneDNN with prepacked
+weights and fused epilogues (see `packed_linear`); other dtypes and devices use `F.linear`.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from torch import nn
 
 from engine.attention import AttentionBackend, AttentionMetadata, KVCache
 from engine.model_config import ModelConfig
+from engine.models import packed_linear as pl
 
 
 class WeightSlot(NamedTuple):
@@ -88,25 +92,38 @@ class Attention(nn.Module):
             _param(sum(self.sizes), dtype=dtype, device=device) if config.attention_bias else None
         )
         self.o_weight = _param(config.hidden_size, config.q_size, dtype=dtype, device=device)
+        self.packed: dict[str, torch.Tensor] = {}
+
+    def pack_weights(self) -> None:
+        self.packed = {"qkv": pl.pack(self.qkv_weight), "o": pl.pack(self.o_weight)}
 
     def forward(
         self,
         x: torch.Tensor,
+        residual: torch.Tensor,
         cos: torch.Tensor,
         sin: torch.Tensor,
         kv_cache: KVCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
+        """``residual`` plus the attention output."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
-        qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        packed = self.packed
+        if packed:
+            qkv = pl.linear(x, packed["qkv"], self.qkv_bias)
+        else:
+            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         qk = qkv[:, : q_size + kv_size].view(tokens, self.num_heads + self.num_kv_heads, -1)
         qk = rotate(qk, cos, sin)  # q and k heads rotated together
         q, k = qk[:, : self.num_heads], qk[:, self.num_heads :]
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         backend.write_kv(kv_cache, k, v, metadata.slot_mapping)
         out = backend.paged_attention(q.contiguous(), kv_cache, metadata, self.scale)
-        return F.linear(out.reshape(tokens, -1), self.o_weight)
+        out = out.reshape(tokens, -1)
+        if packed:
+            return pl.linear_add(out, packed["o"], residual)
+        return residual + F.linear(out, self.o_weight)
 
 
 class MLP(nn.Module):
@@ -115,10 +132,21 @@ class MLP(nn.Module):
         size, hidden = config.intermediate_size, config.hidden_size
         self.gate_up_weight = _param(2 * size, hidden, dtype=dtype, device=device)
         self.down_weight = _param(hidden, size, dtype=dtype, device=device)
+        self.packed: dict[str, torch.Tensor] = {}
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def pack_weights(self) -> None:
+        # Gate and up packed apart: SiLU and the product then run in the matmul epilogues.
+        gate, up = self.gate_up_weight.chunk(2, dim=0)
+        self.packed = {"gate": pl.pack(gate), "up": pl.pack(up), "down": pl.pack(self.down_weight)}
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual`` plus the SwiGLU MLP of ``x``."""
+        packed = self.packed
+        if packed:
+            hidden = pl.linear_mul(x, packed["up"], pl.linear_silu(x, packed["gate"]))
+            return pl.linear_add(hidden, packed["down"], residual)
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.down_weight)
+        return residual + F.linear(F.silu(gate) * up, self.down_weight)
 
 
 class DecoderLayer(nn.Module):
@@ -138,8 +166,8 @@ class DecoderLayer(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
     ) -> torch.Tensor:
-        x = x + self.attn(self.input_norm(x), cos, sin, kv_cache, metadata, backend)
-        return x + self.mlp(self.post_attention_norm(x))
+        x = self.attn(self.input_norm(x), x, cos, sin, kv_cache, metadata, backend)
+        return self.mlp(self.post_attention_norm(x), x)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -166,6 +194,21 @@ class LlamaForCausalLM(nn.Module):
         cos, signed_sin = torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
         self.register_buffer("rope_cos", cos.to(device, dtype), persistent=False)
         self.register_buffer("rope_signed_sin", signed_sin.to(device, dtype), persistent=False)
+        self.lm_head_packed: torch.Tensor | None = None
+
+    def pack_weights(self) -> None:
+        """Prepack the matmul weights for oneDNN where that helps (bf16 on CPU), after loading.
+
+        The packed copies sit beside the parameters (which stay the checkpoint's view)."""
+        if not pl.packing_helps(self.embed_weight):
+            return
+        for layer in self.layers:
+            layer.attn.pack_weights()
+            layer.mlp.pack_weights()
+        self.lm_head_packed = pl.pack(self._lm_head_weight())
+
+    def _lm_head_weight(self) -> torch.Tensor:
+        return self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
 
     def forward(
         self,
@@ -183,8 +226,9 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        weight = self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
-        return F.linear(hidden, weight).float()
+        if self.lm_head_packed is not None:
+            return pl.linear(hidden, self.lm_head_packed).float()
+        return F.linear(hidden, self._lm_head_weight()).float()
 
     def hf_weight_slots(self) -> dict[str, WeightSlot]:
         """Every Hugging Face tensor name this model expects, and where it is stored."""
