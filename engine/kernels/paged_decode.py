@@ -23,11 +23,11 @@ import triton
 import triton.language as tl
 
 from engine.attention.kv_cache import KVCache
+from engine.kernels.paged_tiles import LOG2E, dot_dtype, online_softmax_step, paged_key_scores
 
 SPLIT_TOKENS = 256  # a split covers at least this many tokens...
 MAX_SPLITS = 64  # ...and a sequence has at most this many splits
 BLOCK_N = 64  # keys per inner iteration
-_LOG2E = 1.4426950408889634
 
 
 def num_splits(seq_len: int, split_tokens: int = SPLIT_TOKENS, max_splits: int = MAX_SPLITS) -> int:
@@ -72,30 +72,16 @@ def _decode_split_kernel(
     for n0 in range(start, end, BLOCK_N):
         tok = n0 + tl.arange(0, BLOCK_N)
         valid = tok < end
-        block = tl.load(block_tables_ptr + seq * stride_bt + tok // block_size, mask=valid, other=0)
-        block = block.to(tl.int64)
-        offset = tok % block_size
-        kv_off = block * stride_cb + kv_head * stride_ch + offset * stride_cs
-        kv_mask = valid[:, None] & (d < head_dim)[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
-        if FP8:
-            scale_off = block * stride_sb + kv_head * stride_sh + offset
-            k_scale = tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)
-            scores = scores * k_scale[None, :]
+        scores, kv_off, scale_off = paged_key_scores(
+            q, k_cache_ptr, k_scale_ptr, block_tables_ptr + seq * stride_bt, tok, valid, d,
+            kv_head, head_dim, block_size, stride_cb, stride_ch, stride_cs, stride_sb, stride_sh,
+            FP8, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
         scores = tl.where(valid[None, :], scores * sm_scale_log2, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if FP8:
-            p = p * tl.load(v_scale_ptr + scale_off, mask=valid, other=0.0)[None, :]
-        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        pv = tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(
+            scores, m_i, l_i, acc, v_cache_ptr, v_scale_ptr, kv_off, scale_off, valid, d,
+            head_dim, FP8, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
 
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
@@ -131,15 +117,6 @@ def _merge_splits_kernel(
              mask=d < head_dim)  # fmt: skip
 
 
-def dot_dtype(q: torch.Tensor, cache_dtype: torch.dtype) -> tuple[tl.dtype, str]:
-    """Tensor-core inputs on a GPU when they lose nothing (fp8 or same-dtype cache), else
-    exact fp32 (also under the CPU interpreter, whose bf16 dot is unreliable)."""
-    half = q.dtype in (torch.bfloat16, torch.float16)
-    if q.is_cuda and half and cache_dtype in (q.dtype, torch.float8_e4m3fn):
-        return (tl.bfloat16 if q.dtype == torch.bfloat16 else tl.float16), "tf32"
-    return tl.float32, "ieee"
-
-
 def paged_decode(
     q: torch.Tensor,
     cache: KVCache,
@@ -172,7 +149,7 @@ def paged_decode(
         q.stride(0), q.stride(1), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
         scales[0].stride(0), scales[0].stride(1), block_tables.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        scale * _LOG2E, group, head_dim, cache.block_size, split_tokens, max_splits,
+        scale * LOG2E, group, head_dim, cache.block_size, split_tokens, max_splits,
         G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=d_pad, BLOCK_N=BLOCK_N, FP8=fp8,
         DOT_DTYPE=dot, PRECISION=precision,
     )  # fmt: skip

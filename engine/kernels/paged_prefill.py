@@ -20,11 +20,10 @@ import triton.language as tl
 
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
-from engine.kernels.paged_decode import dot_dtype
+from engine.kernels.paged_tiles import LOG2E, dot_dtype, online_softmax_step, paged_key_scores
 
 BLOCK_ROWS = 64  # query rows (queries x padded heads) per program
 BLOCK_N = 64  # keys per inner iteration
-_LOG2E = 1.4426950408889634
 
 
 @triton.jit
@@ -65,30 +64,17 @@ def _prefill_kernel(
     for n0 in range(0, kv_end, BLOCK_N):
         tok = n0 + tl.arange(0, BLOCK_N)
         valid = tok < kv_end
-        block = tl.load(block_tables_ptr + seq * stride_bt + tok // block_size, mask=valid, other=0)
-        block = block.to(tl.int64)
-        offset = tok % block_size
-        kv_off = block * stride_cb + kv_head * stride_ch + offset * stride_cs
-        kv_mask = valid[:, None] & (d < head_dim)[None, :]
-        k = tl.load(k_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION)
-        if FP8:
-            scale_off = block * stride_sb + kv_head * stride_sh + offset
-            scores = scores * tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)[None, :]
+        scores, kv_off, scale_off = paged_key_scores(
+            q, k_cache_ptr, k_scale_ptr, block_tables_ptr + seq * stride_bt, tok, valid, d,
+            kv_head, head_dim, block_size, stride_cb, stride_ch, stride_cs, stride_sb, stride_sh,
+            FP8, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
         visible = valid[None, :] & (tok[None, :] <= pos[:, None]) & row_ok[:, None]
         scores = tl.where(visible, scores * sm_scale_log2, float("-inf"))
-
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # padding rows see nothing
-        alpha = tl.exp2(m_i - m_safe)
-        p = tl.exp2(scores - m_safe[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        if FP8:
-            p = p * tl.load(v_scale_ptr + scale_off, mask=valid, other=0.0)[None, :]
-        v = tl.load(v_cache_ptr + kv_off[:, None] + d[None, :], mask=kv_mask, other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(DOT_DTYPE),
-                                            input_precision=PRECISION)  # fmt: skip
-        m_i = m_new
+        m_i, l_i, acc = online_softmax_step(
+            scores, m_i, l_i, acc, v_cache_ptr, v_scale_ptr, kv_off, scale_off, valid, d,
+            head_dim, FP8, DOT_DTYPE, PRECISION,
+        )  # fmt: skip
 
     out = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     o_rows = (q_start + first + t).to(tl.int64) * stride_ot + (kv_head * group + g) * stride_oh
@@ -130,7 +116,7 @@ def paged_prefill(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
         scales[0].stride(0), scales[0].stride(1), tables.stride(0),
-        scale * _LOG2E, md.seq_lens.shape[0], group, head_dim, cache.block_size,
+        scale * LOG2E, md.seq_lens.shape[0], group, head_dim, cache.block_size,
         BLOCK_Q=block_q, G_PAD=g_pad, D_PAD=max(16, triton.next_power_of_2(head_dim)),
         BLOCK_N=BLOCK_N, FP8=fp8, DOT_DTYPE=dot, PRECISION=precision,
     )  # fmt: skip
