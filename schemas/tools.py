@@ -93,60 +93,68 @@ def _completion_output(kind: str) -> dict[str, Any]:
     }
 
 
+def _completion_tool(
+    *, name: str, title: str, description: str, input_name: str, input_schema: dict[str, Any],
+    output_kind: str, sampling: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A text-generating tool: one required input plus the shared sampling arguments, answered
+    with a completion result. ``generate`` and ``chat`` differ only in that input."""
+    return {
+        "name": name,
+        "title": title,
+        "description": description,
+        "inputSchema": {
+            "type": "object",
+            "properties": {input_name: input_schema, **sampling},
+            "required": [input_name],
+            "additionalProperties": False,
+        },
+        "outputSchema": _completion_output(output_kind),
+        "annotations": {"readOnlyHint": True, "openWorldHint": False},
+    }
+
+
 def inference_tools(model_name: str, max_model_len: int) -> list[dict[str, Any]]:
     """The ``Tool`` definitions, in the order ``tools/list`` returns them."""
     sampling = _sampling(max_model_len)
-    generate = {
-        "name": "generate",
-        "title": "Generate text",
-        "description": (
+    generate = _completion_tool(
+        name="generate",
+        title="Generate text",
+        description=(
             f"Continue a prompt with {model_name}. Send _meta.progressToken to stream the text "
             "as progress notifications."
         ),
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "prompt": {"type": "string", "minLength": 1, "description": "Text to continue."},
-                **sampling,
-            },
-            "required": ["prompt"],
-            "additionalProperties": False,
+        input_name="prompt",
+        input_schema={"type": "string", "minLength": 1, "description": "Text to continue."},
+        output_kind="completion",
+        sampling=sampling,
+    )
+    message = {
+        "type": "object",
+        "properties": {
+            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
+            "content": {"type": "string"},
         },
-        "outputSchema": _completion_output("completion"),
-        "annotations": {"readOnlyHint": True, "openWorldHint": False},
+        "required": ["role", "content"],
+        "additionalProperties": False,
     }
-    chat = {
-        "name": "chat",
-        "title": "Chat",
-        "description": (
+    chat = _completion_tool(
+        name="chat",
+        title="Chat",
+        description=(
             f"Answer a conversation with {model_name}, formatted with the model's chat template. "
             "Send _meta.progressToken to stream the reply as progress notifications."
         ),
-        "inputSchema": {
-            "type": "object",
-            "properties": {
-                "messages": {
-                    "type": "array",
-                    "minItems": 1,
-                    "description": "The conversation so far, oldest first.",
-                    "items": {
-                        "type": "object",
-                        "properties": {
-                            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
-                            "content": {"type": "string"},
-                        },
-                        "required": ["role", "content"],
-                        "additionalProperties": False,
-                    },
-                },
-                **sampling,
-            },
-            "required": ["messages"],
-            "additionalProperties": False,
+        input_name="messages",
+        input_schema={
+            "type": "array",
+            "minItems": 1,
+            "description": "The conversation so far, oldest first.",
+            "items": message,
         },
-        "outputSchema": _completion_output("reply"),
-        "annotations": {"readOnlyHint": True, "openWorldHint": False},
-    }
+        output_kind="reply",
+        sampling=sampling,
+    )
     tokenize = {
         "name": "tokenize",
         "title": "Tokenize",
