@@ -6,7 +6,8 @@ separate Hugging Face tensors. Every layer writes its new K/V into the cache fir
 attends from the cache, so a prefix-cache hit and a miss compute from identical inputs.
 
 `pack_weights()` (called by the loader) moves bf16 CPU matmuls onto oneDNN with prepacked
-weights and fused epilogues (see `packed_linear`); other dtypes and devices use `F.linear`.
+weights and fused epilogues (see `packed_linear`) and frees the unpacked matmul weights, so
+the model holds one copy; other dtypes and devices keep their parameters and use `F.linear`.
 """
 
 from __future__ import annotations
@@ -87,15 +88,21 @@ class Attention(nn.Module):
         self.head_dim = config.head_dim
         self.sizes = [config.q_size, config.kv_size, config.kv_size]
         self.scale = config.head_dim**-0.5
-        self.qkv_weight = _param(sum(self.sizes), config.hidden_size, dtype=dtype, device=device)
+        self.qkv_weight: nn.Parameter | None = _param(
+            sum(self.sizes), config.hidden_size, dtype=dtype, device=device
+        )
         self.qkv_bias = (
             _param(sum(self.sizes), dtype=dtype, device=device) if config.attention_bias else None
         )
-        self.o_weight = _param(config.hidden_size, config.q_size, dtype=dtype, device=device)
+        self.o_weight: nn.Parameter | None = _param(
+            config.hidden_size, config.q_size, dtype=dtype, device=device
+        )
         self.packed: dict[str, torch.Tensor] = {}
 
     def pack_weights(self) -> None:
+        """Replace the weights by packed copies; the forward then reads only those."""
         self.packed = {"qkv": pl.pack(self.qkv_weight), "o": pl.pack(self.o_weight)}
+        self.qkv_weight = self.o_weight = None
 
     def forward(
         self,
@@ -130,14 +137,18 @@ class MLP(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         size, hidden = config.intermediate_size, config.hidden_size
-        self.gate_up_weight = _param(2 * size, hidden, dtype=dtype, device=device)
-        self.down_weight = _param(hidden, size, dtype=dtype, device=device)
+        self.gate_up_weight: nn.Parameter | None = _param(
+            2 * size, hidden, dtype=dtype, device=device
+        )
+        self.down_weight: nn.Parameter | None = _param(hidden, size, dtype=dtype, device=device)
         self.packed: dict[str, torch.Tensor] = {}
 
     def pack_weights(self) -> None:
+        """Replace the weights by packed copies; the forward then reads only those."""
         # Gate and up packed apart: SiLU and the product then run in the matmul epilogues.
         gate, up = self.gate_up_weight.chunk(2, dim=0)
         self.packed = {"gate": pl.pack(gate), "up": pl.pack(up), "down": pl.pack(self.down_weight)}
+        self.gate_up_weight = self.down_weight = None
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``residual`` plus the SwiGLU MLP of ``x``."""
@@ -183,7 +194,7 @@ class LlamaForCausalLM(nn.Module):
             DecoderLayer(config, dtype, device) for _ in range(config.num_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
-        self.lm_head_weight = (
+        self.lm_head_weight: nn.Parameter | None = (
             None
             if config.tie_word_embeddings
             else _param(config.vocab_size, config.hidden_size, dtype=dtype, device=device)
@@ -199,16 +210,19 @@ class LlamaForCausalLM(nn.Module):
     def pack_weights(self) -> None:
         """Prepack the matmul weights for oneDNN where that helps (bf16 on CPU), after loading.
 
-        The packed copies sit beside the parameters (which stay the checkpoint's view)."""
+        The unpacked matmul weights are freed (an untied lm_head's too), so the parameters
+        left are the embedding and the norms. A tied lm_head is the embedding, which the
+        lookup still needs."""
         if not pl.packing_helps(self.embed_weight):
             return
         for layer in self.layers:
             layer.attn.pack_weights()
             layer.mlp.pack_weights()
         self.lm_head_packed = pl.pack(self._lm_head_weight())
+        self.lm_head_weight = None
 
     def _lm_head_weight(self) -> torch.Tensor:
-        return self.embed_weight if self.lm_head_weight is None else self.lm_head_weight
+        return self.embed_weight if self.config.tie_word_embeddings else self.lm_head_weight
 
     def forward(
         self,
@@ -232,12 +246,14 @@ class LlamaForCausalLM(nn.Module):
 
     def hf_weight_slots(self) -> dict[str, WeightSlot]:
         """Every Hugging Face tensor name this model expects, and where it is stored."""
+        if self.lm_head_packed is not None:
+            raise RuntimeError("the checkpoint weights were released when they were packed")
         c = self.config
         slots = {
             "model.embed_tokens.weight": _whole(self.embed_weight),
             "model.norm.weight": _whole(self.norm.weight),
         }
-        if self.lm_head_weight is not None:
+        if not c.tie_word_embeddings:
             slots["lm_head.weight"] = _whole(self.lm_head_weight)
         for i, layer in enumerate(self.layers):
             prefix = f"model.layers.{i}."

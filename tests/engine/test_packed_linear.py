@@ -1,10 +1,16 @@
-"""oneDNN prepacked bf16 matmuls against torch's plain ops."""
+"""oneDNN prepacked bf16 matmuls against torch's plain ops, and the packed model's memory."""
+
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.loader import LoadedModel, load_model, load_weights, safetensors_files
+from engine.models import model_class
 from engine.models import packed_linear as pl
+from tests.engine.test_llama import PagedRun
 
 pytestmark = pytest.mark.skipif(
     not pl.packing_helps(torch.empty(1, dtype=torch.bfloat16)), reason="no oneDNN bf16 on this CPU"
@@ -43,3 +49,54 @@ def test_fused_epilogues_match_the_unfused_ops_within_bf16_rounding() -> None:
 def test_only_bf16_cpu_weights_are_packed() -> None:
     assert not pl.packing_helps(torch.empty(1, dtype=torch.float32))
     assert not pl.packing_helps(torch.empty(1, dtype=torch.bfloat16, device="meta"))
+
+
+def _unpacked(lm: LoadedModel) -> LoadedModel:
+    """The same checkpoint loaded as `lm` was, but without packing: the plain F.linear model."""
+    model = model_class(lm.config.architecture)(lm.config, lm.dtype, "cpu")
+    load_weights(model, safetensors_files(lm.path))
+    return replace(lm, model=model.eval())
+
+
+def _greedy(lm: LoadedModel, ids: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+    run = PagedRun(lm)
+    seq = run.add_sequence(len(ids) + steps)
+    logits = run.step([seq], [ids], [len(ids)])
+    first, tokens = logits, []
+    for _ in range(steps):
+        tokens.append(int(logits[-1].argmax()))
+        logits = run.step([seq], [tokens[-1:]], [len(ids) + len(tokens)])
+    return tokens, first
+
+
+@pytest.mark.parametrize("checkpoint", ["tiny-untied", "qwen2-tied-bias"])
+def test_packed_model_keeps_one_copy_of_the_weights_and_decodes_the_same(
+    checkpoint: str, tiny_model_dir: Path, hf_checkpoint
+) -> None:
+    path = tiny_model_dir if checkpoint == "tiny-untied" else hf_checkpoint("qwen2")
+    lm = load_model(path, dtype="bfloat16")
+    reference = _unpacked(lm)
+    c = lm.config
+
+    # Left as parameters: the embedding (also the tied lm_head), the norms, any qkv bias.
+    elements = c.vocab_size * c.hidden_size + (2 * c.num_layers + 1) * c.hidden_size
+    if c.attention_bias:
+        elements += c.num_layers * (c.q_size + 2 * c.kv_size)
+    held = sum(p.untyped_storage().nbytes() for p in lm.model.parameters())
+    unpacked = sum(p.untyped_storage().nbytes() for p in reference.model.parameters())
+    assert held == 2 * elements
+    assert unpacked > 2 * held  # the matmul weights dominate even in these small models
+
+    hidden = torch.randn(5, c.hidden_size).to(torch.bfloat16)
+    lm_head = (
+        reference.model.embed_weight if c.tie_word_embeddings else reference.model.lm_head_weight
+    )
+    assert torch.equal(lm.model.compute_logits(hidden), F.linear(hidden, lm_head).float())
+
+    ids = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
+    tokens, logits = _greedy(lm, ids, steps=12)
+    expected_tokens, expected_logits = _greedy(reference, ids, steps=12)
+    assert tokens == expected_tokens
+    assert (logits - expected_logits).abs().max() < 0.05  # fused epilogues: bf16 rounding only
+    with pytest.raises(RuntimeError, match="released"):
+        lm.model.hf_weight_slots()
