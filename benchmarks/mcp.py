@@ -18,7 +18,6 @@ import http.client
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from benchmarks.loopback import free_port
 
 # Helpers run as `-m benchmarks.<name>` from the repository root: run as scripts, this file's
 # folder would lead sys.path and `import mcp` would find this module instead of the SDK.
@@ -92,12 +93,6 @@ def fetch(port: int, method: str) -> bytes | None:
     if not result or (method == "tools/list" and not result.get("tools")):
         raise RuntimeError(f"{method}: not a usable result: {payload[:300]!r}")
     return payload
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @contextmanager

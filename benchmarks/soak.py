@@ -32,6 +32,7 @@ import uvicorn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.loopback import free_port  # noqa: E402
 from engine import AsyncLLM, EngineConfig  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.cli import engine_limits  # noqa: E402
@@ -228,14 +229,6 @@ class InProcessServer:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=30)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_idle(engine: AsyncLLM, timeout_s: float = 30.0) -> bool:

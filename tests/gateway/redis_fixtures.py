@@ -18,15 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.gateway.live_server import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
 requires_redis_server = pytest.mark.skipif(REDIS_SERVER is None,
                                            reason="redis-server binary not installed")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class RedisServer:

@@ -22,8 +22,8 @@ import redis.asyncio as aioredis
 
 from gateway.discovery_cache import catalog_key, make_discovery_cache
 from gateway.redis_cache import VERSION_KEY, RedisDiscoveryCache
-from tests.gateway.live_server import LiveServer
-from tests.gateway.redis_fixtures import RedisServer, free_port, requires_redis_server
+from tests.gateway.live_server import LiveServer, free_port
+from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.wire import call, modern_headers, modern_meta
 
 pytestmark = [pytest.mark.redis, requires_redis_server]
