@@ -42,9 +42,11 @@ import orjson
 ROOT = Path(__file__).resolve().parents[1]
 RUN_LOCAL = ROOT / "examples" / "deploy" / "run-local.sh"
 PROTOCOL = "2026-07-28"
-WORDS = ("agent tool call result plan step file read write search query answer check test "
-         "build deploy cache token model prompt user system context memory error retry next "
-         "value list item state update review report summary task goal branch merge").split()
+WORDS = (
+    "agent tool call result plan step file read write search query answer check test "
+    "build deploy cache token model prompt user system context memory error retry next "
+    "value list item state update review report summary task goal branch merge"
+).split()
 
 
 @dataclass
@@ -91,21 +93,38 @@ def words(rng: random.Random, count: int) -> str:
 
 def request(prompt: str, max_tokens: int, cache_key: str | None) -> tuple[bytes, dict[str, str]]:
     arguments: dict[str, object] = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream",
-               "MCP-Protocol-Version": PROTOCOL, "Mcp-Method": "tools/call", "Mcp-Name": "generate"}
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": PROTOCOL,
+        "Mcp-Method": "tools/call",
+        "Mcp-Name": "generate",
+    }
     if cache_key is not None:
         arguments["cache_key"] = cache_key
         headers["Mcp-Param-Cache-Key"] = cache_key
-    meta = {"io.modelcontextprotocol/protocolVersion": PROTOCOL,
-            "io.modelcontextprotocol/clientInfo": {"name": "deploy_agentic", "version": "1.0"},
-            "io.modelcontextprotocol/clientCapabilities": {}}
-    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/call",
-            "params": {"name": "generate", "arguments": arguments, "_meta": meta}}
+    meta = {
+        "io.modelcontextprotocol/protocolVersion": PROTOCOL,
+        "io.modelcontextprotocol/clientInfo": {"name": "deploy_agentic", "version": "1.0"},
+        "io.modelcontextprotocol/clientCapabilities": {},
+    }
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "generate", "arguments": arguments, "_meta": meta},
+    }
     return orjson.dumps(body), headers
 
 
-async def session(http: httpx.AsyncClient, url: str, system: str, user_turns: list[str],
-                  key: str | None, max_tokens: int) -> list[Turn]:
+async def session(
+    http: httpx.AsyncClient,
+    url: str,
+    system: str,
+    user_turns: list[str],
+    key: str | None,
+    max_tokens: int,
+) -> list[Turn]:
     history, turns = "", []
     for text in user_turns:
         history += f"\nUser: {text}\nAssistant:"
@@ -116,8 +135,13 @@ async def session(http: httpx.AsyncClient, url: str, system: str, user_turns: li
         if result.get("isError"):
             raise RuntimeError(result["content"][0]["text"])
         structured = result["structuredContent"]
-        turns.append(Turn(structured["prompt_tokens"], structured["cached_tokens"],
-                          response.headers.get("x-kvgate-upstream", "?")))
+        turns.append(
+            Turn(
+                structured["prompt_tokens"],
+                structured["cached_tokens"],
+                response.headers.get("x-kvgate-upstream", "?"),
+            )
+        )
         history += structured["text"]
     return turns
 
@@ -136,15 +160,26 @@ async def run(name: str, hashing: bool, args: argparse.Namespace) -> RunResult:
     rng = random.Random(f"{args.seed}-{name}")  # each run its own system prompt and turns
     system = f"System ({name}): " + words(rng, args.system_words)
     low, high = args.turn_words
-    trace = [[words(rng, rng.randint(low, high)) for _ in range(args.turns)]
-             for _ in range(args.sessions)]
+    trace = [
+        [words(rng, rng.randint(low, high)) for _ in range(args.turns)]
+        for _ in range(args.sessions)
+    ]
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=64)) as http:
         result = RunResult(name, await count_tokens(http, args.url, system))
         began = time.perf_counter()
-        result.sessions = await asyncio.gather(*(
-            session(http, args.url, system, turns, f"{name}-session-{i}" if hashing else None,
-                    args.max_tokens)
-            for i, turns in enumerate(trace)))
+        result.sessions = await asyncio.gather(
+            *(
+                session(
+                    http,
+                    args.url,
+                    system,
+                    turns,
+                    f"{name}-session-{i}" if hashing else None,
+                    args.max_tokens,
+                )
+                for i, turns in enumerate(trace)
+            )
+        )
         result.wall_s = time.perf_counter() - began
     return result
 
@@ -154,29 +189,40 @@ def ratio(a: float, b: float) -> str:
 
 
 def report(results: list[RunResult], args: argparse.Namespace) -> None:
-    print(f"\n{args.sessions} sessions x {args.turns} turns through nginx ({args.url}), "
-          f"system prompt {args.system_words} words, {args.turn_words[0]}-{args.turn_words[1]} "
-          f"words per turn, {args.max_tokens} tokens per answer\n")
-    print("| routing | hit rate | turns 2+ | ceiling, turns 2+ | session tokens, turns 2+ "
-          "| tokens prefilled | processes per session | wall s |")
+    print(
+        f"\n{args.sessions} sessions x {args.turns} turns through nginx ({args.url}), "
+        f"system prompt {args.system_words} words, {args.turn_words[0]}-{args.turn_words[1]} "
+        f"words per turn, {args.max_tokens} tokens per answer\n"
+    )
+    print(
+        "| routing | hit rate | turns 2+ | ceiling, turns 2+ | session tokens, turns 2+ "
+        "| tokens prefilled | processes per session | wall s |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
-        print(f"| {r.name} | {r.hit_rate():.3f} | {r.hit_rate(1):.3f} | {r.ceiling():.3f} | "
-              f"{r.session_hit_rate():.3f} | {r.computed_tokens()} | "
-              f"{r.processes_per_session():.2f} | {r.wall_s:.1f} |")
+        print(
+            f"| {r.name} | {r.hit_rate():.3f} | {r.hit_rate(1):.3f} | {r.ceiling():.3f} | "
+            f"{r.session_hit_rate():.3f} | {r.computed_tokens()} | "
+            f"{r.processes_per_session():.2f} | {r.wall_s:.1f} |"
+        )
     hashing, round_robin = results
-    print(f"\nhashing / round robin: hit rate {ratio(hashing.hit_rate(), round_robin.hit_rate())}, "
-          f"turns 2+ {ratio(hashing.hit_rate(1), round_robin.hit_rate(1))}, session tokens "
-          f"{ratio(hashing.session_hit_rate(), round_robin.session_hit_rate())}; round robin "
-          f"prefilled {ratio(round_robin.computed_tokens(), hashing.computed_tokens())} the "
-          f"tokens (system prompt: {hashing.system_tokens} tokens)")
+    print(
+        f"\nhashing / round robin: hit rate {ratio(hashing.hit_rate(), round_robin.hit_rate())}, "
+        f"turns 2+ {ratio(hashing.hit_rate(1), round_robin.hit_rate(1))}, session tokens "
+        f"{ratio(hashing.session_hit_rate(), round_robin.session_hit_rate())}; round robin "
+        f"prefilled {ratio(round_robin.computed_tokens(), hashing.computed_tokens())} the "
+        f"tokens (system prompt: {hashing.system_tokens} tokens)"
+    )
     print("command: python benchmarks/deploy_agentic.py " + " ".join(sys.argv[1:]))
 
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--url", default=os.environ.get("KVGATE_MCP_URL"),
-                        help="nginx's /mcp (default: start a deployment with run-local.sh)")
+    parser.add_argument(
+        "--url",
+        default=os.environ.get("KVGATE_MCP_URL"),
+        help="nginx's /mcp (default: start a deployment with run-local.sh)",
+    )
     parser.add_argument("--sessions", type=int, default=12)
     parser.add_argument("--turns", type=int, default=8)
     parser.add_argument("--system-words", type=int, default=300)
@@ -189,9 +235,18 @@ def parse_args() -> argparse.Namespace:
 def main() -> None:
     args = parse_args()
     if args.url is None:  # bring the deployment up around this very command, then tear it down
-        command = [str(RUN_LOCAL), "--", sys.executable, str(Path(__file__).resolve()), *sys.argv[1:]]
+        command = [
+            str(RUN_LOCAL),
+            "--",
+            sys.executable,
+            str(Path(__file__).resolve()),
+            *sys.argv[1:],
+        ]
         sys.exit(subprocess.run(command, check=False).returncode)
-    results = [asyncio.run(run("hashing", True, args)), asyncio.run(run("round robin", False, args))]
+    results = [
+        asyncio.run(run("hashing", True, args)),
+        asyncio.run(run("round robin", False, args)),
+    ]
     report(results, args)
 
 

@@ -75,8 +75,12 @@ class Transformers:
         ids = torch.tensor(prompts)
         with torch.inference_mode():
             out = self.model.generate(
-                ids, do_sample=False, max_new_tokens=new, min_new_tokens=new,
-                attention_mask=torch.ones_like(ids), pad_token_id=0,
+                ids,
+                do_sample=False,
+                max_new_tokens=new,
+                min_new_tokens=new,
+                attention_mask=torch.ones_like(ids),
+                pad_token_id=0,
             )
         assert out.shape == (len(prompts), len(prompts[0]) + new)
 
@@ -132,9 +136,11 @@ def main() -> None:
         cached.append(timed(lambda p=prompt: llm.generate(p, one)))
     hit = llm.generate(prompt, one)[0].cached_tokens
     c, h = best(cold), best(cached)
-    print(f"TTFT {args.ttft_len}-token prompt: cold {c.wall * 1000:.0f} ms, cached "
-          f"{h.wall * 1000:.0f} ms ({hit} tokens cached): {c.wall / h.wall:.1f}x faster "
-          f"(by CPU time {c.cpu / h.cpu:.1f}x)")
+    print(
+        f"TTFT {args.ttft_len}-token prompt: cold {c.wall * 1000:.0f} ms, cached "
+        f"{h.wall * 1000:.0f} ms ({hit} tokens cached): {c.wall / h.wall:.1f}x faster "
+        f"(by CPU time {c.cpu / h.cpu:.1f}x)"
+    )
 
 
 if __name__ == "__main__":

@@ -221,8 +221,8 @@ def main() -> int:
         print("no CUDA device: this script is for a GPU machine (CPU tests: pytest -m triton)")
         return 2
     os.environ["TRITON_INTERPRET"] = "0"
-    from engine.kernels.paged_decode import paged_decode  # after the env is settled
-    from engine.kernels.paged_prefill import paged_prefill
+    from engine.attention.triton.paged_decode import paged_decode  # after the env is settled
+    from engine.attention.triton.paged_prefill import paged_prefill
 
     name = torch.cuda.get_device_name()
     peak = peak_gbps(name, args.peak_gbps)

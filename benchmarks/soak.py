@@ -40,7 +40,9 @@ from gateway.serving import http_protocol  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from schemas.mcp_wire import MODERN_WIRE, validate_server_message  # noqa: E402
 
-WORDS = "the a of KV cache block token prefix replica stream model gate soak load long short".split()
+WORDS = (
+    "the a of KV cache block token prefix replica stream model gate soak load long short".split()
+)
 EXPECTED = {200, 429, 503}
 SHARED_KEY_WORKERS = 4  # workers 0..3 share one API key: with a per-client limit of 2, 429s
 
@@ -67,7 +69,9 @@ def rss_mib() -> float:
     return 0.0
 
 
-def make_call(rng: random.Random, worker: int, request_id: int) -> tuple[dict[str, Any], dict[str, str], str]:
+def make_call(
+    rng: random.Random, worker: int, request_id: int
+) -> tuple[dict[str, Any], dict[str, str], str]:
     """A random tools/call: (body, headers, kind) with kind ok | over_limit."""
     tool = rng.choice(("generate", "chat"))
     kind = "over_limit" if rng.random() < 0.05 else "ok"
@@ -78,7 +82,11 @@ def make_call(rng: random.Random, worker: int, request_id: int) -> tuple[dict[st
         else:
             max_tokens = rng.randint(129, 100_000)
     text = " ".join(rng.choices(WORDS, k=words))
-    sampling = {"max_tokens": max_tokens, "temperature": rng.choice((0, 0.8)), "seed": rng.randint(0, 9)}
+    sampling = {
+        "max_tokens": max_tokens,
+        "temperature": rng.choice((0, 0.8)),
+        "seed": rng.randint(0, 9),
+    }
     if tool == "generate":
         arguments: dict[str, Any] = {"prompt": text, **sampling}
     else:
@@ -98,13 +106,24 @@ def make_call(rng: random.Random, worker: int, request_id: int) -> tuple[dict[st
     }
     if worker < SHARED_KEY_WORKERS:
         headers["Authorization"] = "Bearer soak-shared-key"
-    body = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
-            "params": {"name": tool, "arguments": arguments, "_meta": meta}}
+    body = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments, "_meta": meta},
+    }
     return body, headers, kind
 
 
-def check_final(tally: Tally, message: dict[str, Any], request_id: int, status: int,
-                retry_after: str | None, kind: str, started: float) -> None:
+def check_final(
+    tally: Tally,
+    message: dict[str, Any],
+    request_id: int,
+    status: int,
+    retry_after: str | None,
+    kind: str,
+    started: float,
+) -> None:
     """Judge the JSON-RPC response that ends a call."""
     if message.get("id") != request_id:
         tally.problem(f"id {message.get('id')!r} != {request_id}")
@@ -135,13 +154,21 @@ def check_final(tally: Tally, message: dict[str, Any], request_id: int, status: 
     tally.tokens += result["structuredContent"]["completion_tokens"]
 
 
-async def one_call(http: httpx.AsyncClient, url: str, rng: random.Random, worker: int,
-                   request_id: int, tally: Tally) -> float:
+async def one_call(
+    http: httpx.AsyncClient,
+    url: str,
+    rng: random.Random,
+    worker: int,
+    request_id: int,
+    tally: Tally,
+) -> float:
     """One call, judged into ``tally``; returns the Retry-After it was told (0 if none)."""
     body, headers, kind = make_call(rng, worker, request_id)
     cancel_after = rng.randint(1, 4) if rng.random() < 0.2 else None  # events (SSE) or steps
     streaming = "progressToken" in body["params"]["_meta"]
-    exchange = exchange_once(http, url, body, headers, kind, tally, None if not streaming else cancel_after)
+    exchange = exchange_once(
+        http, url, body, headers, kind, tally, None if not streaming else cancel_after
+    )
     if streaming or cancel_after is None:
         return await exchange
     try:  # a JSON call given up on by a client that stops waiting
@@ -151,9 +178,15 @@ async def one_call(http: httpx.AsyncClient, url: str, rng: random.Random, worker
         return 0.0
 
 
-async def exchange_once(http: httpx.AsyncClient, url: str, body: dict[str, Any],
-                        headers: dict[str, str], kind: str, tally: Tally,
-                        cancel_after: int | None) -> float:
+async def exchange_once(
+    http: httpx.AsyncClient,
+    url: str,
+    body: dict[str, Any],
+    headers: dict[str, str],
+    kind: str,
+    tally: Tally,
+    cancel_after: int | None,
+) -> float:
     """Send, read and judge one call (an SSE one is left after ``cancel_after`` events)."""
     request_id = body["id"]
     started = time.perf_counter()
@@ -212,8 +245,14 @@ class InProcessServer:
 
     def __init__(self, engine: AsyncLLM, settings: Settings) -> None:
         self.app = create_app(settings, engine)
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=settings.port, log_level="error",
-                                access_log=False, http=http_protocol(settings))
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=settings.port,
+            log_level="error",
+            access_log=False,
+            http=http_protocol(settings),
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.url = f"http://127.0.0.1:{settings.port}/mcp"
@@ -250,8 +289,9 @@ async def drive(url: str, args: argparse.Namespace, tally: Tally) -> tuple[float
     """Run the workers; returns (elapsed seconds, RSS in MiB once warmed up: 10% in)."""
     stop_at = time.monotonic() + args.duration
     started = time.monotonic()
-    workers = asyncio.gather(*(worker_loop(url, w, args.seed, stop_at, tally)
-                               for w in range(args.concurrency)))
+    workers = asyncio.gather(
+        *(worker_loop(url, w, args.seed, stop_at, tally) for w in range(args.concurrency))
+    )
     await asyncio.sleep(args.duration / 10)
     warm_rss = rss_mib()
     await workers
@@ -259,10 +299,22 @@ async def drive(url: str, args: argparse.Namespace, tally: Tally) -> tuple[float
 
 
 def run_soak(args: argparse.Namespace) -> dict[str, Any]:
-    settings = Settings(port=free_port(), max_waiting=args.max_waiting, max_prompt_tokens=1024,
-                        max_tokens_limit=128, max_concurrency_per_client=2, request_timeout_s=120)
-    engine = AsyncLLM(EngineConfig(kv_cache_memory=args.kv_cache_memory, replicas=args.replicas,
-                                   max_num_seqs=args.max_num_seqs, **engine_limits(settings)))
+    settings = Settings(
+        port=free_port(),
+        max_waiting=args.max_waiting,
+        max_prompt_tokens=1024,
+        max_tokens_limit=128,
+        max_concurrency_per_client=2,
+        request_timeout_s=120,
+    )
+    engine = AsyncLLM(
+        EngineConfig(
+            kv_cache_memory=args.kv_cache_memory,
+            replicas=args.replicas,
+            max_num_seqs=args.max_num_seqs,
+            **engine_limits(settings),
+        )
+    )
     tally = Tally()
     try:
         with InProcessServer(engine, settings) as server:
@@ -309,7 +361,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, default=32, help="closed-loop workers")
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--max-num-seqs", type=int, default=4, help="running per replica")
-    parser.add_argument("--max-waiting", type=int, default=4, help="waiting per replica (503 beyond)")
+    parser.add_argument(
+        "--max-waiting", type=int, default=4, help="waiting per replica (503 beyond)"
+    )
     parser.add_argument("--kv-cache-memory", default="16MiB")
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_args(argv)

@@ -1,7 +1,7 @@
 """kvgate's embedded inference engine: paged KV cache, prefix caching, continuous batching.
 
-    from engine import LLM, SamplingParams
-    LLM().generate("Hello", SamplingParams(max_tokens=16, temperature=0))
+from engine import LLM, SamplingParams
+LLM().generate("Hello", SamplingParams(max_tokens=16, temperature=0))
 """
 
 from engine.async_llm import AsyncLLM

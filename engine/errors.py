@@ -1,10 +1,10 @@
 """What the engine raises to its callers beyond ValueError (bad input).
 
-    AdmissionRefused        nothing was queued; retry after ``retry_after_s``
-      ├── EngineOverloaded      every live replica's waiting queue is full
-      └── EngineUnavailable     every replica is stalled or failed
-    EngineStepError         the step computing this request failed; its blocks are freed and
-                            the replica keeps serving, so a retry may well succeed
+AdmissionRefused        nothing was queued; retry after ``retry_after_s``
+  ├── EngineOverloaded      every live replica's waiting queue is full
+  └── EngineUnavailable     every replica is stalled or failed
+EngineStepError         the step computing this request failed; its blocks are freed and
+                        the replica keeps serving, so a retry may well succeed
 """
 
 from __future__ import annotations

@@ -24,13 +24,17 @@ def admin_routes(api_key: str | None, reloader: CatalogReloader) -> list[Route]:
     async def reload_catalog(request: Request) -> Response:
         given = request.headers.get("authorization", "").encode()
         if not hmac.compare_digest(given, expected):  # constant time: no key guessing by timing
-            return JSONResponse({"error": "a valid admin API key is required"}, status_code=401,
-                                headers={"WWW-Authenticate": "Bearer"})
+            return JSONResponse(
+                {"error": "a valid admin API key is required"},
+                status_code=401,
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         try:
             result = await reloader.reload("admin")
         except CatalogConfigError as exc:
             return JSONResponse({"error": str(exc)}, status_code=422)
-        return JSONResponse({"previous": result.previous, "version": result.version,
-                             "changed": result.changed})
+        return JSONResponse(
+            {"previous": result.previous, "version": result.version, "changed": result.changed}
+        )
 
     return [Route("/admin/catalog/reload", reload_catalog, methods=["POST"])]

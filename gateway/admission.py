@@ -70,13 +70,21 @@ class ConcurrencyLimit:
 
 
 def client_limited(limit: int) -> ProtocolError:
-    return refused(RATE_LIMITED, f"Too many concurrent calls from this client (limit {limit})",
-                   "client_concurrency", CLIENT_RETRY_AFTER_S)
+    return refused(
+        RATE_LIMITED,
+        f"Too many concurrent calls from this client (limit {limit})",
+        "client_concurrency",
+        CLIENT_RETRY_AFTER_S,
+    )
 
 
 def listen_limited(limit: int) -> ProtocolError:
-    return refused(SERVER_OVERLOADED, f"Too many open subscriptions/listen streams ({limit})",
-                   "listen_streams", LISTEN_RETRY_AFTER_S)
+    return refused(
+        SERVER_OVERLOADED,
+        f"Too many open subscriptions/listen streams ({limit})",
+        "listen_streams",
+        LISTEN_RETRY_AFTER_S,
+    )
 
 
 def engine_refused(exc: AdmissionRefused) -> ProtocolError:
@@ -93,10 +101,15 @@ def call_timeout_s(meta: Mapping[str, Any], server_timeout_s: float) -> float:
     if value is None:
         return server_timeout_s
     if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise invalid_params(f"_meta[{TIMEOUT_META_KEY!r}] must be a positive number of milliseconds")
+        raise invalid_params(
+            f"_meta[{TIMEOUT_META_KEY!r}] must be a positive number of milliseconds"
+        )
     return min(server_timeout_s, value / 1000)
 
 
 def deadline_exceeded(timeout_s: float) -> ProtocolError:
-    return ProtocolError(REQUEST_TIMEOUT, f"Request timed out after {timeout_s:g} s; the generation "
-                         "was cancelled", data={"reason": "deadline", "timeoutS": timeout_s})
+    return ProtocolError(
+        REQUEST_TIMEOUT,
+        f"Request timed out after {timeout_s:g} s; the generation was cancelled",
+        data={"reason": "deadline", "timeoutS": timeout_s},
+    )

@@ -48,7 +48,9 @@ def model_facts(engine: Any, settings: Settings) -> ModelFacts:
 
 def build_catalog(facts: ModelFacts, settings: Settings) -> Catalog:
     """The catalog for the model and the config file as it is now (CatalogConfigError if bad)."""
-    config = load_catalog_config(settings.catalog_config) if settings.catalog_config else CatalogConfig()
+    config = (
+        load_catalog_config(settings.catalog_config) if settings.catalog_config else CatalogConfig()
+    )
     instructions = settings.instructions if config.instructions is None else config.instructions
     return Catalog(facts, settings.server_name, instructions, settings.catalog_ttl_ms, config)
 
@@ -66,9 +68,11 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     endpoint = McpEndpoint(settings, catalog, InferenceTools(engine, catalog.tools), cache, metrics)
     reloader = CatalogReloader(endpoint, cache, lambda: build_catalog(facts, settings), metrics)
     endpoint.versions = reloader.versions
-    metrics.gauge("kvgate_discovery_cache_degraded",
-                  "1 while Redis is unreachable and discovery is answered by this process alone.",
-                  lambda: float(cache.degraded))
+    metrics.gauge(
+        "kvgate_discovery_cache_degraded",
+        "1 while Redis is unreachable and discovery is answered by this process alone.",
+        lambda: float(cache.degraded),
+    )
     loop: asyncio.AbstractEventLoop | None = None
 
     async def healthz(request: Request) -> Response:
@@ -78,8 +82,9 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         """Ready while every replica steps (a stuck one makes the pod unready, so a load
         balancer steers new traffic elsewhere while the router here skips that replica)."""
         ready = engine.is_ready() and not app.state.draining
-        return JSONResponse({"ready": ready, "replicas": engine.replicas_ready()},
-                            status_code=200 if ready else 503)
+        return JSONResponse(
+            {"ready": ready, "replicas": engine.replicas_ready()}, status_code=200 if ready else 503
+        )
 
     async def prometheus(request: Request) -> Response:
         body, content_type = metrics.render()
@@ -138,8 +143,11 @@ def _on_sighup(loop: asyncio.AbstractEventLoop, reloader: CatalogReloader) -> Ca
         try:
             result = await reloader.reload("signal")
         except CatalogConfigError as exc:
-            log.error("SIGHUP: catalog config not loaded, still serving %s: %s",
-                      reloader.endpoint.catalog.version, exc)
+            log.error(
+                "SIGHUP: catalog config not loaded, still serving %s: %s",
+                reloader.endpoint.catalog.version,
+                exc,
+            )
             return
         log.info("SIGHUP: catalog %s", "now " + result.version if result.changed else "unchanged")
 

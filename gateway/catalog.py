@@ -116,13 +116,19 @@ class Catalog:
                 "instructions": self.instructions,
             },
             "tools/list": {"tools": self.tools},
-            "resources/list": {"resources": [resource, *(r.listing for r in self.config.resources)]},
+            "resources/list": {
+                "resources": [resource, *(r.listing for r in self.config.resources)]
+            },
             "resources/templates/list": {"resourceTemplates": [template]},
-            "prompts/list": {"prompts": [SUMMARIZE_PROMPT, *(p.listing for p in self.config.prompts)]},
+            "prompts/list": {
+                "prompts": [SUMMARIZE_PROMPT, *(p.listing for p in self.config.prompts)]
+            },
         }
         self.version = hashlib.sha256(
-            orjson.dumps([results, contents, self.server_info, self.config.fingerprint()],
-                         option=orjson.OPT_SORT_KEYS)
+            orjson.dumps(
+                [results, contents, self.server_info, self.config.fingerprint()],
+                option=orjson.OPT_SORT_KEYS,
+            )
         ).hexdigest()[:16]
         self._bytes = {method: self._serialize(result) for method, result in results.items()}
         self._resources = {uri: self._serialize(contents)}

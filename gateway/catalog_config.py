@@ -30,27 +30,49 @@ SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
     "properties": {
         "instructions": _TEXT,
-        "resources": {"type": "array", "items": {
-            "type": "object",
-            "required": ["uri", "name", "text"],
-            "additionalProperties": False,
-            "properties": {"uri": {"type": "string", "pattern": "^[a-zA-Z][a-zA-Z0-9+.-]*:"},
-                           "name": _TEXT, "text": _TEXT, "mimeType": _TEXT, "title": _TEXT,
-                           "description": _TEXT},
-        }},
-        "prompts": {"type": "array", "items": {
-            "type": "object",
-            "required": ["name", "template"],
-            "additionalProperties": False,
-            "properties": {
-                "name": _TEXT, "template": _TEXT, "title": _TEXT, "description": _TEXT,
-                "arguments": {"type": "array", "items": {
-                    "type": "object", "required": ["name"], "additionalProperties": False,
-                    "properties": {"name": {"type": "string", "pattern": "^[_a-zA-Z][_a-zA-Z0-9]*$"},
-                                   "description": _TEXT, "required": {"type": "boolean"}},
-                }},
+        "resources": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["uri", "name", "text"],
+                "additionalProperties": False,
+                "properties": {
+                    "uri": {"type": "string", "pattern": "^[a-zA-Z][a-zA-Z0-9+.-]*:"},
+                    "name": _TEXT,
+                    "text": _TEXT,
+                    "mimeType": _TEXT,
+                    "title": _TEXT,
+                    "description": _TEXT,
+                },
             },
-        }},
+        },
+        "prompts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "template"],
+                "additionalProperties": False,
+                "properties": {
+                    "name": _TEXT,
+                    "template": _TEXT,
+                    "title": _TEXT,
+                    "description": _TEXT,
+                    "arguments": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["name"],
+                            "additionalProperties": False,
+                            "properties": {
+                                "name": {"type": "string", "pattern": "^[_a-zA-Z][_a-zA-Z0-9]*$"},
+                                "description": _TEXT,
+                                "required": {"type": "boolean"},
+                            },
+                        },
+                    },
+                },
+            },
+        },
     },
 }
 
@@ -90,11 +112,14 @@ class PromptTemplate:
         for argument in self.listing.get("arguments", []):
             value = given.get(argument["name"])
             if not isinstance(value, str) and argument.get("required"):
-                raise invalid_params(f"Prompt '{self.name}' needs the string argument "
-                                     f"'{argument['name']}'")
+                raise invalid_params(
+                    f"Prompt '{self.name}' needs the string argument '{argument['name']}'"
+                )
             values[argument["name"]] = value if isinstance(value, str) else ""
         text = Template(self.template).substitute(values)
-        body: dict[str, Any] = {"messages": [{"role": "user", "content": {"type": "text", "text": text}}]}
+        body: dict[str, Any] = {
+            "messages": [{"role": "user", "content": {"type": "text", "text": text}}]
+        }
         if "description" in self.listing:
             body["description"] = self.listing["description"]
         return body
@@ -108,8 +133,11 @@ class CatalogConfig:
 
     def fingerprint(self) -> list[Any]:
         """Everything here that shapes a result, for the catalog's content hash."""
-        return [self.instructions, [(r.listing, r.text) for r in self.resources],
-                [(p.listing, p.template) for p in self.prompts]]
+        return [
+            self.instructions,
+            [(r.listing, r.text) for r in self.resources],
+            [(p.listing, p.template) for p in self.prompts],
+        ]
 
 
 def load_catalog_config(path: str | Path) -> CatalogConfig:
@@ -121,7 +149,9 @@ def load_catalog_config(path: str | Path) -> CatalogConfig:
 
 
 def parse_catalog_config(raw: Any, source: str = "catalog config") -> CatalogConfig:
-    error = jsonschema.exceptions.best_match(jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw))
+    error = jsonschema.exceptions.best_match(
+        jsonschema.Draft202012Validator(SCHEMA).iter_errors(raw)
+    )
     if error is not None:
         where = "/".join(str(p) for p in error.absolute_path) or "(top)"
         raise CatalogConfigError(f"{source}: {where}: {error.message}")
@@ -130,8 +160,10 @@ def parse_catalog_config(raw: Any, source: str = "catalog config") -> CatalogCon
         for item in raw.get("resources", [])
     )
     prompts = tuple(_prompt(item, source) for item in raw.get("prompts", []))
-    for kind, names in (("resource uri", [r.uri for r in resources]),
-                        ("prompt name", [p.name for p in prompts])):
+    for kind, names in (
+        ("resource uri", [r.uri for r in resources]),
+        ("prompt name", [p.name for p in prompts]),
+    ):
         if len(set(names)) != len(names):
             raise CatalogConfigError(f"{source}: a {kind} appears twice")
     return CatalogConfig(raw.get("instructions"), resources, prompts)
@@ -144,6 +176,7 @@ def _prompt(item: dict[str, Any], source: str) -> PromptTemplate:
         raise CatalogConfigError(f"{source}: prompt '{item['name']}': bad $placeholder")
     unknown = set(template.get_identifiers()) - declared
     if unknown:
-        raise CatalogConfigError(f"{source}: prompt '{item['name']}' uses undeclared "
-                                 f"argument(s) {sorted(unknown)}")
+        raise CatalogConfigError(
+            f"{source}: prompt '{item['name']}' uses undeclared argument(s) {sorted(unknown)}"
+        )
     return PromptTemplate({k: v for k, v in item.items() if k != "template"}, item["template"])

@@ -41,8 +41,13 @@ class Reload:
 class CatalogReloader:
     """Rebuilds the served catalog on request or when another process announces a change."""
 
-    def __init__(self, endpoint: McpEndpoint, cache: DiscoveryCache,
-                 build: Callable[[], Catalog], metrics: Metrics) -> None:
+    def __init__(
+        self,
+        endpoint: McpEndpoint,
+        cache: DiscoveryCache,
+        build: Callable[[], Catalog],
+        metrics: Metrics,
+    ) -> None:
         self.endpoint = endpoint
         self.cache = cache
         self._build = build  # reads the config; raises CatalogConfigError when it is bad
@@ -55,8 +60,9 @@ class CatalogReloader:
 
     def start(self) -> None:
         """Follow versions announced through the discovery cache (by anyone, from now on)."""
-        self._follower = asyncio.create_task(self._follow(self.cache.versions()),
-                                             name="kvgate-catalog-follow")
+        self._follower = asyncio.create_task(
+            self._follow(self.cache.versions()), name="kvgate-catalog-follow"
+        )
 
     async def reload(self, trigger: str) -> Reload:
         """Re-read the config here; serve and publish the result if it changed."""
@@ -66,8 +72,11 @@ class CatalogReloader:
             self._metrics.count("kvgate_catalog_reloads", trigger=trigger, outcome="error")
             raise
         result = await self.serve(catalog)
-        self._metrics.count("kvgate_catalog_reloads", trigger=trigger,
-                            outcome="changed" if result.changed else "unchanged")
+        self._metrics.count(
+            "kvgate_catalog_reloads",
+            trigger=trigger,
+            outcome="changed" if result.changed else "unchanged",
+        )
         return result
 
     async def serve(self, catalog: Catalog) -> Reload:
@@ -118,8 +127,11 @@ class CatalogReloader:
                     pending = asyncio.ensure_future(anext(versions))
                 timeout = next(delays, None) if wanted is not None else None
                 if wanted is not None and timeout is None:
-                    log.info("catalog %s announced; this process serves %s (from its config)",
-                             wanted, self.endpoint.catalog.version)
+                    log.info(
+                        "catalog %s announced; this process serves %s (from its config)",
+                        wanted,
+                        self.endpoint.catalog.version,
+                    )
                     wanted = None
                 done, _ = await asyncio.wait((pending,), timeout=timeout)
                 if done:
@@ -144,11 +156,17 @@ class CatalogReloader:
             result = self._use(self._build())
         except CatalogConfigError as exc:
             self._metrics.count("kvgate_catalog_reloads", trigger="peer", outcome="error")
-            log.warning("catalog config not loaded, still serving %s: %s",
-                        self.endpoint.catalog.version, exc)
+            log.warning(
+                "catalog config not loaded, still serving %s: %s",
+                self.endpoint.catalog.version,
+                exc,
+            )
             return self.endpoint.catalog.version
-        self._metrics.count("kvgate_catalog_reloads", trigger="peer",
-                            outcome="changed" if result.changed else "unchanged")
+        self._metrics.count(
+            "kvgate_catalog_reloads",
+            trigger="peer",
+            outcome="changed" if result.changed else "unchanged",
+        )
         return result.version
 
 

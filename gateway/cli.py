@@ -25,36 +25,74 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model", help="Hugging Face model folder (default: embedded tiny model)")
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
     serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
-    serve.add_argument("--kv-cache-memory", help="KV cache size, e.g. 256MiB (default: share of free)")
+    serve.add_argument(
+        "--kv-cache-memory", help="KV cache size, e.g. 256MiB (default: share of free)"
+    )
     serve.add_argument("--redis-url", help="share the discovery cache through Redis")
     serve.add_argument("--allowed-origins", help="comma-separated Origins allowed beyond localhost")
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (default 1 MiB)")
-    serve.add_argument("--catalog-config", help="JSON file: instructions, resources, prompts "
-                                                "(re-read on SIGHUP and admin reload)")
+    serve.add_argument(
+        "--catalog-config",
+        help="JSON file: instructions, resources, prompts (re-read on SIGHUP and admin reload)",
+    )
     serve.add_argument("--admin-api-key", help="enable /admin/* for 'Authorization: Bearer KEY'")
-    serve.add_argument("--drain-timeout", type=float, dest="drain_timeout_s",
-                       help="seconds in-flight requests get after SIGTERM (default 30)")
+    serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        dest="drain_timeout_s",
+        help="seconds in-flight requests get after SIGTERM (default 30)",
+    )
     serve.add_argument("--log-format", choices=("text", "json"), help="log lines (default text)")
     limits = serve.add_argument_group("limits", "admission control and abuse limits")
-    limits.add_argument("--max-waiting", type=int,
-                        help="requests waiting per engine replica; beyond -> 503 (default 256)")
+    limits.add_argument(
+        "--max-waiting",
+        type=int,
+        help="requests waiting per engine replica; beyond -> 503 (default 256)",
+    )
     limits.add_argument("--max-prompt-tokens", type=int, help="longest prompt (default: context)")
-    limits.add_argument("--max-tokens-limit", type=int,
-                        help="largest max_tokens a call may ask for (default: context)")
-    limits.add_argument("--max-concurrency-per-client", type=int,
-                        help="calls in flight per API key or cache_key; beyond -> 429 (default off)")
-    limits.add_argument("--request-timeout", type=float, dest="request_timeout_s",
-                        help="tools/call deadline in seconds (default 300)")
-    limits.add_argument("--step-timeout", type=float, dest="step_timeout_s",
-                        help="engine step seconds before its replica counts as stuck (default 120)")
-    limits.add_argument("--body-timeout", type=float, dest="body_timeout_s",
-                        help="seconds for a request body to arrive (default 30)")
-    limits.add_argument("--header-timeout", type=float, dest="header_timeout_s",
-                        help="seconds for request headers to arrive (default 30)")
-    limits.add_argument("--max-header-bytes", type=int, help="request line + headers (default 32 KiB)")
+    limits.add_argument(
+        "--max-tokens-limit",
+        type=int,
+        help="largest max_tokens a call may ask for (default: context)",
+    )
+    limits.add_argument(
+        "--max-concurrency-per-client",
+        type=int,
+        help="calls in flight per API key or cache_key; beyond -> 429 (default off)",
+    )
+    limits.add_argument(
+        "--request-timeout",
+        type=float,
+        dest="request_timeout_s",
+        help="tools/call deadline in seconds (default 300)",
+    )
+    limits.add_argument(
+        "--step-timeout",
+        type=float,
+        dest="step_timeout_s",
+        help="engine step seconds before its replica counts as stuck (default 120)",
+    )
+    limits.add_argument(
+        "--body-timeout",
+        type=float,
+        dest="body_timeout_s",
+        help="seconds for a request body to arrive (default 30)",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        dest="header_timeout_s",
+        help="seconds for request headers to arrive (default 30)",
+    )
+    limits.add_argument(
+        "--max-header-bytes", type=int, help="request line + headers (default 32 KiB)"
+    )
     limits.add_argument("--max-json-depth", type=int, help="JSON nesting depth (default 64)")
-    limits.add_argument("--max-listen-streams", type=int,
-                        help="open subscriptions/listen streams; beyond -> 503 (default 1024)")
+    limits.add_argument(
+        "--max-listen-streams",
+        type=int,
+        help="open subscriptions/listen streams; beyond -> 503 (default 1024)",
+    )
     tiny = commands.add_parser("make-tiny-model", help="write the tiny test model to DIR")
     tiny.add_argument("dir")
     tiny.add_argument("--preset", default="tiny", help="size preset (tiny, bench55m)")
@@ -63,20 +101,43 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
-    names = ("host", "port", "model", "replicas", "kv_cache_dtype", "kv_cache_memory",
-             "redis_url", "allowed_origins", "max_body_bytes", "catalog_config", "admin_api_key",
-             "drain_timeout_s", "log_format", "max_waiting", "max_prompt_tokens",
-             "max_tokens_limit", "max_concurrency_per_client", "request_timeout_s", "step_timeout_s",
-             "body_timeout_s", "header_timeout_s", "max_header_bytes", "max_json_depth",
-             "max_listen_streams")
+    names = (
+        "host",
+        "port",
+        "model",
+        "replicas",
+        "kv_cache_dtype",
+        "kv_cache_memory",
+        "redis_url",
+        "allowed_origins",
+        "max_body_bytes",
+        "catalog_config",
+        "admin_api_key",
+        "drain_timeout_s",
+        "log_format",
+        "max_waiting",
+        "max_prompt_tokens",
+        "max_tokens_limit",
+        "max_concurrency_per_client",
+        "request_timeout_s",
+        "step_timeout_s",
+        "body_timeout_s",
+        "header_timeout_s",
+        "max_header_bytes",
+        "max_json_depth",
+        "max_listen_streams",
+    )
     return Settings.from_env(**{name: getattr(args, name) for name in names})
 
 
 def engine_limits(settings: Settings) -> dict[str, Any]:
     """The EngineConfig admission fields a Settings sets (0 = no limit)."""
-    return {"max_waiting": settings.max_waiting, "step_timeout_s": settings.step_timeout_s,
-            "max_prompt_tokens": settings.max_prompt_tokens or None,
-            "max_tokens_limit": settings.max_tokens_limit or None}
+    return {
+        "max_waiting": settings.max_waiting,
+        "step_timeout_s": settings.step_timeout_s,
+        "max_prompt_tokens": settings.max_prompt_tokens or None,
+        "max_tokens_limit": settings.max_tokens_limit or None,
+    }
 
 
 def serve(settings: Settings) -> None:
@@ -86,19 +147,27 @@ def serve(settings: Settings) -> None:
     from gateway.serving import http_protocol, serve_app
 
     try:
-        engine = AsyncLLM(EngineConfig(
-            model=settings.model, replicas=settings.replicas,
-            kv_cache_dtype=settings.kv_cache_dtype, kv_cache_memory=settings.kv_cache_memory,
-            **engine_limits(settings),
-        ))
+        engine = AsyncLLM(
+            EngineConfig(
+                model=settings.model,
+                replicas=settings.replicas,
+                kv_cache_dtype=settings.kv_cache_dtype,
+                kv_cache_memory=settings.kv_cache_memory,
+                **engine_limits(settings),
+            )
+        )
     except (OSError, ValueError) as exc:  # a wrong folder or setting: say so, no traceback
         sys.exit(f"kvgate: cannot load the model: {exc}")
     try:
         stats = engine.stats()
         logger.info(
             "model %s (context %d), %d replica(s), KV cache %d tokens (%d blocks x %d, %s)",
-            engine.model_name, engine.max_model_len, settings.replicas,
-            stats.num_blocks * stats.block_size, stats.num_blocks, stats.block_size,
+            engine.model_name,
+            engine.max_model_len,
+            settings.replicas,
+            stats.num_blocks * stats.block_size,
+            stats.num_blocks,
+            stats.block_size,
             stats.cache_dtype,
         )
         logger.info("MCP endpoint http://%s:%d/mcp", settings.host, settings.port)
@@ -106,8 +175,14 @@ def serve(settings: Settings) -> None:
             app = create_app(settings, engine)
         except CatalogConfigError as exc:
             sys.exit(f"kvgate: {exc}")
-        serve_app(app, settings.host, settings.port, settings.drain_timeout_s,
-                  uvicorn_logging=settings.log_format == "text", http=http_protocol(settings))
+        serve_app(
+            app,
+            settings.host,
+            settings.port,
+            settings.drain_timeout_s,
+            uvicorn_logging=settings.log_format == "text",
+            http=http_protocol(settings),
+        )
         logger.info("stopped")
     finally:
         engine.shutdown()

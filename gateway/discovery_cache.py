@@ -153,8 +153,18 @@ class DiscoveryCache:
         self._fanout = VersionFanout()
         self._on_event = on_event
         self._counts = dict.fromkeys(
-            ("near_hits", "shared_hits", "misses", "redis_errors", "degraded_requests",
-             "outages", "recoveries", "versions_announced"), 0)
+            (
+                "near_hits",
+                "shared_hits",
+                "misses",
+                "redis_errors",
+                "degraded_requests",
+                "outages",
+                "recoveries",
+                "versions_announced",
+            ),
+            0,
+        )
 
     async def start(self) -> None:
         """Nothing to connect in-process."""
@@ -258,8 +268,9 @@ def make_discovery_cache(
     on_event: EventHook | None = None,
 ) -> DiscoveryCache:
     """A Redis-backed cache for `redis_url`, else the in-process one (same interface)."""
-    options = dict(near_cache_size=near_cache_size, ttl_s=ttl_s, timeout_s=timeout_s,
-                   on_event=on_event)
+    options = dict(
+        near_cache_size=near_cache_size, ttl_s=ttl_s, timeout_s=timeout_s, on_event=on_event
+    )
     if redis_url is None:
         return DiscoveryCache(**options)
     from gateway.redis_cache import RedisDiscoveryCache  # imports redis only when asked

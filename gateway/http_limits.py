@@ -19,8 +19,9 @@ class HeadersTooLarge(Exception):
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
-    def __init__(self, *args: Any, max_header_bytes: int, header_timeout_s: float,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, max_header_bytes: int, header_timeout_s: float, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.max_header_bytes = max_header_bytes
         self.header_timeout_s = header_timeout_s

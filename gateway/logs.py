@@ -36,5 +36,7 @@ def configure_logging(log_format: str = "text", level: int = logging.INFO) -> No
     if log_format not in FORMATS:
         raise ValueError(f"log format must be one of {', '.join(FORMATS)}, not {log_format!r}")
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(
+        JsonFormatter() if log_format == "json" else logging.Formatter(TEXT_FORMAT)
+    )
     logging.basicConfig(level=level, handlers=[handler], force=True)

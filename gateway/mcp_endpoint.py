@@ -117,7 +117,9 @@ class McpEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         # ASGI servers lower-case header names; RFC 9110 5.5: whitespace around a value is not data
-        headers = {k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]}
+        headers = {
+            k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]
+        }
         label, tool, outcome = "invalid", None, "error"
         era, message = Era.LEGACY, None
         try:
@@ -169,17 +171,23 @@ class McpEndpoint:
             outcome = "cancelled"
         except Exception:
             logger.exception("internal error answering %s", label)
-            error = ProtocolError(INTERNAL_ERROR, "Internal error", request_id=message and message.id)
+            error = ProtocolError(
+                INTERNAL_ERROR, "Internal error", request_id=message and message.id
+            )
             await self._error(send, 500, error)
         finally:
             self.metrics.observe(label, tool, outcome, time.perf_counter() - started)
 
-    async def _transport_checks(self, scope: Scope, receive: Receive, headers: dict[str, str]) -> bytes:
+    async def _transport_checks(
+        self, scope: Scope, receive: Receive, headers: dict[str, str]
+    ) -> bytes:
         """HTTP-level rules, in the spec's order; returns the body."""
         if scope["method"] != "POST":
             raise Rejected(405, "Method Not Allowed: the MCP endpoint takes POST only")
-        if not (self.origins.origin_allowed(headers.get("origin"))
-                and self.origins.host_allowed(headers.get("host"))):
+        if not (
+            self.origins.origin_allowed(headers.get("origin"))
+            and self.origins.host_allowed(headers.get("host"))
+        ):
             raise Rejected(403, "Forbidden: Origin or Host not allowed")
         limit, timeout = self.settings.max_body_bytes, self.settings.body_timeout_s
         try:
@@ -188,8 +196,9 @@ class McpEndpoint:
         except http_io.BodyTooLarge:
             raise Rejected(413, f"Request body exceeds {limit} bytes", "body_too_large") from None
         except TimeoutError:
-            raise Rejected(408, f"Request body not received within {timeout:g} s",
-                           "body_timeout") from None
+            raise Rejected(
+                408, f"Request body not received within {timeout:g} s", "body_timeout"
+            ) from None
         if not headers.get("content-type", "").lower().startswith("application/json"):
             raise Rejected(415, "Unsupported Media Type: Content-Type must be application/json")
         if not _accepts_mcp(headers.get("accept")):
@@ -205,7 +214,9 @@ class McpEndpoint:
             catalog = self.catalog
             if MRTR_RETRY_PARAMS.isdisjoint(params):
                 body = await self.cache.get_or_build(
-                    catalog.version, method, _params_hash(method, params),
+                    catalog.version,
+                    method,
+                    _params_hash(method, params),
                     lambda: catalog.result_bytes(method, params),
                 )
             else:  # a retry's result depends on inputs outside the cache key: never cached
@@ -246,16 +257,23 @@ class McpEndpoint:
                 if streaming and "text/event-stream" in headers.get("accept", ""):
                     # The first item comes once the engine has admitted the call (or refused it:
                     # then the answer is still a plain 503), so the stream starts only after it.
-                    first = await http_io.until_disconnect(receive, asyncio.wait_for(anext(items), timeout))
-                    events = tool_call_events(message.id, token, prepend(first, items),
-                                              lambda r: self._shape(r, era))
+                    first = await http_io.until_disconnect(
+                        receive, asyncio.wait_for(anext(items), timeout)
+                    )
+                    events = tool_call_events(
+                        message.id, token, prepend(first, items), lambda r: self._shape(r, era)
+                    )
                     stream = self._stream(send, events, message.id, timeout, started)
                     await http_io.until_disconnect(receive, stream)
                     return "ok"
-                result = await http_io.until_disconnect(receive, asyncio.wait_for(_last(items), timeout))
+                result = await http_io.until_disconnect(
+                    receive, asyncio.wait_for(_last(items), timeout)
+                )
             except TimeoutError:
                 raise deadline_exceeded(timeout) from None
-        await http_io.send_response(send, 200, jsonrpc.encode_result(message.id, self._shape(result, era)))
+        await http_io.send_response(
+            send, 200, jsonrpc.encode_result(message.id, self._shape(result, era))
+        )
         return "tool_error" if result.get("isError") else "ok"
 
     def _shape(self, result: dict[str, Any], era: Era) -> dict[str, Any]:
@@ -265,16 +283,26 @@ class McpEndpoint:
     async def _listen(self, message: Message, receive: Receive, send: Send) -> str:
         honoured = accepted_filter(message.params.get("notifications"))
         events = listen_events(
-            message.id, honoured, self.versions(), self.settings.keepalive_s,
-            self.settings.listen_max_s, self.catalog.server_info,
+            message.id,
+            honoured,
+            self.versions(),
+            self.settings.keepalive_s,
+            self.settings.listen_max_s,
+            self.catalog.server_info,
         )
         # It ends itself after listen_max_s; the deadline only cuts off a reader that stalled.
         timeout = self.settings.listen_max_s + STREAM_CLOSE_GRACE_S
         await http_io.until_disconnect(receive, self._stream(send, events, message.id, timeout))
         return "ok"
 
-    async def _stream(self, send: Send, events: AsyncIterator[bytes], request_id: RequestId,
-                      timeout_s: float, started: float | None = None) -> None:
+    async def _stream(
+        self,
+        send: Send,
+        events: AsyncIterator[bytes],
+        request_id: RequestId,
+        timeout_s: float,
+        started: float | None = None,
+    ) -> None:
         """Send an SSE response until ``timeout_s`` after ``started`` (loop time, default now);
         a failure or the deadline mid-stream still ends it with an error response."""
         error = await send_sse(send, events, request_id, timeout_s, started)

@@ -165,8 +165,9 @@ class RedisDiscoveryCache(DiscoveryCache):
         loop = asyncio.get_running_loop()
         next_ping = loop.time() + HEALTH_PING_S
         while not self._trouble.is_set():
-            message = await pubsub.get_message(ignore_subscribe_messages=True,
-                                               timeout=LISTEN_POLL_S)
+            message = await pubsub.get_message(
+                ignore_subscribe_messages=True, timeout=LISTEN_POLL_S
+            )
             if message is not None and message["type"] == "message":
                 self._announce(message["data"].decode())
             if loop.time() >= next_ping:
@@ -186,15 +187,19 @@ class RedisDiscoveryCache(DiscoveryCache):
         if self._outage_since is None:
             self._outage_since = time.monotonic()
             self._count("outages", "outage")
-            log.warning("redis unavailable (%s: %s); serving discovery from the local cache",
-                        type(exc).__name__, exc)
+            log.warning(
+                "redis unavailable (%s: %s); serving discovery from the local cache",
+                type(exc).__name__,
+                exc,
+            )
 
     def _mark_up(self) -> None:
         self._up = True
         self._settled.set()
         if self._outage_since is not None:
-            log.warning("redis reachable again after %.1f s; discovery cache shared again",
-                        time.monotonic() - self._outage_since)
+            log.warning(
+                "redis reachable again after %.1f s; discovery cache shared again",
+                time.monotonic() - self._outage_since,
+            )
             self._outage_since = None
             self._count("recoveries", "recovered")
-

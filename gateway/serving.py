@@ -34,8 +34,11 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if not self.should_exit:
-            log.info("%s: draining, in-flight requests have %.0f s to finish",
-                     signal.Signals(sig).name, self.config.timeout_graceful_shutdown or 0)
+            log.info(
+                "%s: draining, in-flight requests have %.0f s to finish",
+                signal.Signals(sig).name,
+                self.config.timeout_graceful_shutdown or 0,
+            )
             self._begin_drain()
         super().handle_exit(sig, frame)
 
@@ -55,15 +58,32 @@ class DrainingServer(uvicorn.Server):
 
 def http_protocol(settings: Settings) -> Any:
     """uvicorn's ``http`` protocol with kvgate's header size and header time limits."""
-    return functools.partial(LimitedHttpToolsProtocol, max_header_bytes=settings.max_header_bytes,
-                             header_timeout_s=settings.header_timeout_s)
+    return functools.partial(
+        LimitedHttpToolsProtocol,
+        max_header_bytes=settings.max_header_bytes,
+        header_timeout_s=settings.header_timeout_s,
+    )
 
 
-def serve_app(app: Any, host: str, port: int, drain_timeout_s: float, *,
-              uvicorn_logging: bool = True, http: Any = "auto") -> None:
+def serve_app(
+    app: Any,
+    host: str,
+    port: int,
+    drain_timeout_s: float,
+    *,
+    uvicorn_logging: bool = True,
+    http: Any = "auto",
+) -> None:
     """Run until SIGTERM/SIGINT, then drain; ``uvicorn_logging`` False leaves the log setup
     to the caller (JSON logs); ``http`` is uvicorn's protocol (see ``http_protocol``)."""
-    config = uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False,
-                            timeout_graceful_shutdown=drain_timeout_s, http=http,
-                            **({} if uvicorn_logging else {"log_config": None}))
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=drain_timeout_s,
+        http=http,
+        **({} if uvicorn_logging else {"log_config": None}),
+    )
     DrainingServer(config, app.state.begin_drain).run()

@@ -25,7 +25,9 @@ class Settings:
     keepalive_s: float = 15.0  # SSE comment interval on subscriptions/listen
     listen_max_s: float = 3600.0  # a listen stream ends (gracefully) after this long
     server_name: str = "kvgate"
-    catalog_config: str | None = None  # JSON file: instructions, resources, prompts (re-read on SIGHUP)
+    catalog_config: str | None = (
+        None  # JSON file: instructions, resources, prompts (re-read on SIGHUP)
+    )
     admin_api_key: str | None = None  # enables /admin/* for "Authorization: Bearer <key>"
     drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may still run
     log_format: str = "text"  # text | json

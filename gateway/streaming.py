@@ -41,8 +41,13 @@ def sse_event(data: bytes) -> bytes:
     return b"event: message\ndata: " + data + b"\n\n"
 
 
-async def send_sse(send: Send, events: AsyncIterator[bytes], request_id: RequestId,
-                   timeout_s: float, started: float | None = None) -> ProtocolError | None:
+async def send_sse(
+    send: Send,
+    events: AsyncIterator[bytes],
+    request_id: RequestId,
+    timeout_s: float,
+    started: float | None = None,
+) -> ProtocolError | None:
     """Send an SSE response until ``timeout_s`` after ``started`` (loop time, default now). A
     failure or the deadline mid-stream still ends it with an error event (returned, so the
     caller can count it). Sends wait on this client alone (uvicorn's flow control), so a
@@ -89,7 +94,11 @@ async def tool_call_events(
     """Progress notifications as text arrives (progress = tokens so far), then the result."""
     async for item in items:
         if isinstance(item, Progress):
-            params = {"progressToken": progress_token, "progress": item.tokens, "message": item.text}
+            params = {
+                "progressToken": progress_token,
+                "progress": item.tokens,
+                "message": item.text,
+            }
             yield sse_event(encode_notification("notifications/progress", params))
         else:
             yield sse_event(encode_result(request_id, shape(item)))
@@ -136,7 +145,10 @@ async def listen_events(
             pending = None
             for key in honoured:
                 yield sse_event(encode_notification(LIST_CHANGED[key], {"_meta": tag}))
-        closing = {"resultType": "complete", "_meta": {**tag, "io.modelcontextprotocol/serverInfo": server_info}}
+        closing = {
+            "resultType": "complete",
+            "_meta": {**tag, "io.modelcontextprotocol/serverInfo": server_info},
+        }
         yield sse_event(encode_result(request_id, closing))
     finally:
         if pending is not None:

@@ -62,7 +62,8 @@ class InferenceTools:
         self.engine = engine
         self.specs = {
             d["name"]: ToolSpec(
-                d["name"], ArgumentValidator(d["name"], d["inputSchema"]),
+                d["name"],
+                ArgumentValidator(d["name"], d["inputSchema"]),
                 header_params(d["inputSchema"]),
             )
             for d in definitions
@@ -88,8 +89,10 @@ class InferenceTools:
         try:
             prompt = self._prompt(spec.name, arguments)
             params = SamplingParams(
-                **{"max_tokens": DEFAULT_MAX_TOKENS,
-                   **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments}}
+                **{
+                    "max_tokens": DEFAULT_MAX_TOKENS,
+                    **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
+                }
             )
         except ValueError as exc:
             yield tool_error(f"Invalid arguments for tool '{spec.name}': {exc}")
@@ -111,24 +114,45 @@ class InferenceTools:
         last: RequestOutput | None = None
         operation, model = OPERATIONS[tool], self.engine.model_name
         try:
-            with (tracing.span("kvgate.route", **{"kvgate.tool": tool,
-                                                  "kvgate.cache_key.set": cache_key is not None}) as route,
-                  tracing.span(f"{operation} {model}", route, **{
-                      "gen_ai.operation.name": operation, "gen_ai.request.model": model,
-                      "gen_ai.request.max_tokens": params.max_tokens}) as run):
-                async with aclosing(self.engine.generate(prompt, params, cache_key=cache_key)) as stream:
+            with (
+                tracing.span(
+                    "kvgate.route",
+                    **{"kvgate.tool": tool, "kvgate.cache_key.set": cache_key is not None},
+                ) as route,
+                tracing.span(
+                    f"{operation} {model}",
+                    route,
+                    **{
+                        "gen_ai.operation.name": operation,
+                        "gen_ai.request.model": model,
+                        "gen_ai.request.max_tokens": params.max_tokens,
+                    },
+                ) as run,
+            ):
+                async with aclosing(
+                    self.engine.generate(prompt, params, cache_key=cache_key)
+                ) as stream:
                     async for out in stream:
                         if last is None:  # the replica chosen, and how much of the prompt it had
-                            tracing.annotate(route, **{"kvgate.replica": out.replica,
-                                                       "kvgate.cached_tokens": out.cached_tokens})
+                            tracing.annotate(
+                                route,
+                                **{
+                                    "kvgate.replica": out.replica,
+                                    "kvgate.cached_tokens": out.cached_tokens,
+                                },
+                            )
                         last = out
                         if out.delta_text:
                             yield Progress(len(out.token_ids), out.delta_text)
                 if last is not None:
-                    tracing.annotate(run, **{
-                        "gen_ai.usage.input_tokens": len(last.prompt_token_ids),
-                        "gen_ai.usage.output_tokens": len(last.token_ids),
-                        "gen_ai.response.finish_reasons": [last.finish_reason or "stop"]})
+                    tracing.annotate(
+                        run,
+                        **{
+                            "gen_ai.usage.input_tokens": len(last.prompt_token_ids),
+                            "gen_ai.usage.output_tokens": len(last.token_ids),
+                            "gen_ai.response.finish_reasons": [last.finish_reason or "stop"],
+                        },
+                    )
         except ValueError as exc:
             if last is not None:
                 raise
@@ -150,12 +174,18 @@ class InferenceTools:
             "model": self.engine.model_name,
             "replica": out.replica,
         }
-        return {"content": [{"type": "text", "text": out.text}], "structuredContent": structured,
-                "isError": False}
+        return {
+            "content": [{"type": "text", "text": out.text}],
+            "structuredContent": structured,
+            "isError": False,
+        }
 
     def _tokenize(self, text: str) -> dict[str, Any]:
         ids = list(self.engine.tokenizer.encode(text))
         structured = {"token_ids": ids, "count": len(ids), "model": self.engine.model_name}
         summary = f"{len(ids)} tokens: {ids}"
-        return {"content": [{"type": "text", "text": summary}], "structuredContent": structured,
-                "isError": False}
+        return {
+            "content": [{"type": "text", "text": summary}],
+            "structuredContent": structured,
+            "isError": False,
+        }

@@ -35,8 +35,9 @@ def enabled() -> bool:
 
 
 @contextlib.contextmanager
-def request_span(method: str, params: Mapping[str, Any], meta: Mapping[str, Any],
-                 request_id: Any) -> Iterator[Span | None]:
+def request_span(
+    method: str, params: Mapping[str, Any], meta: Mapping[str, Any], request_id: Any
+) -> Iterator[Span | None]:
     """The current SERVER span for one MCP request, a child of the caller's span if ``meta``
     carries one; named ``{method} {target}`` (the MCP semantic conventions)."""
     if not enabled():
@@ -50,8 +51,10 @@ def request_span(method: str, params: Mapping[str, Any], meta: Mapping[str, Any]
         attributes["gen_ai.tool.name" if method == "tools/call" else "mcp.target"] = target
     tracer = trace.get_tracer(TRACER_NAME)
     with tracer.start_as_current_span(
-        f"{method} {target}" if target else method, context=propagate.extract(carrier),
-        kind=trace.SpanKind.SERVER, attributes=attributes,
+        f"{method} {target}" if target else method,
+        context=propagate.extract(carrier),
+        kind=trace.SpanKind.SERVER,
+        attributes=attributes,
     ) as span:
         yield span
 
@@ -86,4 +89,7 @@ def current_ids() -> dict[str, str]:
     context = trace.get_current_span().get_span_context()
     if not context.is_valid:
         return {}
-    return {"trace_id": format(context.trace_id, "032x"), "span_id": format(context.span_id, "016x")}
+    return {
+        "trace_id": format(context.trace_id, "032x"),
+        "span_id": format(context.span_id, "016x"),
+    }

@@ -50,7 +50,9 @@ def encode_header_value(value: str) -> str:
     )
     if plain:
         return value
-    return SENTINEL_PREFIX + base64.b64encode(value.encode("utf-8")).decode("ascii") + SENTINEL_SUFFIX
+    return (
+        SENTINEL_PREFIX + base64.b64encode(value.encode("utf-8")).decode("ascii") + SENTINEL_SUFFIX
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +79,9 @@ def header_params(input_schema: Mapping[str, Any]) -> tuple[HeaderParam, ...]:
         if param.header.lower() in seen:
             raise ValueError(f"x-mcp-header {param.header!r} is not unique")
         if param.type not in ("string", "integer", "boolean"):
-            raise ValueError(f"x-mcp-header {param.header!r} must annotate a string, integer or boolean")
+            raise ValueError(
+                f"x-mcp-header {param.header!r} must annotate a string, integer or boolean"
+            )
         seen.add(param.header.lower())
     return tuple(found)
 
@@ -105,7 +109,9 @@ def check_param_headers(
             continue
         header_name = f"Mcp-Param-{param.header}"
         if raw is None:
-            raise header_mismatch(f"{header_name} header is required when '{'.'.join(param.path)}' is set")
+            raise header_mismatch(
+                f"{header_name} header is required when '{'.'.join(param.path)}' is set"
+            )
         if not _matches(param.type, value, decode_header_value(raw)):
             raise header_mismatch(f"{header_name} header does not match the body value")
 
@@ -135,4 +141,3 @@ def require_header(headers: Mapping[str, str], name: str) -> str:
     if value is None:
         raise header_mismatch(f"the {name} header is required")
     return value
-

@@ -39,25 +39,34 @@ def parse_message(body: bytes, max_depth: int = MAX_DEPTH) -> Message:
         raise ProtocolError(INVALID_REQUEST, "Invalid request: the body must be a JSON object")
     request_id = _read_id(value)
     if value.get("jsonrpc") != "2.0":
-        raise ProtocolError(INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0"',
-                            request_id=request_id)
+        raise ProtocolError(
+            INVALID_REQUEST, 'Invalid request: "jsonrpc" must be "2.0"', request_id=request_id
+        )
     method = value.get("method")
     if not isinstance(method, str) or not method:
-        raise ProtocolError(INVALID_REQUEST, 'Invalid request: "method" must be a non-empty string',
-                            request_id=request_id)
+        raise ProtocolError(
+            INVALID_REQUEST,
+            'Invalid request: "method" must be a non-empty string',
+            request_id=request_id,
+        )
     if "id" in value and request_id is None:
-        raise ProtocolError(INVALID_REQUEST,
-                            'Invalid request: "id" must be a string or an integer, not null')
+        raise ProtocolError(
+            INVALID_REQUEST, 'Invalid request: "id" must be a string or an integer, not null'
+        )
     params = value.get("params", {})
     if not isinstance(params, dict):
-        raise ProtocolError(INVALID_REQUEST, 'Invalid request: "params" must be an object',
-                            request_id=request_id)
+        raise ProtocolError(
+            INVALID_REQUEST, 'Invalid request: "params" must be an object', request_id=request_id
+        )
     return Message(method=method, params=params, id=request_id)
 
 
 def _too_deep(max_depth: int, request_id: RequestId | None = None) -> ProtocolError:
-    return ProtocolError(INVALID_REQUEST, f"Invalid request: JSON nested deeper than {max_depth}",
-                         request_id=request_id)
+    return ProtocolError(
+        INVALID_REQUEST,
+        f"Invalid request: JSON nested deeper than {max_depth}",
+        request_id=request_id,
+    )
 
 
 def _depth(value: Any) -> int:

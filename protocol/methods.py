@@ -29,4 +29,6 @@ def check_method(method: str, era: Era) -> None:
     """Raise Method not found (-32601) unless ``method`` is served in ``era``."""
     known = MODERN_METHODS if era is Era.MODERN else LEGACY_METHODS
     if method not in known:
-        raise ProtocolError(METHOD_NOT_FOUND, f"Method not found: {method}", data={"method": method})
+        raise ProtocolError(
+            METHOD_NOT_FOUND, f"Method not found: {method}", data={"method": method}
+        )

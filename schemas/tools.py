@@ -86,8 +86,13 @@ def _completion_output(kind: str) -> dict[str, Any]:
             "replica": {**count, "description": "The engine replica that answered."},
         },
         "required": [
-            "text", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens",
-            "model", "replica",
+            "text",
+            "finish_reason",
+            "prompt_tokens",
+            "completion_tokens",
+            "cached_tokens",
+            "model",
+            "replica",
         ],
         "additionalProperties": False,
     }

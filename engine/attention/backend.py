@@ -50,6 +50,6 @@ def get_attention_backend(
         raise ValueError(
             f"attention_backend: triton needs a CUDA device (or TRITON_INTERPRET=1), got {device}"
         )
-    from engine.attention import triton_backend
+    from engine.attention.triton import backend as triton_backend
 
     return AttentionBackend("triton", triton_backend.write_kv, triton_backend.paged_attention)

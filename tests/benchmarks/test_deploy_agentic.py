@@ -12,10 +12,13 @@ def run_of(system_tokens: int, sessions: list[list[tuple[int, int, str]]]) -> Ru
 
 def test_hit_rates_ceiling_and_prefill_on_hand_built_turns() -> None:
     # one session pinned to one process; one spread over two (its 2nd turn missed the history)
-    result = run_of(100, [
-        [(120, 0, "a"), (150, 112, "a"), (190, 144, "a")],
-        [(110, 96, "b"), (140, 96, "c"), (170, 128, "b")],
-    ])
+    result = run_of(
+        100,
+        [
+            [(120, 0, "a"), (150, 112, "a"), (190, 144, "a")],
+            [(110, 96, "b"), (140, 96, "c"), (170, 128, "b")],
+        ],
+    )
     assert result.hit_rate() == pytest.approx(576 / 880)
     assert result.hit_rate(1) == pytest.approx(480 / 650)
     assert result.ceiling() == pytest.approx((120 + 150 + 110 + 140) / 650)

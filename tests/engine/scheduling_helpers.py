@@ -39,8 +39,13 @@ def make_request(prompt: list[int], max_tokens: int = 4) -> Request:
 
 
 def make_scheduler(
-    num_blocks: int, budget: int = 64, max_num_seqs: int = 8, reserve: int = 0,
-    pool: BlockPool | None = None, replica: int = 0, caching: bool = True,
+    num_blocks: int,
+    budget: int = 64,
+    max_num_seqs: int = 8,
+    reserve: int = 0,
+    pool: BlockPool | None = None,
+    replica: int = 0,
+    caching: bool = True,
 ) -> Scheduler:
     pool = pool or BlockPool(num_blocks)
     return Scheduler(KVCacheManager(pool, replica, 16, caching), max_num_seqs, budget, reserve)

@@ -17,8 +17,9 @@ LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 
 @pytest.fixture
 async def engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
-    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
-                                   kv_cache_memory="2MiB", replicas=2))
+    engine = AsyncLLM(
+        EngineConfig(model=str(tiny_model_dir), dtype="float32", kv_cache_memory="2MiB", replicas=2)
+    )
     yield engine
     engine.shutdown()
     engine.core.pool.check_invariants()
@@ -134,8 +135,15 @@ async def test_a_cache_salt_keeps_tenants_apart(engine: AsyncLLM):
 
 
 async def test_waiting_queue_is_bounded_and_a_refusal_queues_nothing(tiny_model_dir: Path):
-    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
-                                   kv_cache_memory="1MiB", max_num_seqs=1, max_waiting=2))
+    engine = AsyncLLM(
+        EngineConfig(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            kv_cache_memory="1MiB",
+            max_num_seqs=1,
+            max_waiting=2,
+        )
+    )
     try:
         streams = [engine.generate(f"queued {i}", LONG) for i in range(3)]
         await anext(streams[0])  # running
@@ -158,9 +166,15 @@ async def test_waiting_queue_is_bounded_and_a_refusal_queues_nothing(tiny_model_
 
 
 async def test_prompt_and_max_tokens_limits_name_the_field(tiny_model_dir: Path):
-    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
-                                   kv_cache_memory="1MiB", max_prompt_tokens=8,
-                                   max_tokens_limit=16))
+    engine = AsyncLLM(
+        EngineConfig(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            kv_cache_memory="1MiB",
+            max_prompt_tokens=8,
+            max_tokens_limit=16,
+        )
+    )
     try:
         with pytest.raises(ValueError, match="max_tokens: at most 16"):
             await anext(engine.generate("hi", SamplingParams(max_tokens=17)))

@@ -49,8 +49,13 @@ def test_hashes_are_identical_across_processes():
         "print(block_hashes(list(range(48)), root_hash('m', 'fp8', salt='t'))[-1].hex())"
     )
     runs = {
-        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                       env={"PYTHONHASHSEED": str(seed), "PATH": ""}).stdout
+        subprocess.run(
+            [sys.executable, "-c", code],
+            capture_output=True,
+            text=True,
+            check=True,
+            env={"PYTHONHASHSEED": str(seed), "PATH": ""},
+        ).stdout
         for seed in (1, 2)
     }
     assert len(runs) == 1 and next(iter(runs)).strip()

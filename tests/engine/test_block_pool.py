@@ -207,7 +207,7 @@ def test_concurrent_replicas_keep_the_invariants():
                 if fresh is None:
                     pool.release(table, replica)
                     continue
-                written = pool.register(zip(fresh, chain[len(table):], strict=True), replica)
+                written = pool.register(zip(fresh, chain[len(table) :], strict=True), replica)
                 pool.mark_ready(written)
                 table += fresh
                 pool.release(table, replica)

@@ -24,15 +24,16 @@ PROMPTS = [
 
 def hf_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
     """The reference: transformers' forward over the whole sequence, argmax, n times."""
-    model = _HF_MODELS.get(path) or AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32
-    ).eval()
+    model = (
+        _HF_MODELS.get(path)
+        or AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    )
     _HF_MODELS[path] = model
     ids = list(prompt)
     with torch.inference_mode():
         for _ in range(n):
             ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt):]
+    return ids[len(prompt) :]
 
 
 _HF_MODELS: dict[Path, torch.nn.Module] = {}
@@ -75,10 +76,13 @@ def test_greedy_matches_transformers_batched_and_again_from_the_prefix_cache(
 
 def test_chunked_prefill_matches_transformers(hf_checkpoint):
     path = hf_checkpoint("llama")
-    chunked = LLM(str(path), dtype="float32", kv_cache_memory="2MiB", max_num_seqs=4,
-                  max_num_batched_tokens=7)  # prompts arrive in chunks of at most 7 tokens
+    chunked = LLM(
+        str(path), dtype="float32", kv_cache_memory="2MiB", max_num_seqs=4, max_num_batched_tokens=7
+    )  # prompts arrive in chunks of at most 7 tokens
     outputs = chunked.generate(PROMPTS, GREEDY)
-    assert [o.token_ids for o in outputs] == [hf_greedy(path, p, GREEDY.max_tokens) for p in PROMPTS]
+    assert [o.token_ids for o in outputs] == [
+        hf_greedy(path, p, GREEDY.max_tokens) for p in PROMPTS
+    ]
     assert_no_leaks(chunked)
 
 
@@ -101,8 +105,9 @@ def test_a_seed_gives_the_same_sample_whatever_the_batch(llm: LLM):
 def test_unseeded_sampling_is_reproducible_from_the_engine_seed(tiny_model_dir: Path):
     params = SamplingParams(max_tokens=8, temperature=1.0, ignore_eos=True)
     runs = [
-        LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", seed=7)
-        .generate(["one", "two"], params)
+        LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", seed=7).generate(
+            ["one", "two"], params
+        )
         for _ in range(2)
     ]
     assert [o.token_ids for o in runs[0]] == [o.token_ids for o in runs[1]]
@@ -112,21 +117,25 @@ def test_finish_reasons_stop_strings_and_stop_token_ids(llm: LLM):
     free = llm.generate("Stop here", GREEDY)[0]
     assert free.finish_reason == "length" and len(free.token_ids) == 12
     token = free.token_ids[2]
-    by_token = llm.generate("Stop here", SamplingParams(
-        max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[token]))[0]
+    by_token = llm.generate(
+        "Stop here",
+        SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[token]),
+    )[0]
     first = free.token_ids.index(token)
     assert by_token.token_ids == free.token_ids[: first + 1] and by_token.finish_reason == "stop"
     text = free.text
     stop = text[len(text) // 2 : len(text) // 2 + 2]
-    by_string = llm.generate("Stop here", SamplingParams(
-        max_tokens=12, temperature=0, ignore_eos=True, stop=[stop]))[0]
+    by_string = llm.generate(
+        "Stop here", SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, stop=[stop])
+    )[0]
     assert by_string.finish_reason == "stop"
     assert by_string.text == text[: text.index(stop)]
 
 
 def test_logprobs_are_returned_per_token(llm: LLM):
-    out = llm.generate("logprobs", SamplingParams(max_tokens=4, temperature=0, logprobs=3,
-                                                  ignore_eos=True))[0]
+    out = llm.generate(
+        "logprobs", SamplingParams(max_tokens=4, temperature=0, logprobs=3, ignore_eos=True)
+    )[0]
     assert out.logprobs is not None and len(out.logprobs) == 4
     for token, entry in zip(out.token_ids, out.logprobs, strict=True):
         assert token in entry and max(entry, key=entry.get) == token and len(entry) == 3
@@ -165,8 +174,14 @@ def test_preempted_requests_recompute_and_give_the_same_tokens(tiny_model_dir: P
     roomy = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="2MiB")
     expected = [o.token_ids for o in roomy.generate(prompts, params)]
     # 8 usable blocks: four requests of 70 tokens (5 blocks each) cannot all stay resident
-    tight = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory=8 * 16 * 1024 + 1,
-                free_block_reserve=0, enable_prefix_caching=False, conversation_cache_share=1.0)
+    tight = LLM(
+        str(tiny_model_dir),
+        dtype="float32",
+        kv_cache_memory=8 * 16 * 1024 + 1,
+        free_block_reserve=0,
+        enable_prefix_caching=False,
+        conversation_cache_share=1.0,
+    )
     assert tight.core.pool.num_blocks == 9
     got = [o.token_ids for o in tight.generate(prompts, params)]
     assert got == expected
@@ -175,8 +190,13 @@ def test_preempted_requests_recompute_and_give_the_same_tokens(tiny_model_dir: P
 
 
 def test_many_requests_through_few_slots_all_finish_in_order(tiny_model_dir: Path):
-    small = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", max_num_seqs=2,
-                max_num_batched_tokens=32)
+    small = LLM(
+        str(tiny_model_dir),
+        dtype="float32",
+        kv_cache_memory="1MiB",
+        max_num_seqs=2,
+        max_num_batched_tokens=32,
+    )
     prompts = [[i + 3] * (5 + 7 * i) for i in range(8)]
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
     outputs = small.generate(prompts, params)
@@ -188,8 +208,9 @@ def test_many_requests_through_few_slots_all_finish_in_order(tiny_model_dir: Pat
 
 def test_abort_frees_the_request_blocks_at_the_next_step(llm: LLM):
     replica = llm.core.replicas[0]
-    request = llm.core.make_request(list(range(40, 90)), SamplingParams(
-        max_tokens=100, temperature=0, ignore_eos=True))
+    request = llm.core.make_request(
+        list(range(40, 90)), SamplingParams(max_tokens=100, temperature=0, ignore_eos=True)
+    )
     replica.submit(request)
     replica.step()
     replica.step()
@@ -208,8 +229,9 @@ def test_chat_applies_the_template(llm: LLM):
 
 
 def test_prefix_caching_can_be_turned_off(tiny_model_dir: Path):
-    off = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB",
-              enable_prefix_caching=False)
+    off = LLM(
+        str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", enable_prefix_caching=False
+    )
     prompt = list(range(200, 260))
     outs = [off.generate([prompt], GREEDY)[0] for _ in range(2)]
     assert outs[1].cached_tokens == 0 and outs[0].token_ids == outs[1].token_ids
@@ -242,8 +264,9 @@ def test_two_replicas_share_one_pool_and_give_the_same_tokens(tiny_model_dir: Pa
 
 def test_one_huge_prompt_cannot_evict_every_other_conversation(tiny_model_dir: Path):
     block_bytes = 16 * 1024  # tiny model, fp32: 2 layers x 2 KV heads x 32 dims x 4 B x K,V
-    llm = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory=32 * block_bytes,
-              free_block_reserve=0)
+    llm = LLM(
+        str(tiny_model_dir), dtype="float32", kv_cache_memory=32 * block_bytes, free_block_reserve=0
+    )
     assert llm.core.max_model_len == 16 * 16  # one request may hold half the pool
     one = SamplingParams(max_tokens=1, temperature=0)
     conversations = [[c + 10] * 49 for c in range(8)]  # 3 cacheable blocks each

@@ -18,8 +18,15 @@ PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
 
 @pytest.fixture
 async def engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
-    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
-                                   kv_cache_memory="2MiB", replicas=2, step_timeout_s=0.3))
+    engine = AsyncLLM(
+        EngineConfig(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            kv_cache_memory="2MiB",
+            replicas=2,
+            step_timeout_s=0.3,
+        )
+    )
     yield engine
     engine.shutdown()
     engine.core.pool.check_invariants()
@@ -28,8 +35,11 @@ async def engine(tiny_model_dir: Path) -> AsyncIterator[AsyncLLM]:
 def key_for(engine: AsyncLLM, replica: int) -> str:
     """A cache key whose first choice is ``replica``."""
     router = engine.core.router
-    return next(k for k in map(str, range(100))
-                if next(router.preference(b"cache_key:" + k.encode())) == replica)
+    return next(
+        k
+        for k in map(str, range(100))
+        if next(router.preference(b"cache_key:" + k.encode())) == replica
+    )
 
 
 async def run(engine: AsyncLLM, prompt: str, cache_key: str | None = None) -> list[int]:

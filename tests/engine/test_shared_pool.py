@@ -15,16 +15,28 @@ async def test_concurrent_replicas_sharing_a_tight_pool_stay_exact_and_leak_noth
 ):
     rng = random.Random(0)
     system = [rng.randrange(20, 1000) for _ in range(40)]  # a shared prefix: cross-replica hits
-    prompts = [system + [rng.randrange(20, 1000) for _ in range(rng.randrange(1, 40))]
-               for _ in range(16)]
+    prompts = [
+        system + [rng.randrange(20, 1000) for _ in range(rng.randrange(1, 40))] for _ in range(16)
+    ]
     params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-    expected = [o.token_ids for o in LLM(str(tiny_model_dir), dtype="float32",
-                                         kv_cache_memory="2MiB").generate(prompts, params)]
+    expected = [
+        o.token_ids
+        for o in LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="2MiB").generate(
+            prompts, params
+        )
+    ]
     # 40 usable blocks for 16 requests of up to 6 blocks: preemption and eviction under load
-    engine = AsyncLLM(EngineConfig(model=str(tiny_model_dir), dtype="float32",
-                                   kv_cache_memory=40 * 16 * 1024, replicas=2,
-                                   max_num_batched_tokens=64))
+    engine = AsyncLLM(
+        EngineConfig(
+            model=str(tiny_model_dir),
+            dtype="float32",
+            kv_cache_memory=40 * 16 * 1024,
+            replicas=2,
+            max_num_batched_tokens=64,
+        )
+    )
     try:
+
         async def run(i: int) -> list[int] | None:
             stream = engine.generate(prompts[i], params, cache_key=f"session-{i % 5}")
             async for out in stream:

@@ -20,8 +20,12 @@ def engine() -> Iterator[AsyncLLM]:
 
 @pytest.fixture(scope="session")
 def server(engine: AsyncLLM) -> Iterator[LiveServer]:
-    with LiveServer(engine, max_body_bytes=64 * 1024, keepalive_s=0.2,
-                    allowed_origins=("https://app.example.com",)) as live:
+    with LiveServer(
+        engine,
+        max_body_bytes=64 * 1024,
+        keepalive_s=0.2,
+        allowed_origins=("https://app.example.com",),
+    ) as live:
         yield live
 
 

@@ -33,8 +33,14 @@ class LiveServer:
         self.app = create_app(self.settings, engine)
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.base = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning",
-                                access_log=False, http=http_protocol(self.settings))
+        config = uvicorn.Config(
+            self.app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            http=http_protocol(self.settings),
+        )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(target=self._server.run, daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None

@@ -21,8 +21,9 @@ import pytest
 from tests.gateway.live_server import free_port
 
 REDIS_SERVER = shutil.which("redis-server")
-requires_redis_server = pytest.mark.skipif(REDIS_SERVER is None,
-                                           reason="redis-server binary not installed")
+requires_redis_server = pytest.mark.skipif(
+    REDIS_SERVER is None, reason="redis-server binary not installed"
+)
 
 
 class RedisServer:
@@ -45,9 +46,24 @@ class RedisServer:
         """Start (or restart, empty) on the same port; return once it accepts connections."""
         assert REDIS_SERVER is not None
         self._process = subprocess.Popen(
-            [REDIS_SERVER, "--bind", "127.0.0.1", "--port", str(self.port), "--save", "",
-             "--appendonly", "no", "--dir", str(self.workdir), "--logfile", "redis.log"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            [
+                REDIS_SERVER,
+                "--bind",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--logfile",
+                "redis.log",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:

@@ -13,7 +13,9 @@ RELOAD = "/admin/catalog/reload"
 
 
 def test_no_key_configured_means_no_admin_endpoint(server: LiveServer) -> None:
-    assert httpx.post(server.base + RELOAD, headers={"Authorization": "Bearer x"}).status_code == 404
+    assert (
+        httpx.post(server.base + RELOAD, headers={"Authorization": "Bearer x"}).status_code == 404
+    )
 
 
 def test_reload_needs_the_key_and_reports_versions(engine: Any, tmp_path) -> None:

@@ -19,7 +19,11 @@ from tests.gateway.live_server import LiveServer
 from tests.gateway.test_streaming import events, stream_request, wait_idle
 from tests.gateway.wire import call
 
-LONG = {"prompt": "A story that goes on and on", "max_tokens": 3000, "temperature": 0}  # ~5 s, no EOS
+LONG = {
+    "prompt": "A story that goes on and on",
+    "max_tokens": 3000,
+    "temperature": 0,
+}  # ~5 s, no EOS
 
 
 @pytest.fixture(scope="module")
@@ -29,11 +33,13 @@ def http() -> Iterator[httpx.Client]:
 
 
 @contextmanager
-def streaming_call(http: httpx.Client, url: str, arguments: dict[str, Any],
-                   headers: dict[str, str] | None = None) -> Iterator[httpx.Response]:
+def streaming_call(
+    http: httpx.Client, url: str, arguments: dict[str, Any], headers: dict[str, str] | None = None
+) -> Iterator[httpx.Response]:
     """A generate call held open (its first progress event read) until the block exits."""
-    content, base = stream_request("tools/call", {"name": "generate", "arguments": arguments},
-                                   "generate", progressToken="held")
+    content, base = stream_request(
+        "tools/call", {"name": "generate", "arguments": arguments}, "generate", progressToken="held"
+    )
     with http.stream("POST", url, content=content, headers={**base, **(headers or {})}) as response:
         stream = events(response)  # kept: closing this iterator would close the response
         assert next(e for e in stream if e is not None)["method"] == "notifications/progress"
@@ -47,35 +53,59 @@ def rejected(http: httpx.Client, base: str, reason: str) -> float:
     return 0.0
 
 
-def test_per_client_concurrency_is_429_with_retry_after(http: httpx.Client, engine: AsyncLLM) -> None:
+def test_per_client_concurrency_is_429_with_retry_after(
+    http: httpx.Client, engine: AsyncLLM
+) -> None:
     with LiveServer(engine, max_concurrency_per_client=1) as live:
         alice = {"Authorization": "Bearer alice-key"}
         with streaming_call(http, live.url, LONG, alice):
-            second = call(http, live.url, "tools/call",
-                          {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
-                          name="generate", headers=alice)
+            second = call(
+                http,
+                live.url,
+                "tools/call",
+                {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
+                name="generate",
+                headers=alice,
+            )
             assert second.status == 429 and second.headers["retry-after"] == "1"
             assert second.error["code"] == RATE_LIMITED and second.body["id"] == 1
             assert second.error["data"] == {"reason": "client_concurrency", "retryAfterS": 1}
-            bob = call(http, live.url, "tools/call",
-                       {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
-                       name="generate", headers={"Authorization": "Bearer bob-key"})
+            bob = call(
+                http,
+                live.url,
+                "tools/call",
+                {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
+                name="generate",
+                headers={"Authorization": "Bearer bob-key"},
+            )
             assert bob.status == 200 and not bob.result["isError"]
         assert rejected(http, live.base, "client_concurrency") == 1
         wait_idle(engine, 2.0)
-        again = call(http, live.url, "tools/call",
-                     {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
-                     name="generate", headers=alice)
+        again = call(
+            http,
+            live.url,
+            "tools/call",
+            {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
+            name="generate",
+            headers=alice,
+        )
         assert again.status == 200
 
 
-def test_cache_key_is_the_client_when_there_is_no_api_key(http: httpx.Client, engine: AsyncLLM) -> None:
+def test_cache_key_is_the_client_when_there_is_no_api_key(
+    http: httpx.Client, engine: AsyncLLM
+) -> None:
     with LiveServer(engine, max_concurrency_per_client=1) as live:
         keyed = {**LONG, "cache_key": "tenant-a"}
         with streaming_call(http, live.url, keyed, {"Mcp-Param-Cache-Key": "tenant-a"}):
-            same = call(http, live.url, "tools/call",
-                        {"name": "generate", "arguments": {"prompt": "x", "cache_key": "tenant-a"}},
-                        name="generate", headers={"Mcp-Param-Cache-Key": "tenant-a"})
+            same = call(
+                http,
+                live.url,
+                "tools/call",
+                {"name": "generate", "arguments": {"prompt": "x", "cache_key": "tenant-a"}},
+                name="generate",
+                headers={"Mcp-Param-Cache-Key": "tenant-a"},
+            )
             assert same.status == 429
     wait_idle(engine, 2.0)
 
@@ -87,21 +117,36 @@ def test_a_full_engine_queue_is_503_with_retry_after_and_queues_nothing(
     try:
         with LiveServer(engine) as live, ExitStack() as held:
             held.enter_context(streaming_call(http, live.url, LONG))  # running
-            content, headers = stream_request("tools/call", {"name": "generate", "arguments": LONG},
-                                              "generate")
+            content, headers = stream_request(
+                "tools/call", {"name": "generate", "arguments": LONG}, "generate"
+            )
             waiting = held.enter_context(socket.create_connection(("127.0.0.1", live.port)))
             waiting.sendall(raw_request(content, headers))  # waits; closing the socket cancels it
             wait_for(lambda: engine.stats().num_waiting == 1)
             for meta in ({}, {"progressToken": "sse"}):
-                refused = call(http, live.url, "tools/call", {"name": "generate", "arguments": LONG},
-                               name="generate", meta=meta)
+                refused = call(
+                    http,
+                    live.url,
+                    "tools/call",
+                    {"name": "generate", "arguments": LONG},
+                    name="generate",
+                    meta=meta,
+                )
                 assert refused.status == 503 and refused.headers["retry-after"] == "1"
                 assert refused.error["code"] == SERVER_OVERLOADED
                 assert refused.error["data"]["reason"] == "overloaded"
             assert engine.stats().num_waiting == 1
             assert rejected(http, live.base, "overloaded") == 2
-            assert call(http, live.url, "tools/call", {"name": "tokenize",
-                        "arguments": {"text": "still served"}}, name="tokenize").status == 200
+            assert (
+                call(
+                    http,
+                    live.url,
+                    "tools/call",
+                    {"name": "tokenize", "arguments": {"text": "still served"}},
+                    name="tokenize",
+                ).status
+                == 200
+            )
         wait_idle(engine, 2.0)
         engine.core.pool.check_invariants()
     finally:
@@ -112,9 +157,17 @@ def test_a_full_engine_queue_is_503_with_retry_after_and_queues_nothing(
 def test_a_call_past_its_deadline_is_cancelled_with_a_clear_error(
     http: httpx.Client, server: LiveServer, engine: AsyncLLM, meta: dict[str, Any]
 ) -> None:
-    exchange = call(http, server.url, "tools/call", {"name": "generate", "arguments": LONG},
-                    name="generate", meta={"dev.kvgate/timeoutMs": 300, **meta})
-    assert exchange.error["code"] == REQUEST_TIMEOUT and "timed out after" in exchange.error["message"]
+    exchange = call(
+        http,
+        server.url,
+        "tools/call",
+        {"name": "generate", "arguments": LONG},
+        name="generate",
+        meta={"dev.kvgate/timeoutMs": 300, **meta},
+    )
+    assert (
+        exchange.error["code"] == REQUEST_TIMEOUT and "timed out after" in exchange.error["message"]
+    )
     # A stream that has begun (the first token came in time) carries the error in its last event.
     sse = exchange.headers["content-type"].startswith("text/event-stream")
     assert exchange.status == (200 if sse else 504) and (sse or not meta or exchange.status == 504)
@@ -123,17 +176,30 @@ def test_a_call_past_its_deadline_is_cancelled_with_a_clear_error(
 
 
 @pytest.mark.parametrize("value", [0, -5, "100", True, [1]])
-def test_a_bad_timeout_is_invalid_params(http: httpx.Client, server: LiveServer, value: Any) -> None:
-    exchange = call(http, server.url, "tools/call",
-                    {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 1}},
-                    name="generate", meta={"dev.kvgate/timeoutMs": value})
+def test_a_bad_timeout_is_invalid_params(
+    http: httpx.Client, server: LiveServer, value: Any
+) -> None:
+    exchange = call(
+        http,
+        server.url,
+        "tools/call",
+        {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 1}},
+        name="generate",
+        meta={"dev.kvgate/timeoutMs": value},
+    )
     assert exchange.status == 400 and exchange.error["code"] == -32602
 
 
 def test_the_server_timeout_bounds_every_call(http: httpx.Client, engine: AsyncLLM) -> None:
     with LiveServer(engine, request_timeout_s=0.3) as live:
-        exchange = call(http, live.url, "tools/call", {"name": "generate", "arguments": LONG},
-                        name="generate", meta={"dev.kvgate/timeoutMs": 60_000})  # cannot lengthen
+        exchange = call(
+            http,
+            live.url,
+            "tools/call",
+            {"name": "generate", "arguments": LONG},
+            name="generate",
+            meta={"dev.kvgate/timeoutMs": 60_000},
+        )  # cannot lengthen
         assert exchange.status == 504 and exchange.error["code"] == REQUEST_TIMEOUT
         assert rejected(http, live.base, "deadline") == 1
     wait_idle(engine, 2.0)
@@ -141,8 +207,9 @@ def test_the_server_timeout_bounds_every_call(http: httpx.Client, engine: AsyncL
 
 def test_listen_streams_are_capped(http: httpx.Client, engine: AsyncLLM) -> None:
     with LiveServer(engine, max_listen_streams=1, keepalive_s=0.2) as live:
-        content, headers = stream_request("subscriptions/listen",
-                                          {"notifications": {"toolsListChanged": True}})
+        content, headers = stream_request(
+            "subscriptions/listen", {"notifications": {"toolsListChanged": True}}
+        )
         with http.stream("POST", live.url, content=content, headers=headers) as first:
             stream = events(first, "subscriptions/listen")
             assert next(stream)["method"].endswith("acknowledged")
@@ -163,22 +230,32 @@ def test_tool_error_when_the_engine_step_fails(
         raise RuntimeError("injected device fault")
 
     monkeypatch.setattr(runner, "execute", broken)
-    failed = call(http, server.url, "tools/call",
-                  {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 4}},
-                  name="generate")
+    failed = call(
+        http,
+        server.url,
+        "tools/call",
+        {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 4}},
+        name="generate",
+    )
     assert failed.status == 200 and failed.result["isError"]
     assert "injected device fault" in failed.result["content"][0]["text"]
     monkeypatch.undo()
     wait_idle(engine, 2.0)
-    ok = call(http, server.url, "tools/call",
-              {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 4}}, name="generate")
+    ok = call(
+        http,
+        server.url,
+        "tools/call",
+        {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 4}},
+        name="generate",
+    )
     assert ok.status == 200 and not ok.result["isError"]
 
 
 def raw_request(content: bytes, headers: dict[str, str]) -> bytes:
     lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    return (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{lines}Content-Length: {len(content)}"
-            "\r\n\r\n").encode() + content
+    return (
+        f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1\r\n{lines}Content-Length: {len(content)}\r\n\r\n"
+    ).encode() + content
 
 
 def wait_for(condition: Any, timeout: float = 5.0) -> None:
@@ -189,12 +266,18 @@ def wait_for(condition: Any, timeout: float = 5.0) -> None:
         time.sleep(0.01)
 
 
-def test_callers_without_a_key_are_not_limited_together(http: httpx.Client, engine: AsyncLLM) -> None:
+def test_callers_without_a_key_are_not_limited_together(
+    http: httpx.Client, engine: AsyncLLM
+) -> None:
     with LiveServer(engine, max_concurrency_per_client=1) as live:
         with streaming_call(http, live.url, LONG):
-            anonymous = call(http, live.url, "tools/call",
-                             {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
-                             name="generate")
+            anonymous = call(
+                http,
+                live.url,
+                "tools/call",
+                {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
+                name="generate",
+            )
             assert anonymous.status == 200
     wait_idle(engine, 2.0)
 
@@ -207,9 +290,13 @@ def test_a_stuck_replica_is_unready_and_calls_are_refused_not_queued(
     try:
         ready = http.get(server.base + "/readyz")
         assert (ready.status_code, ready.json()) == (503, {"ready": False, "replicas": [False]})
-        refused = call(http, server.url, "tools/call",
-                       {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
-                       name="generate")
+        refused = call(
+            http,
+            server.url,
+            "tools/call",
+            {"name": "generate", "arguments": {"prompt": "hi", "max_tokens": 2}},
+            name="generate",
+        )
         assert refused.status == 503 and refused.headers["retry-after"] == "1"
         assert refused.error["data"]["reason"] == "unavailable"
     finally:

@@ -6,7 +6,13 @@ from protocol.errors import INVALID_PARAMS, ProtocolError
 from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, RESULT_TYPES, validator
 
 FACTS = ModelFacts("tiny", 4096, 16, 1024, "float32", 2)
-LISTS = ["server/discover", "tools/list", "resources/list", "resources/templates/list", "prompts/list"]
+LISTS = [
+    "server/discover",
+    "tools/list",
+    "resources/list",
+    "resources/templates/list",
+    "prompts/list",
+]
 
 
 @pytest.mark.parametrize("method", LISTS)
@@ -20,7 +26,9 @@ def test_results_are_valid_and_cacheable(method: str) -> None:
 
 def test_version_is_a_content_hash() -> None:
     assert Catalog(FACTS).version == Catalog(FACTS).version
-    assert Catalog(FACTS).version != Catalog(ModelFacts("tiny", 2048, 16, 1024, "float32", 2)).version
+    assert (
+        Catalog(FACTS).version != Catalog(ModelFacts("tiny", 2048, 16, 1024, "float32", 2)).version
+    )
     assert Catalog(FACTS).version != Catalog(FACTS, instructions="other").version
 
 
@@ -36,7 +44,9 @@ def test_model_resource() -> None:
     assert orjson.loads(contents[0]["text"]) == FACTS.as_dict()
     with pytest.raises(ProtocolError) as caught:
         catalog.result_bytes("resources/read", {"uri": "kvgate://models/other"})
-    assert caught.value.code == INVALID_PARAMS and caught.value.data == {"uri": "kvgate://models/other"}
+    assert caught.value.code == INVALID_PARAMS and caught.value.data == {
+        "uri": "kvgate://models/other"
+    }
 
 
 def test_prompt() -> None:

@@ -17,9 +17,15 @@ import pytest
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call, modern_headers, modern_meta
 
-LISTEN = {"jsonrpc": "2.0", "id": "w", "method": "subscriptions/listen",
-          "params": {"notifications": {"toolsListChanged": True, "resourcesListChanged": True},
-                     "_meta": modern_meta()}}
+LISTEN = {
+    "jsonrpc": "2.0",
+    "id": "w",
+    "method": "subscriptions/listen",
+    "params": {
+        "notifications": {"toolsListChanged": True, "resourcesListChanged": True},
+        "_meta": modern_meta(),
+    },
+}
 KINDS = ["notifications/resources/list_changed", "notifications/tools/list_changed"]
 
 
@@ -45,7 +51,9 @@ def messages(response: httpx.Response) -> Iterator[dict[str, Any] | None]:
             yield orjson.loads(line[5:])
 
 
-def next_messages(stream: Iterator[dict[str, Any] | None], count: int, keepalives: int = 20) -> list:
+def next_messages(
+    stream: Iterator[dict[str, Any] | None], count: int, keepalives: int = 20
+) -> list:
     found: list[dict[str, Any]] = []
     for message in stream:
         if message is not None:
@@ -64,9 +72,15 @@ def write(path: Path, config: dict[str, Any]) -> None:
 def test_reload_swaps_then_tells_listeners(live: LiveServer, config: Path) -> None:
     reloader = live.app.state.catalog_reloader
     resource = {"uri": "docs://usage", "name": "usage", "text": "Call generate."}
-    with httpx.Client(timeout=10) as http, http.stream(
-            "POST", live.url, content=orjson.dumps(LISTEN),
-            headers=modern_headers("subscriptions/listen")) as response:
+    with (
+        httpx.Client(timeout=10) as http,
+        http.stream(
+            "POST",
+            live.url,
+            content=orjson.dumps(LISTEN),
+            headers=modern_headers("subscriptions/listen"),
+        ) as response,
+    ):
         stream = messages(response)
         assert next_messages(stream, 1)[0]["method"] == "notifications/subscriptions/acknowledged"
         write(config, {"instructions": "Two.", "resources": [resource]})
@@ -80,7 +94,9 @@ def test_reload_swaps_then_tells_listeners(live: LiveServer, config: Path) -> No
     assert (result.previous, result.changed) == (before, True)
     assert result.version == live.app.state.endpoint.catalog.version
     assert sorted(m["method"] for m in changes) == KINDS
-    assert all(m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "w" for m in changes)
+    assert all(
+        m["params"]["_meta"]["io.modelcontextprotocol/subscriptionId"] == "w" for m in changes
+    )
     assert [r["uri"] for r in listed][1:] == ["docs://usage"]
     assert read.result["contents"][0]["text"] == "Call generate."
     assert not again.changed
@@ -109,8 +125,9 @@ def test_a_peer_announcement_rereads_the_config(live: LiveServer, config: Path) 
     assert 'kvgate_catalog_reloads_total{outcome="changed",trigger="peer"} 1.0' in metrics
 
 
-def test_a_config_that_arrives_late_is_picked_up(live: LiveServer, config: Path,
-                                                 tmp_path: Path) -> None:
+def test_a_config_that_arrives_late_is_picked_up(
+    live: LiveServer, config: Path, tmp_path: Path
+) -> None:
     """A peer announced the catalog of a file this process does not see yet: it re-reads on a
     schedule until its config yields that version, then stops."""
     from dataclasses import replace
@@ -121,7 +138,9 @@ def test_a_config_that_arrives_late_is_picked_up(live: LiveServer, config: Path,
     reloader.reread_delays_s = (0.1,) * 50
     future = tmp_path / "future.json"
     write(future, {"instructions": "Arrives late."})
-    wanted = build_catalog(endpoint.catalog.facts, replace(live.settings, catalog_config=str(future)))
+    wanted = build_catalog(
+        endpoint.catalog.facts, replace(live.settings, catalog_config=str(future))
+    )
     live.run(live.app.state.discovery_cache.publish_version(wanted.version))
     time.sleep(0.35)
     assert endpoint.catalog.version != wanted.version  # still the old file: still the old catalog
@@ -139,8 +158,11 @@ def test_a_config_that_arrives_late_is_picked_up(live: LiveServer, config: Path,
 
 def reloads(http: httpx.Client, live: LiveServer) -> float:
     lines = http.get(live.base + "/metrics").text.splitlines()
-    return sum(float(line.rsplit(" ", 1)[1]) for line in lines
-               if line.startswith("kvgate_catalog_reloads_total{"))
+    return sum(
+        float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("kvgate_catalog_reloads_total{")
+    )
 
 
 def test_a_bad_config_keeps_the_catalog(live: LiveServer, config: Path) -> None:
@@ -156,8 +178,12 @@ def test_a_bad_config_keeps_the_catalog(live: LiveServer, config: Path) -> None:
 def test_drain_flips_readiness_and_ends_listen_streams(engine: Any) -> None:
     with LiveServer(engine, keepalive_s=0.1) as live, httpx.Client(timeout=10) as http:
         assert http.get(live.base + "/readyz").status_code == 200
-        with http.stream("POST", live.url, content=orjson.dumps(LISTEN),
-                         headers=modern_headers("subscriptions/listen")) as response:
+        with http.stream(
+            "POST",
+            live.url,
+            content=orjson.dumps(LISTEN),
+            headers=modern_headers("subscriptions/listen"),
+        ) as response:
             stream = messages(response)
             next_messages(stream, 1)
             live.app.state.begin_drain()

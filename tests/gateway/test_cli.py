@@ -9,7 +9,9 @@ from gateway.cli import main
 from gateway.settings import Settings
 
 
-def test_make_tiny_model_writes_a_loadable_folder(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_make_tiny_model_writes_a_loadable_folder(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     main(["make-tiny-model", str(tmp_path / "m")])
     assert capsys.readouterr().out.strip() == str(tmp_path / "m")
     config = json.loads((tmp_path / "m" / "config.json").read_text())
@@ -19,18 +21,38 @@ def test_make_tiny_model_writes_a_loadable_folder(tmp_path: Path, capsys: pytest
 
 
 def test_python_dash_m_gateway_is_the_cli() -> None:
-    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--help"],
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 0
-    for flag in ("--host", "--port", "--model", "--replicas", "--kv-cache-dtype",
-                 "--kv-cache-memory", "--redis-url", "--allowed-origins", "--max-body-bytes",
-                 "--catalog-config", "--admin-api-key", "--drain-timeout", "--log-format"):
+    for flag in (
+        "--host",
+        "--port",
+        "--model",
+        "--replicas",
+        "--kv-cache-dtype",
+        "--kv-cache-memory",
+        "--redis-url",
+        "--allowed-origins",
+        "--max-body-bytes",
+        "--catalog-config",
+        "--admin-api-key",
+        "--drain-timeout",
+        "--log-format",
+    ):
         assert flag in done.stdout
 
 
 def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, "-m", "gateway", "serve", "--model", str(tmp_path / "no")],
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--model", str(tmp_path / "no")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1
     assert done.stderr.strip().startswith("kvgate: cannot load the model:")
     assert "Traceback" not in done.stderr
@@ -39,17 +61,49 @@ def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
 def test_limit_flags_reach_the_settings_and_the_engine() -> None:
     from gateway.cli import build_parser, engine_limits, settings_from_args
 
-    args = build_parser().parse_args([
-        "serve", "--max-waiting", "8", "--max-prompt-tokens", "1000", "--max-tokens-limit", "256",
-        "--max-concurrency-per-client", "4", "--request-timeout", "60", "--step-timeout", "30",
-        "--body-timeout", "5", "--header-timeout", "6", "--max-header-bytes", "8192",
-        "--max-json-depth", "32", "--max-listen-streams", "10"])
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--max-waiting",
+            "8",
+            "--max-prompt-tokens",
+            "1000",
+            "--max-tokens-limit",
+            "256",
+            "--max-concurrency-per-client",
+            "4",
+            "--request-timeout",
+            "60",
+            "--step-timeout",
+            "30",
+            "--body-timeout",
+            "5",
+            "--header-timeout",
+            "6",
+            "--max-header-bytes",
+            "8192",
+            "--max-json-depth",
+            "32",
+            "--max-listen-streams",
+            "10",
+        ]
+    )
     settings = settings_from_args(args)
-    assert (settings.max_concurrency_per_client, settings.request_timeout_s, settings.body_timeout_s,
-            settings.header_timeout_s, settings.max_header_bytes, settings.max_json_depth,
-            settings.max_listen_streams) == (4, 60.0, 5.0, 6.0, 8192, 32, 10)
-    assert engine_limits(settings) == {"max_waiting": 8, "step_timeout_s": 30.0,
-                                       "max_prompt_tokens": 1000, "max_tokens_limit": 256}
+    assert (
+        settings.max_concurrency_per_client,
+        settings.request_timeout_s,
+        settings.body_timeout_s,
+        settings.header_timeout_s,
+        settings.max_header_bytes,
+        settings.max_json_depth,
+        settings.max_listen_streams,
+    ) == (4, 60.0, 5.0, 6.0, 8192, 32, 10)
+    assert engine_limits(settings) == {
+        "max_waiting": 8,
+        "step_timeout_s": 30.0,
+        "max_prompt_tokens": 1000,
+        "max_tokens_limit": 256,
+    }
     assert engine_limits(Settings())["max_prompt_tokens"] is None  # 0 = no limit
 
 

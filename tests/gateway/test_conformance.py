@@ -15,10 +15,12 @@ import pytest
 
 from tests.gateway.live_server import free_port
 
-RUNNER = Path(os.environ.get(
-    "KVGATE_CONFORMANCE_RUNNER",
-    Path(__file__).resolve().parents[3] / "shared" / "tools" / "mcp-conformance" / "run.sh",
-))
+RUNNER = Path(
+    os.environ.get(
+        "KVGATE_CONFORMANCE_RUNNER",
+        Path(__file__).resolve().parents[3] / "shared" / "tools" / "mcp-conformance" / "run.sh",
+    )
+)
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,10 @@ def kvgate_url() -> Iterator[str]:
     env = {**os.environ, "KVGATE_KV_CACHE_MEMORY": "16MiB"}
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 120
@@ -52,7 +57,8 @@ def kvgate_url() -> Iterator[str]:
 @pytest.mark.timeout(900)
 def test_generic_server_scenarios_pass_on_both_wires(kvgate_url: str) -> None:
     assert RUNNER.is_file(), f"conformance runner not found at {RUNNER}"
-    run = subprocess.run(["bash", str(RUNNER), kvgate_url], capture_output=True, text=True,
-                         timeout=840)
+    run = subprocess.run(
+        ["bash", str(RUNNER), kvgate_url], capture_output=True, text=True, timeout=840
+    )
     lines = run.stdout.strip().splitlines()
     assert lines and lines[-1] == "18 passed, 0 failed", run.stdout + run.stderr

@@ -26,16 +26,29 @@ visible = st.text(alphabet=string.printable.strip() + " ", max_size=30)
 header_text = visible.map(str.strip)  # an HTTP client cannot send surrounding whitespace
 small_json = st.recursive(
     st.none() | st.booleans() | st.integers(-20, 20) | st.floats(-1e3, 1e3) | visible,
-    lambda children: st.lists(children, max_size=4) | st.dictionaries(visible, children, max_size=4),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(visible, children, max_size=4)
+    ),
     max_leaves=10,
 )
-arguments = st.fixed_dictionaries({}, optional={
-    "prompt": visible, "text": visible, "max_tokens": st.integers(-2, 12) | visible,
-    "temperature": st.floats(-1, 3) | st.none(), "cache_key": visible | st.integers(-5, 5),
-    "messages": st.lists(st.fixed_dictionaries({"role": st.sampled_from(["user", "system", "x"]),
-                                                "content": visible}), max_size=2) | small_json,
-    "stop": st.lists(visible, max_size=3) | small_json,
-})
+arguments = st.fixed_dictionaries(
+    {},
+    optional={
+        "prompt": visible,
+        "text": visible,
+        "max_tokens": st.integers(-2, 12) | visible,
+        "temperature": st.floats(-1, 3) | st.none(),
+        "cache_key": visible | st.integers(-5, 5),
+        "messages": st.lists(
+            st.fixed_dictionaries(
+                {"role": st.sampled_from(["user", "system", "x"]), "content": visible}
+            ),
+            max_size=2,
+        )
+        | small_json,
+        "stop": st.lists(visible, max_size=3) | small_json,
+    },
+)
 
 
 def often(value: Any, other: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
@@ -44,38 +57,69 @@ def often(value: Any, other: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.integers(0, 9).flatmap(lambda i: other if i == 5 else st.just(value))
 
 
-envelope_meta = st.fixed_dictionaries({
-    "io.modelcontextprotocol/protocolVersion": often(MODERN_WIRE, st.just(LEGACY_WIRE) | visible),
-    "io.modelcontextprotocol/clientCapabilities": often({}, small_json),
-})
-meta = st.builds(lambda required, extra: {**required, **extra}, envelope_meta | st.just({}),
-                 st.fixed_dictionaries({}, optional={
-                     "progressToken": st.integers(0, 9) | visible | st.booleans(),
-                     "dev.kvgate/timeoutMs": st.integers(-5, 5000) | visible}))
-params = st.fixed_dictionaries({"_meta": meta}, optional={
-    "name": often("generate", st.sampled_from(["chat", "tokenize", "nope"]) | visible),
-    "arguments": st.one_of(arguments, arguments, small_json), "uri": visible, "cursor": visible,
-    "notifications": small_json,
-})
+envelope_meta = st.fixed_dictionaries(
+    {
+        "io.modelcontextprotocol/protocolVersion": often(
+            MODERN_WIRE, st.just(LEGACY_WIRE) | visible
+        ),
+        "io.modelcontextprotocol/clientCapabilities": often({}, small_json),
+    }
+)
+meta = st.builds(
+    lambda required, extra: {**required, **extra},
+    envelope_meta | st.just({}),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "progressToken": st.integers(0, 9) | visible | st.booleans(),
+            "dev.kvgate/timeoutMs": st.integers(-5, 5000) | visible,
+        },
+    ),
+)
+params = st.fixed_dictionaries(
+    {"_meta": meta},
+    optional={
+        "name": often("generate", st.sampled_from(["chat", "tokenize", "nope"]) | visible),
+        "arguments": st.one_of(arguments, arguments, small_json),
+        "uri": visible,
+        "cursor": visible,
+        "notifications": small_json,
+    },
+)
 
 
 @st.composite
 def requests(draw: st.DrawFn) -> tuple[bytes, dict[str, str], str | None]:
     method = draw(often("tools/call", st.sampled_from(METHODS) | visible))
     well_formed = draw(often(True, st.just(False)))
-    envelope: dict[str, Any] = {"jsonrpc": draw(often("2.0", visible)), "method": method,
-                                "params": draw(params if well_formed else small_json)}
+    envelope: dict[str, Any] = {
+        "jsonrpc": draw(often("2.0", visible)),
+        "method": method,
+        "params": draw(params if well_formed else small_json),
+    }
     if draw(often(True, st.just(False))):  # else a notification
         plain_id = draw(often(True, st.just(False)))
-        envelope["id"] = draw(st.integers(-5, 10**6) if plain_id
-                              else visible | st.none() | st.floats(0, 1))
+        envelope["id"] = draw(
+            st.integers(-5, 10**6) if plain_id else visible | st.none() | st.floats(0, 1)
+        )
     body = draw(often("object", st.sampled_from(["json", "bytes"])))
-    content = (orjson.dumps(envelope) if body == "object" else
-               orjson.dumps(draw(small_json)) if body == "json" else draw(st.binary(max_size=200)))
+    content = (
+        orjson.dumps(envelope)
+        if body == "object"
+        else orjson.dumps(draw(small_json))
+        if body == "json"
+        else draw(st.binary(max_size=200))
+    )
     version = draw(often(MODERN_WIRE, st.sampled_from([LEGACY_WIRE, None]) | header_text))
-    headers = {"Content-Type": draw(often("application/json", st.just("text/plain"))),
-               "Accept": draw(often("application/json, text/event-stream",
-                                    st.sampled_from(["application/json", "image/png"])))}
+    headers = {
+        "Content-Type": draw(often("application/json", st.just("text/plain"))),
+        "Accept": draw(
+            often(
+                "application/json, text/event-stream",
+                st.sampled_from(["application/json", "image/png"]),
+            )
+        ),
+    }
     if version is not None:
         headers["MCP-Protocol-Version"] = version
     headers["Mcp-Method"] = draw(often(method.strip(), header_text))
@@ -93,7 +137,11 @@ def http() -> Iterator[httpx.Client]:
         yield client
 
 
-@settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
 @given(request=requests())
 def test_every_answer_is_well_formed_with_the_right_status(
     http: httpx.Client, server: LiveServer, request: tuple[bytes, dict[str, str], str | None]
@@ -108,7 +156,9 @@ def test_every_answer_is_well_formed_with_the_right_status(
     modern = version == MODERN_WIRE
     wire = MODERN_WIRE if modern else LEGACY_WIRE
     kind = response.headers.get("content-type", "")
-    messages = parse_sse(response.text) if kind.startswith("text/event-stream") else [response.json()]
+    messages = (
+        parse_sse(response.text) if kind.startswith("text/event-stream") else [response.json()]
+    )
     assert messages and "method" not in messages[-1]  # it ends with the response
     sent = _method(content)
     for message in messages:

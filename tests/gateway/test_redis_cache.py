@@ -74,7 +74,11 @@ async def test_two_caches_share_entries_with_ttl(redis_server, raw_redis):
     assert await first.get_or_build("v1", "tools/list", "p0", lambda: body) == body
     assert await second.get_or_build("v1", "tools/list", "p0", must_not_build) == body
     assert await second.get_or_build("v1", "tools/list", "p0", must_not_build) == body
-    assert (first.stats["misses"], second.stats["shared_hits"], second.stats["near_hits"]) == (1, 1, 1)
+    assert (first.stats["misses"], second.stats["shared_hits"], second.stats["near_hits"]) == (
+        1,
+        1,
+        1,
+    )
     key = catalog_key("v1", "tools/list", "p0")
     assert await raw_redis.get(key) == body
     assert 0 < await raw_redis.ttl(key) <= 60
@@ -87,10 +91,14 @@ async def test_private_scope_is_shared_per_subject_only(redis_server):
     first = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
     second = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
     await first.get_or_build("v1", "resources/read", "p0", lambda: b"alice's", scope_key="alice")
-    assert await second.get_or_build("v1", "resources/read", "p0", must_not_build,
-                                     scope_key="alice") == b"alice's"
-    assert await second.get_or_build("v1", "resources/read", "p0", lambda: b"bob's",
-                                     scope_key="bob") == b"bob's"
+    assert (
+        await second.get_or_build("v1", "resources/read", "p0", must_not_build, scope_key="alice")
+        == b"alice's"
+    )
+    assert (
+        await second.get_or_build("v1", "resources/read", "p0", lambda: b"bob's", scope_key="bob")
+        == b"bob's"
+    )
     await first.close()
     await second.close()
 
@@ -132,8 +140,12 @@ CHILD = textwrap.dedent("""
 async def test_two_os_processes_share_versions_and_entries(redis_server):
     parent = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
     versions = parent.versions()
-    child = subprocess.Popen([sys.executable, "-c", CHILD, redis_server.url], cwd=REPO_ROOT,
-                             stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, redis_server.url],
+        cwd=REPO_ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         ready = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), timeout=30)
         assert ready.strip() == "ready"
@@ -144,7 +156,9 @@ async def test_two_os_processes_share_versions_and_entries(redis_server):
     finally:
         child.wait(timeout=10)
     assert report["heard"] == "v-parent" and report["misses"] == 1
-    assert await parent.get_or_build("v-parent", "tools/list", "p0", must_not_build) == b"from-child"
+    assert (
+        await parent.get_or_build("v-parent", "tools/list", "p0", must_not_build) == b"from-child"
+    )
     await parent.close()
 
 
@@ -163,6 +177,7 @@ async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, ca
         await asyncio.to_thread(redis_server.start)
 
     chaos = asyncio.create_task(kill_then_restart())
+
     async def one_request(n: int) -> bool:
         """True when the request got its right answer (any exception counts as a failure)."""
         try:
@@ -239,29 +254,47 @@ async def test_redis_down_at_start_then_up(tmp_path):
         await cache.close()
 
 
-def test_two_gateways_share_the_catalog_and_hear_each_others_changes(redis_server, engine, tmp_path):
+def test_two_gateways_share_the_catalog_and_hear_each_others_changes(
+    redis_server, engine, tmp_path
+):
     """Two kvgate apps on one Redis and one catalog config: one catalog; a config change
     reloaded by the first reaches the second within a second, as list_changed on its
     `subscriptions/listen` stream, and the second then serves the new catalog."""
     config = tmp_path / "catalog.json"
     config.write_text(json.dumps({"instructions": "Version one."}))
-    options = dict(redis_url=redis_server.url, keepalive_s=0.2, catalog_config=str(config),
-                   admin_api_key="secret")
-    listen = {"jsonrpc": "2.0", "id": "watch", "method": "subscriptions/listen",
-              "params": {"notifications": {"toolsListChanged": True}, "_meta": modern_meta()}}
-    with (LiveServer(engine, **options) as first, LiveServer(engine, **options) as second,
-          httpx.Client(timeout=10) as http):
+    options = dict(
+        redis_url=redis_server.url,
+        keepalive_s=0.2,
+        catalog_config=str(config),
+        admin_api_key="secret",
+    )
+    listen = {
+        "jsonrpc": "2.0",
+        "id": "watch",
+        "method": "subscriptions/listen",
+        "params": {"notifications": {"toolsListChanged": True}, "_meta": modern_meta()},
+    }
+    with (
+        LiveServer(engine, **options) as first,
+        LiveServer(engine, **options) as second,
+        httpx.Client(timeout=10) as http,
+    ):
         lists = [call(http, gateway.url, "tools/list", {}).body for gateway in (first, second)]
         assert lists[0] == lists[1]
         assert second.app.state.discovery_cache.stats["shared_hits"] == 1  # built by the first
-        with http.stream("POST", second.url, content=orjson.dumps(listen),
-                         headers=modern_headers("subscriptions/listen")) as response:
+        with http.stream(
+            "POST",
+            second.url,
+            content=orjson.dumps(listen),
+            headers=modern_headers("subscriptions/listen"),
+        ) as response:
             messages = sse_messages(response)
             assert next(messages)["method"] == "notifications/subscriptions/acknowledged"
             config.write_text(json.dumps({"instructions": "Version two."}))
             began = time.monotonic()
-            reloaded = http.post(first.base + "/admin/catalog/reload",
-                                 headers={"Authorization": "Bearer secret"}).json()
+            reloaded = http.post(
+                first.base + "/admin/catalog/reload", headers={"Authorization": "Bearer secret"}
+            ).json()
             change = next(messages)
             elapsed = time.monotonic() - began
         discovered = call(http, second.url, "server/discover").result
@@ -282,15 +315,18 @@ def sse_messages(response: httpx.Response):
 def test_redis_trouble_shows_in_metrics(redis_server, engine):
     """Killed Redis: requests still answered, fallbacks counted, the degraded gauge at 1;
     restarted: the gauge back at 0 by itself."""
+
     def metric(http, live, line_start: str) -> float:
         lines = http.get(live.base + "/metrics").text.splitlines()
         return sum(float(line.rsplit(" ", 1)[1]) for line in lines if line.startswith(line_start))
 
-    with (LiveServer(engine, redis_url=redis_server.url) as live, httpx.Client(timeout=10) as http):
+    with LiveServer(engine, redis_url=redis_server.url) as live, httpx.Client(timeout=10) as http:
         assert metric(http, live, "kvgate_discovery_cache_degraded ") == 0.0
         redis_server.kill()
-        answered = [call(http, live.url, method).status
-                    for method in ("tools/list", "prompts/list", "resources/list", "tools/list")]
+        answered = [
+            call(http, live.url, method).status
+            for method in ("tools/list", "prompts/list", "resources/list", "tools/list")
+        ]
         degraded = metric(http, live, "kvgate_discovery_cache_degraded ")
         fallbacks = metric(http, live, 'kvgate_discovery_cache_events_total{event="degraded"}')
         outages = metric(http, live, 'kvgate_discovery_cache_events_total{event="outage"}')

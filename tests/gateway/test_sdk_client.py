@@ -31,7 +31,8 @@ async def test_generate_streams_progress(server: LiveServer, mode: str) -> None:
 
     async with Client(server.url, mode=mode) as client:
         result = await client.call_tool(
-            "generate", {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0},
+            "generate",
+            {"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0},
             progress_callback=on_progress,
         )
     assert not result.is_error

@@ -21,8 +21,10 @@ from tests.gateway.wire import call, modern_headers, modern_meta
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Greedy on the tiny model, this prompt never meets end-of-text: exactly max_tokens, seconds long.
-LONG_CALL = {"name": "generate", "arguments": {"prompt": "A long story", "max_tokens": 4000,
-                                                "temperature": 0}}
+LONG_CALL = {
+    "name": "generate",
+    "arguments": {"prompt": "A long story", "max_tokens": 4000, "temperature": 0},
+}
 
 
 class Kvgate:
@@ -32,9 +34,23 @@ class Kvgate:
         self.url = self.base + "/mcp"
         self.log = tmp_path / f"kvgate-{self.port}.log"
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(self.port),
-             "--kv-cache-memory", "16MiB", "--log-format", "json", *flags],
-            cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=self.log.open("wb"))
+            [
+                sys.executable,
+                "-m",
+                "gateway",
+                "serve",
+                "--port",
+                str(self.port),
+                "--kv-cache-memory",
+                "16MiB",
+                "--log-format",
+                "json",
+                *flags,
+            ],
+            cwd=REPO_ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=self.log.open("wb"),
+        )
         deadline = time.monotonic() + 120
         while not self._ready():
             assert self.process.poll() is None, self.log.read_text()
@@ -76,22 +92,32 @@ def sse(response: httpx.Response) -> Iterator[dict]:
 
 
 def post_stream(http: httpx.Client, url: str, method: str, params: dict, name: str | None = None):
-    body = {"jsonrpc": "2.0", "id": 1, "method": method,
-            "params": {**params, "_meta": modern_meta(progressToken="p")}}
-    return http.stream("POST", url, content=orjson.dumps(body), headers=modern_headers(method, name))
+    body = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": method,
+        "params": {**params, "_meta": modern_meta(progressToken="p")},
+    }
+    return http.stream(
+        "POST", url, content=orjson.dumps(body), headers=modern_headers(method, name)
+    )
 
 
 def test_sighup_reloads_and_sigterm_lets_a_call_finish(kvgate_factory, tmp_path: Path) -> None:
     config = tmp_path / "catalog.json"
     config.write_text(json.dumps({"instructions": "Before the signal."}))
     kvgate = kvgate_factory("--catalog-config", str(config), "--drain-timeout", "60")
-    second_long_call = {"name": "generate", "arguments": {"prompt": "A long story",
-                                                           "max_tokens": 1500, "temperature": 0}}
+    second_long_call = {
+        "name": "generate",
+        "arguments": {"prompt": "A long story", "max_tokens": 1500, "temperature": 0},
+    }
     with httpx.Client(timeout=30) as http:
         config.write_text(json.dumps({"instructions": "After the signal."}))
         kvgate.process.send_signal(signal.SIGHUP)
         deadline = time.monotonic() + 5
-        while call(http, kvgate.url, "server/discover").result["instructions"] != "After the signal.":
+        while (
+            call(http, kvgate.url, "server/discover").result["instructions"] != "After the signal."
+        ):
             assert time.monotonic() < deadline, "SIGHUP did not reload the catalog"
             time.sleep(0.05)
         with post_stream(http, kvgate.url, "tools/call", second_long_call, "generate") as response:
@@ -129,4 +155,6 @@ def test_past_the_drain_timeout_calls_are_cancelled_and_the_process_exits(kvgate
     elapsed = time.monotonic() - signalled
     assert code == 0 and 1.0 <= elapsed < 15
     assert not any("result" in event for event in rest)  # cancelled, never completed
-    assert any(entry["message"].startswith("Cancel 1 running task") for entry in kvgate.log_entries())
+    assert any(
+        entry["message"].startswith("Cancel 1 running task") for entry in kvgate.log_entries()
+    )

@@ -21,10 +21,21 @@ def http() -> Iterator[httpx.Client]:
         yield client
 
 
-def run_tool(http: httpx.Client, server: LiveServer, tool: str, arguments: dict[str, Any],
-             headers: dict[str, str] | None = None) -> dict[str, Any]:
-    exchange = call(http, server.url, "tools/call", {"name": tool, "arguments": arguments},
-                    name=tool, headers=headers)
+def run_tool(
+    http: httpx.Client,
+    server: LiveServer,
+    tool: str,
+    arguments: dict[str, Any],
+    headers: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    exchange = call(
+        http,
+        server.url,
+        "tools/call",
+        {"name": tool, "arguments": arguments},
+        name=tool,
+        headers=headers,
+    )
     assert exchange.status == 200
     return exchange.result
 
@@ -42,9 +53,12 @@ async def engine_text(engine: AsyncLLM, prompt: str | list[int], max_tokens: int
     return text
 
 
-def test_generate_matches_the_engine(http: httpx.Client, server: LiveServer, engine: AsyncLLM) -> None:
-    result = run_tool(http, server, "generate", {"prompt": "Once upon a time", "max_tokens": 6,
-                                                 "temperature": 0})
+def test_generate_matches_the_engine(
+    http: httpx.Client, server: LiveServer, engine: AsyncLLM
+) -> None:
+    result = run_tool(
+        http, server, "generate", {"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0}
+    )
     structured = result["structuredContent"]
     output_schema(server, "generate").validate(structured)
     assert result["isError"] is False
@@ -57,9 +71,13 @@ def test_generate_matches_the_engine(http: httpx.Client, server: LiveServer, eng
     assert structured["model"] == engine.model_name
 
 
-def test_chat_uses_the_chat_template(http: httpx.Client, server: LiveServer, engine: AsyncLLM) -> None:
+def test_chat_uses_the_chat_template(
+    http: httpx.Client, server: LiveServer, engine: AsyncLLM
+) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}]
-    result = run_tool(http, server, "chat", {"messages": messages, "max_tokens": 5, "temperature": 0})
+    result = run_tool(
+        http, server, "chat", {"messages": messages, "max_tokens": 5, "temperature": 0}
+    )
     structured = result["structuredContent"]
     output_schema(server, "chat").validate(structured)
     prompt_ids = engine.apply_chat_template(messages)
@@ -67,7 +85,9 @@ def test_chat_uses_the_chat_template(http: httpx.Client, server: LiveServer, eng
     assert structured["text"] == asyncio.run(engine_text(engine, prompt_ids, 5))
 
 
-def test_tokenize_is_the_engine_tokenizer(http: httpx.Client, server: LiveServer, engine: AsyncLLM) -> None:
+def test_tokenize_is_the_engine_tokenizer(
+    http: httpx.Client, server: LiveServer, engine: AsyncLLM
+) -> None:
     structured = run_tool(http, server, "tokenize", {"text": "hello world"})["structuredContent"]
     assert structured["token_ids"] == engine.tokenizer.encode("hello world")
     assert structured["count"] == len(structured["token_ids"])

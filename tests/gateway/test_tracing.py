@@ -59,9 +59,15 @@ def test_a_tool_call_continues_the_callers_trace(exporter, server: LiveServer) -
     model = server.app.state.endpoint.tools.engine.model_name
     arguments = {"prompt": "Trace me", "max_tokens": 4, "temperature": 0, "cache_key": "k1"}
     with httpx.Client(timeout=30) as http:
-        result = call(http, server.url, "tools/call", {"name": "generate", "arguments": arguments},
-                      name="generate", headers={"Mcp-Param-Cache-Key": "k1"},
-                      meta={"traceparent": TRACEPARENT, "tracestate": "vendor=1"}).result
+        result = call(
+            http,
+            server.url,
+            "tools/call",
+            {"name": "generate", "arguments": arguments},
+            name="generate",
+            headers={"Mcp-Param-Cache-Key": "k1"},
+            meta={"traceparent": TRACEPARENT, "tracestate": "vendor=1"},
+        ).result
     engine_name = f"text_completion {model}"
     spans = finished(exporter, {"tools/call generate", "kvgate.route", engine_name})
     request, route, run = spans["tools/call generate"], spans["kvgate.route"], spans[engine_name]

@@ -32,8 +32,15 @@ def test_only_configured_origins_join_localhost() -> None:
 
 @pytest.mark.parametrize(
     ("host", "allowed"),
-    [("localhost:8000", True), ("127.0.0.1", True), ("[::1]:8000", True),
-     ("app.example.com", True), ("evil.example.com", False), (None, False), ("", False)],
+    [
+        ("localhost:8000", True),
+        ("127.0.0.1", True),
+        ("[::1]:8000", True),
+        ("app.example.com", True),
+        ("evil.example.com", False),
+        (None, False),
+        ("", False),
+    ],
 )
 def test_loopback_server_checks_host(host: str | None, allowed: bool) -> None:
     assert LOCAL.host_allowed(host) is allowed

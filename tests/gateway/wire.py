@@ -106,8 +106,9 @@ def call(
     """A well-formed modern request; ``headers`` override or add to the standard ones."""
     full = {**(params or {}), "_meta": {**modern_meta(), **(meta or {})}}
     body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": full}
-    return post(client, url, body, {**modern_headers(method, name), **(headers or {})},
-                MODERN, method)
+    return post(
+        client, url, body, {**modern_headers(method, name), **(headers or {})}, MODERN, method
+    )
 
 
 def legacy(

@@ -42,7 +42,10 @@ SCHEMA = {
         "region": {"type": "string", "x-mcp-header": "Region"},
         "n": {"type": "integer", "x-mcp-header": "N"},
         "flag": {"type": "boolean", "x-mcp-header": "Flag"},
-        "nested": {"type": "object", "properties": {"key": {"type": "string", "x-mcp-header": "Key"}}},
+        "nested": {
+            "type": "object",
+            "properties": {"key": {"type": "string", "x-mcp-header": "Key"}},
+        },
         "plain": {"type": "string"},
         "list": {"type": "array", "items": {"type": "string"}},
     },
@@ -60,8 +63,12 @@ def test_header_params_follow_properties_chains() -> None:
     [
         {"properties": {"a": {"type": "number", "x-mcp-header": "A"}}},
         {"properties": {"a": {"type": "string", "x-mcp-header": "A B"}}},
-        {"properties": {"a": {"type": "string", "x-mcp-header": "X"},
-                        "b": {"type": "string", "x-mcp-header": "x"}}},
+        {
+            "properties": {
+                "a": {"type": "string", "x-mcp-header": "X"},
+                "b": {"type": "string", "x-mcp-header": "x"},
+            }
+        },
     ],
 )
 def test_forbidden_annotations_fail_early(bad: dict) -> None:
@@ -118,8 +125,15 @@ def test_any_text_survives_the_header_round_trip(value: str) -> None:
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.one_of(st.text(), st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=")
-                 .map(lambda s: f"=?base64?{s}?="), st.binary().map(lambda b: b.decode("latin-1"))))
+@given(
+    st.one_of(
+        st.text(),
+        st.text(alphabet="ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/=").map(
+            lambda s: f"=?base64?{s}?="
+        ),
+        st.binary().map(lambda b: b.decode("latin-1")),
+    )
+)
 def test_any_header_value_decodes_or_is_a_header_mismatch(raw: str) -> None:
     try:
         decoded = decode_header_value(raw)
@@ -131,13 +145,31 @@ def test_any_header_value_decodes_or_is_a_header_mismatch(raw: str) -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    arguments=st.dictionaries(st.sampled_from(["region", "n", "flag", "nested", "plain"]),
-                              st.none() | st.booleans() | st.integers() | st.floats() | st.text()
-                              | st.dictionaries(st.just("key"), st.text() | st.integers())),
-    headers=st.dictionaries(st.sampled_from(["mcp-param-region", "mcp-param-n", "mcp-param-flag",
-                                             "mcp-param-key", "mcp-param-other"]), st.text()),
+    arguments=st.dictionaries(
+        st.sampled_from(["region", "n", "flag", "nested", "plain"]),
+        st.none()
+        | st.booleans()
+        | st.integers()
+        | st.floats()
+        | st.text()
+        | st.dictionaries(st.just("key"), st.text() | st.integers()),
+    ),
+    headers=st.dictionaries(
+        st.sampled_from(
+            [
+                "mcp-param-region",
+                "mcp-param-n",
+                "mcp-param-flag",
+                "mcp-param-key",
+                "mcp-param-other",
+            ]
+        ),
+        st.text(),
+    ),
 )
-def test_any_arguments_and_headers_pass_or_are_a_header_mismatch(arguments: dict, headers: dict) -> None:
+def test_any_arguments_and_headers_pass_or_are_a_header_mismatch(
+    arguments: dict, headers: dict
+) -> None:
     try:
         check_param_headers(header_params(SCHEMA), arguments, headers)
     except ProtocolError as error:

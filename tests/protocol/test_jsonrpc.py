@@ -49,7 +49,8 @@ def test_splice_equals_encode() -> None:
 def test_error_without_id_omits_it() -> None:
     error = ProtocolError(PARSE_ERROR, "Parse error", data={"at": 1})
     assert orjson.loads(encode_error(error)) == {
-        "jsonrpc": "2.0", "error": {"code": PARSE_ERROR, "message": "Parse error", "data": {"at": 1}},
+        "jsonrpc": "2.0",
+        "error": {"code": PARSE_ERROR, "message": "Parse error", "data": {"at": 1}},
     }
     error.request_id = 9
     assert orjson.loads(encode_error(error))["id"] == 9
@@ -77,17 +78,33 @@ def test_any_body_parses_or_raises_a_protocol_error(body: bytes) -> None:
 
 request_ids = st.text(max_size=20) | st.integers(min_value=-(2**63), max_value=2**63 - 1)
 wire_values = st.recursive(  # what orjson round-trips exactly (no infinities, 64-bit ints)
-    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**63 - 1)
-    | st.floats(allow_nan=False, allow_infinity=False) | st.text(),
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
     lambda children: st.lists(children) | st.dictionaries(st.text(), children),
     max_leaves=20,
 )
-huge_numbers = st.sampled_from([b"1" * 400, b"-" + b"9" * 40, b"1e400", b"-1e-400", b"1.5e308",
-                                b"18446744073709551616", b"0.0000000000000000000001"])
+huge_numbers = st.sampled_from(
+    [
+        b"1" * 400,
+        b"-" + b"9" * 40,
+        b"1e400",
+        b"-1e-400",
+        b"1.5e308",
+        b"18446744073709551616",
+        b"0.0000000000000000000001",
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None)
-@given(request_id=request_ids, method=st.text(min_size=1), params=st.dictionaries(st.text(), wire_values))
+@given(
+    request_id=request_ids,
+    method=st.text(min_size=1),
+    params=st.dictionaries(st.text(), wire_values),
+)
 def test_a_well_formed_request_keeps_its_id_method_and_params(
     request_id: str | int, method: str, params: dict
 ) -> None:
@@ -128,8 +145,11 @@ def test_huge_numbers_parse_or_are_refused_cleanly(number: bytes, where: str) ->
 
 
 @settings(max_examples=100, deadline=None)
-@given(depth=st.integers(min_value=1, max_value=3000), limit=st.integers(min_value=2, max_value=128),
-       kind=st.sampled_from(["[", "{"]))
+@given(
+    depth=st.integers(min_value=1, max_value=3000),
+    limit=st.integers(min_value=2, max_value=128),
+    kind=st.sampled_from(["[", "{"]),
+)
 def test_nesting_past_the_limit_is_an_invalid_request(depth: int, limit: int, kind: str) -> None:
     inner = ("[" * depth + "]" * depth) if kind == "[" else ('{"a":' * depth + "1" + "}" * depth)
     body = f'{{"jsonrpc":"2.0","id":1,"method":"m","params":{{"x":{inner}}}}}'.encode()

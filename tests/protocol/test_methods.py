@@ -9,8 +9,14 @@ from protocol.versions import Era
 
 @pytest.mark.parametrize(
     "method",
-    ["initialize", "ping", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
-     "no/such"],
+    [
+        "initialize",
+        "ping",
+        "logging/setLevel",
+        "resources/subscribe",
+        "resources/unsubscribe",
+        "no/such",
+    ],
 )
 def test_removed_and_unknown_methods_are_not_found_under_modern_rules(method: str) -> None:
     with pytest.raises(ProtocolError) as caught:
@@ -30,13 +36,21 @@ def test_each_era_serves_its_own_methods() -> None:
 
 
 def test_cacheable_methods_are_the_specs() -> None:
-    assert CACHEABLE_METHODS == {"server/discover", "tools/list", "prompts/list", "resources/list",
-                                 "resources/templates/list", "resources/read"}
+    assert CACHEABLE_METHODS == {
+        "server/discover",
+        "tools/list",
+        "prompts/list",
+        "resources/list",
+        "resources/templates/list",
+        "resources/read",
+    }
 
 
 @settings(max_examples=300, deadline=None)
-@given(method=st.text() | st.sampled_from(sorted(MODERN_METHODS | LEGACY_METHODS)),
-       era=st.sampled_from(list(Era)))
+@given(
+    method=st.text() | st.sampled_from(sorted(MODERN_METHODS | LEGACY_METHODS)),
+    era=st.sampled_from(list(Era)),
+)
 def test_any_method_is_served_in_its_era_or_not_found(method: str, era: Era) -> None:
     served = MODERN_METHODS if era is Era.MODERN else LEGACY_METHODS
     try:

@@ -27,8 +27,13 @@ def test_valid_request_reports_its_envelope() -> None:
 
 @pytest.mark.parametrize(
     "meta",
-    [None, "x", {CLIENT_CAPABILITIES_KEY: {}}, {PROTOCOL_VERSION_KEY: "2026-07-28"},
-     {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: []}],
+    [
+        None,
+        "x",
+        {CLIENT_CAPABILITIES_KEY: {}},
+        {PROTOCOL_VERSION_KEY: "2026-07-28"},
+        {PROTOCOL_VERSION_KEY: "2026-07-28", CLIENT_CAPABILITIES_KEY: []},
+    ],
 )
 def test_missing_envelope_fields_are_invalid_params(meta: object) -> None:
     with pytest.raises(ProtocolError) as caught:
@@ -60,7 +65,9 @@ def test_encoded_name_is_decoded_before_comparison() -> None:
 
 def test_modern_meta_under_a_legacy_header_is_a_mismatch() -> None:
     check_legacy_meta(Message("tools/list", {}, id=1), None)
-    check_legacy_meta(Message("tools/list", {"_meta": {PROTOCOL_VERSION_KEY: "2025-11-25"}}, id=1), "2025-11-25")
+    check_legacy_meta(
+        Message("tools/list", {"_meta": {PROTOCOL_VERSION_KEY: "2025-11-25"}}, id=1), "2025-11-25"
+    )
     with pytest.raises(ProtocolError) as caught:
         check_legacy_meta(message(), None)
     assert caught.value.code == HEADER_MISMATCH
@@ -68,12 +75,16 @@ def test_modern_meta_under_a_legacy_header_is_a_mismatch() -> None:
 
 @settings(max_examples=300, deadline=None)
 @given(
-    meta=st.dictionaries(st.sampled_from([PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, "x"]),
-                         st.none() | st.text() | st.dictionaries(st.text(), st.text())),
+    meta=st.dictionaries(
+        st.sampled_from([PROTOCOL_VERSION_KEY, CLIENT_CAPABILITIES_KEY, "x"]),
+        st.none() | st.text() | st.dictionaries(st.text(), st.text()),
+    ),
     headers=st.dictionaries(st.sampled_from(list(HEADERS)), st.text()),
     name=st.none() | st.text() | st.integers(),
 )
-def test_any_envelope_passes_or_raises_a_protocol_error(meta: dict, headers: dict, name: object) -> None:
+def test_any_envelope_passes_or_raises_a_protocol_error(
+    meta: dict, headers: dict, name: object
+) -> None:
     try:
         check_modern_request(Message("tools/call", {"name": name, "_meta": meta}, id=1), headers)
     except ProtocolError as error:

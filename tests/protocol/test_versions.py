@@ -14,8 +14,13 @@ from protocol.versions import (
 
 @pytest.mark.parametrize(
     ("header", "era"),
-    [("2026-07-28", Era.MODERN), ("2025-11-25", Era.LEGACY), ("2025-06-18", Era.LEGACY),
-     ("2025-03-26", Era.LEGACY), (None, Era.LEGACY)],
+    [
+        ("2026-07-28", Era.MODERN),
+        ("2025-11-25", Era.LEGACY),
+        ("2025-06-18", Era.LEGACY),
+        ("2025-03-26", Era.LEGACY),
+        (None, Era.LEGACY),
+    ],
 )
 def test_era_follows_the_header(header: str | None, era: Era) -> None:
     assert era_of(header) is era
@@ -45,4 +50,6 @@ def test_any_version_header_picks_an_era_or_lists_the_supported(header: str) -> 
         assert header not in SUPPORTED_VERSIONS
         assert error.code == UNSUPPORTED_PROTOCOL_VERSION and error.data["requested"] == header
     else:
-        assert header in SUPPORTED_VERSIONS and era is (Era.MODERN if header >= "2026" else Era.LEGACY)
+        assert header in SUPPORTED_VERSIONS and era is (
+            Era.MODERN if header >= "2026" else Era.LEGACY
+        )

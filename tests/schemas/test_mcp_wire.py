@@ -10,20 +10,29 @@ def test_wire_for_versions() -> None:
 
 
 def test_result_is_checked_against_its_method() -> None:
-    good = {"jsonrpc": "2.0", "id": 1, "result": {"resultType": "complete", "tools": [],
-                                                  "ttlMs": 0, "cacheScope": "public"}}
+    good = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "result": {"resultType": "complete", "tools": [], "ttlMs": 0, "cacheScope": "public"},
+    }
     validate_server_message(MODERN_WIRE, good, "tools/list")
     with pytest.raises(ValidationError):
-        validate_server_message(MODERN_WIRE, {**good, "result": {"resultType": "complete", "tools": []}},
-                                "tools/list")  # no caching hints
+        validate_server_message(
+            MODERN_WIRE, {**good, "result": {"resultType": "complete", "tools": []}}, "tools/list"
+        )  # no caching hints
 
 
 def test_notifications_and_errors() -> None:
-    progress = {"jsonrpc": "2.0", "method": "notifications/progress",
-                "params": {"progressToken": "t", "progress": 3, "message": "abc"}}
+    progress = {
+        "jsonrpc": "2.0",
+        "method": "notifications/progress",
+        "params": {"progressToken": "t", "progress": 3, "message": "abc"},
+    }
     validate_server_message(MODERN_WIRE, progress)
     with pytest.raises(ValidationError):
         validate_server_message(MODERN_WIRE, {**progress, "params": {"progress": 3}})
-    validate_server_message(LEGACY_WIRE, {"jsonrpc": "2.0", "error": {"code": -32700, "message": "x"}})
+    validate_server_message(
+        LEGACY_WIRE, {"jsonrpc": "2.0", "error": {"code": -32700, "message": "x"}}
+    )
     with pytest.raises(ValidationError):
         validate_server_message(LEGACY_WIRE, {"jsonrpc": "2.0", "id": 1, "error": {"code": "x"}})

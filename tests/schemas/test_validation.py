@@ -8,7 +8,10 @@ GENERATE, CHAT, _ = inference_tools("tiny", 2048)
 
 def test_valid_arguments_have_no_problems() -> None:
     validator = ArgumentValidator("generate", GENERATE["inputSchema"])
-    assert validator.problems({"prompt": "hi", "max_tokens": 3, "temperature": 0, "stop": ["\n"]}) == []
+    assert (
+        validator.problems({"prompt": "hi", "max_tokens": 3, "temperature": 0, "stop": ["\n"]})
+        == []
+    )
 
 
 @pytest.mark.parametrize(
@@ -16,10 +19,16 @@ def test_valid_arguments_have_no_problems() -> None:
     [
         ({}, "arguments: 'prompt' is a required property"),
         ({"prompt": "hi", "max_tokens": 0}, "max_tokens: 0 is less than the minimum of 1"),
-        ({"prompt": "hi", "max_tokens": 4096}, "max_tokens: 4096 is greater than the maximum of 2048"),
+        (
+            {"prompt": "hi", "max_tokens": 4096},
+            "max_tokens: 4096 is greater than the maximum of 2048",
+        ),
         ({"prompt": "hi", "temperature": "hot"}, "temperature: 'hot' is not of type 'number'"),
         ({"prompt": "hi", "top_p": 0}, "top_p: 0 is less than or equal to the minimum of 0"),
-        ({"prompt": "hi", "extra": 1}, "Additional properties are not allowed ('extra' was unexpected)"),
+        (
+            {"prompt": "hi", "extra": 1},
+            "Additional properties are not allowed ('extra' was unexpected)",
+        ),
         ({"prompt": "hi", "cache_key": ""}, "cache_key: '' should be non-empty"),
     ],
 )

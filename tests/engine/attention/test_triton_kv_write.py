@@ -6,7 +6,7 @@ from attention_cases import DEVICE
 
 from engine.attention import KVCache, allocate_kv_caches, write_kv
 from engine.attention.kv_cache import FP8_DTYPE
-from engine.kernels.kv_write import kv_write
+from engine.attention.triton.kv_write import kv_write
 
 pytestmark = pytest.mark.triton
 

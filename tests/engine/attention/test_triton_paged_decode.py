@@ -6,7 +6,7 @@ from attention_cases import DEVICE, expected_output, make_case
 
 from engine.attention import AttentionMetadata
 from engine.attention.kv_cache import FP8_DTYPE
-from engine.kernels.paged_decode import paged_decode
+from engine.attention.triton.paged_decode import paged_decode
 
 pytestmark = pytest.mark.triton
 

@@ -5,7 +5,7 @@ import torch
 from attention_cases import expected_output, make_case
 
 from engine.attention.kv_cache import FP8_DTYPE
-from engine.kernels.paged_prefill import paged_prefill
+from engine.attention.triton.paged_prefill import paged_prefill
 
 pytestmark = pytest.mark.triton
 

@@ -20,7 +20,12 @@ import triton.language as tl
 
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
-from engine.kernels.paged_tiles import LOG2E, dot_dtype, online_softmax_step, paged_key_scores
+from engine.attention.triton.paged_tiles import (
+    LOG2E,
+    dot_dtype,
+    online_softmax_step,
+    paged_key_scores,
+)
 
 BLOCK_ROWS = 64  # query rows (queries x padded heads) per program
 BLOCK_N = 64  # keys per inner iteration

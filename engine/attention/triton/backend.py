@@ -11,9 +11,9 @@ import torch
 
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
-from engine.kernels.kv_write import kv_write
-from engine.kernels.paged_decode import paged_decode
-from engine.kernels.paged_prefill import paged_prefill
+from engine.attention.triton.kv_write import kv_write
+from engine.attention.triton.paged_decode import paged_decode
+from engine.attention.triton.paged_prefill import paged_prefill
 
 
 def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:

@@ -23,7 +23,12 @@ import triton
 import triton.language as tl
 
 from engine.attention.kv_cache import KVCache
-from engine.kernels.paged_tiles import LOG2E, dot_dtype, online_softmax_step, paged_key_scores
+from engine.attention.triton.paged_tiles import (
+    LOG2E,
+    dot_dtype,
+    online_softmax_step,
+    paged_key_scores,
+)
 
 SPLIT_TOKENS = 256  # a split covers at least this many tokens...
 MAX_SPLITS = 64  # ...and a sequence has at most this many splits

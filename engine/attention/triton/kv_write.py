@@ -11,7 +11,7 @@ import triton
 import triton.language as tl
 
 from engine.attention.kv_cache import FP8_MAX, FP8_MIN_SCALE, KVCache
-from engine.kernels.fp8 import round_to_e4m3
+from engine.attention.triton.fp8 import round_to_e4m3
 
 
 @triton.jit
