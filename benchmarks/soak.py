@@ -36,7 +36,7 @@ from benchmarks.loopback import free_port  # noqa: E402
 from engine import AsyncLLM, EngineConfig  # noqa: E402
 from gateway.app import create_app  # noqa: E402
 from gateway.cli import engine_limits  # noqa: E402
-from gateway.serving import http_protocol  # noqa: E402
+from gateway.http.serving import http_protocol  # noqa: E402
 from gateway.settings import Settings  # noqa: E402
 from schemas.mcp_wire import MODERN_WIRE, validate_server_message  # noqa: E402
 

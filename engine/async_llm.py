@@ -1,12 +1,14 @@
 """The asyncio face of the engine, used by the HTTP gateway.
 
-Each replica steps in its own thread; outputs cross into the event loop with
-``loop.call_soon_threadsafe`` onto one asyncio.Queue per request (bounded without a maxsize:
-one item per token, so at most max_tokens + 1). Leaving the ``generate`` iterator early —
-``aclose()``, task cancellation, a client gone — aborts the request at the next step boundary.
+Each replica steps in its own thread; a request's token deltas cross into the event loop
+through its ``OutputCollector`` (merged while the reader is behind: O(1) buffered items), and
+are detokenized and checked for stop strings in the reader's task (``OutputProcessor``), not
+on the step thread. ``submit`` admits a request at once and returns its ``RequestStream``;
+closing the stream — ``aclose()``, ``aclosing``, a cancelled task — aborts the request at the
+next step boundary and frees its KV blocks.
 
 Admission: a request is placed only on a replica that is stepping and has fewer than
-``max_waiting`` requests waiting; otherwise ``generate`` raises AdmissionRefused at once
+``max_waiting`` requests waiting; otherwise ``submit`` raises AdmissionRefused at once
 (nothing queued), so a burst meets a clear refusal instead of an ever longer queue.
 """
 
@@ -20,13 +22,74 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
 from engine.errors import EngineStepError
-from engine.outputs import RequestOutput
+from engine.output_processor import OutputCollector, OutputProcessor
+from engine.outputs import OutputKind, RequestOutput, StepOutput
+from engine.replica import Replica
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 
-_Stream = tuple[asyncio.AbstractEventLoop, "asyncio.Queue[RequestOutput | BaseException]"]
+
+class RequestStream:
+    """The outputs of one admitted request, as an async iterator; ``aclose`` aborts it."""
+
+    def __init__(
+        self,
+        engine: AsyncLLM,
+        request: Request,
+        replica: Replica,
+        collector: OutputCollector,
+        processor: OutputProcessor,
+    ) -> None:
+        self.request_id = request.request_id
+        self._engine, self._request, self._replica = engine, request, replica
+        self._collector, self._processor = collector, processor
+        self._done = False
+
+    @property
+    def replica(self) -> int:
+        return self._replica.index
+
+    @property
+    def num_buffered(self) -> int:
+        """Outputs waiting for this reader: at most 1, however slow it is."""
+        return self._collector.num_pending
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        while not self._done:
+            try:
+                step = await self._collector.get()
+            except Exception as exc:  # the step computing it failed: its blocks are freed
+                self._close(abort=False)
+                raise _engine_error(self._replica, exc) from exc
+            output = self._processor.process(step)
+            if self._processor.finished:
+                # A stop string ends it here: the engine may have run on, so abort it there.
+                self._close(abort=not step.finished)
+            if output is not None:
+                return output
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._close(abort=True)
+
+    def _close(self, abort: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._engine._forget(self._request)
+        if abort:
+            self._replica.abort(self._request)
+
+
+def _engine_error(replica: Replica, exc: Exception) -> Exception:
+    if isinstance(exc, EngineStepError):
+        return EngineStepError(f"engine replica {replica.index}: {exc}")
+    return RuntimeError(f"engine replica {replica.index}: {exc}")
 
 
 class AsyncLLM:
@@ -34,7 +97,7 @@ class AsyncLLM:
         """Load the model and start one step thread per replica. ``options`` build an
         EngineConfig when none is given."""
         self.config = config if config is not None else EngineConfig(**options)
-        self._streams: dict[str, _Stream] = {}
+        self._collectors: dict[str, OutputCollector] = {}
         self._lock = threading.Lock()
         self.core = EngineCore(self.config, on_output=self._deliver)
         self._closed = False
@@ -57,54 +120,57 @@ class AsyncLLM:
         """Token ids of the conversation with the assistant's turn opened."""
         return self.core.tokenizer.encode_chat(list(messages), add_generation_prompt=True)
 
+    def submit(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        cache_key: str | None = None,
+        cache_salt: str | None = None,
+        kind: OutputKind = OutputKind.CUMULATIVE,
+    ) -> RequestStream:
+        """Admit a request now (call from the event loop) and return its output stream.
+        ``cache_salt`` keeps one tenant's cached blocks from another's. Raises ValueError for
+        bad input and AdmissionRefused when no replica can take it, both before anything is
+        queued; the stream raises EngineStepError if the step computing it fails."""
+        if self._closed:
+            raise RuntimeError("the engine has been shut down")
+        request = self.core.make_request(prompt, params, cache_key, cache_salt)
+        replica = self.core.admit(request)
+        collector = OutputCollector(asyncio.get_running_loop())
+        processor = OutputProcessor(
+            request.request_id, request.prompt_token_ids, params, self.core.tokenizer, kind
+        )
+        with self._lock:
+            self._collectors[request.request_id] = collector
+        replica.submit(request)
+        return RequestStream(self, request, replica, collector, processor)
+
     async def generate(
         self,
         prompt: Prompt,
         params: SamplingParams,
         cache_key: str | None = None,
         cache_salt: str | None = None,
+        kind: OutputKind = OutputKind.CUMULATIVE,
     ) -> AsyncIterator[RequestOutput]:
-        """Cumulative outputs, each with the delta since the previous one; the last has
-        ``finished`` set. ``cache_salt`` keeps one tenant's cached blocks from another's.
-        Raises ValueError for bad input and AdmissionRefused when no replica can take it,
-        both before anything is queued; EngineStepError if the step computing it fails."""
-        if self._closed:
-            raise RuntimeError("the engine has been shut down")
-        request = self.core.make_request(prompt, params, cache_key, cache_salt)
-        replica = self.core.admit(request)
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
-        with self._lock:
-            self._streams[request.request_id] = (loop, queue)
-        replica.submit(request)
-        finished = False
+        """``submit`` as an async generator (admission happens at the first ``anext``)."""
+        stream = self.submit(prompt, params, cache_key, cache_salt, kind)
         try:
-            while not finished:
-                item = await queue.get()
-                if isinstance(item, BaseException):
-                    finished = True
-                    if isinstance(item, EngineStepError):
-                        raise EngineStepError(f"engine replica {replica.index}: {item}") from item
-                    raise RuntimeError(f"engine replica {replica.index}: {item}") from item
-                finished = item.finished
-                yield item
+            async for output in stream:
+                yield output
         finally:
-            with self._lock:
-                self._streams.pop(request.request_id, None)
-            if not finished:
-                replica.abort(request)
+            await stream.aclose()
 
-    def _deliver(self, request: Request, item: RequestOutput | BaseException) -> None:
+    def _deliver(self, request: Request, item: StepOutput | BaseException) -> None:
         """Runs on a replica's step thread."""
         with self._lock:
-            stream = self._streams.get(request.request_id)
-        if stream is None:
-            return
-        loop, queue = stream
-        try:
-            loop.call_soon_threadsafe(queue.put_nowait, item)
-        except RuntimeError:  # the consumer's event loop has closed
-            pass
+            collector = self._collectors.get(request.request_id)
+        if collector is not None:
+            collector.put(item)
+
+    def _forget(self, request: Request) -> None:
+        with self._lock:
+            self._collectors.pop(request.request_id, None)
 
     def stats(self) -> EngineStats:
         return self.core.stats()
@@ -122,9 +188,6 @@ class AsyncLLM:
         for replica in self.core.replicas:
             replica.stop()
         with self._lock:
-            streams = list(self._streams.values())
-        for loop, queue in streams:
-            try:
-                loop.call_soon_threadsafe(queue.put_nowait, RuntimeError("engine shut down"))
-            except RuntimeError:
-                pass
+            collectors = list(self._collectors.values())
+        for collector in collectors:
+            collector.put(RuntimeError("engine shut down"))

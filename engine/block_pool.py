@@ -44,11 +44,6 @@ class BlockPool:
 
     # -- queries ---------------------------------------------------------------------------
 
-    def num_available(self, replica: int) -> int:
-        """Blocks ``replica`` may take now (free + evictable, minus others' guarantees)."""
-        with self._lock:
-            return self._available(replica)
-
     def num_in_use(self) -> int:
         with self._lock:
             return self.num_blocks - 1 - len(self._free) - len(self._lru)

@@ -94,7 +94,9 @@ class EngineCore:
             for i in range(config.replicas)
         ]
         self.router = (
-            make_router(config.routing, config.replicas, config.seed)
+            make_router(
+                config.routing, config.replicas, config.seed, prefilling=_PendingView(self.pool)
+            )
             if config.replicas > 1
             else None
         )
@@ -163,7 +165,6 @@ class EngineCore:
             eos_token_ids=frozenset(self.model_config.eos_token_ids)
             | frozenset(self.tokenizer.eos_token_ids),
             max_model_len=self.max_model_len,
-            detokenizer=self.tokenizer.incremental(token_ids),
             generator=generator,
             cache_key=cache_key,
         )
@@ -198,7 +199,6 @@ class EngineCore:
             request.num_prompt_tokens,
             loads,
             available,
-            prefilling=_PendingView(self.pool),
         )
         return self.replicas[index]
 

@@ -77,6 +77,15 @@ class KVCacheManager:
         entries = zip(request.block_table[start:full], hashes[start:full], strict=True)
         return self.pool.register(entries, self.replica)
 
+    def mark_written(self, blocks: list[int]) -> None:
+        """The step has written these pending blocks: other replicas may now match them."""
+        self.pool.mark_ready(blocks)
+
+    @property
+    def usage(self) -> float:
+        """This replica's share of the pool's usable blocks in use, 0.0 to 1.0."""
+        return self.pool.num_held(self.replica) / (self.pool.num_blocks - 1)
+
     def free(self, request: Request) -> None:
         """Release the request's blocks (tail first; cached ones stay matchable). Idempotent."""
         self.pool.release(request.block_table, self.replica)

@@ -3,7 +3,9 @@
     llm = LLM(dtype="float32")
     outs = llm.generate(["Hello", [1, 2, 3]], SamplingParams(max_tokens=8, temperature=0))
 
-Replicas are stepped by hand in the caller's thread until every request has finished.
+Replicas are stepped by hand in the caller's thread until every request has finished; each
+request's outputs go through its own ``OutputProcessor`` (detokenizing, stop strings), as on
+the async path. A failed step raises ``EngineStepError`` instead of returning partial text.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
-from engine.outputs import RequestOutput
+from engine.errors import EngineStepError
+from engine.output_processor import OutputProcessor
+from engine.outputs import OutputKind, RequestOutput, StepOutput
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 Message = dict[str, Any]
@@ -42,7 +47,9 @@ class LLM:
             seed=seed,
             **options,
         )
-        self.core = EngineCore(self.config)
+        self._processors: dict[str, OutputProcessor] = {}
+        self._results: dict[str, RequestOutput | BaseException] = {}
+        self.core = EngineCore(self.config, on_output=self._on_output)
         self.tokenizer = self.core.tokenizer
 
     def generate(
@@ -63,12 +70,46 @@ class LLM:
             raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
         requests = [self.core.make_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         for request in requests:
+            self._processors[request.request_id] = OutputProcessor(
+                request.request_id,
+                request.prompt_token_ids,
+                request.params,
+                self.tokenizer,
+                OutputKind.FINAL_ONLY,
+            )
             self.core.choose_replica(request).submit(request)
-        while any(not r.finished for r in requests):
-            for replica in self.core.replicas:
-                if replica.has_work():
-                    replica.step()
-        return [r.take_output() for r in requests]
+        try:
+            # Until every request has its result and the aborts of those a stop string ended
+            # have been applied (their blocks freed).
+            while any(r.request_id not in self._results for r in requests) or any(
+                replica.has_work() for replica in self.core.replicas
+            ):
+                for replica in self.core.replicas:
+                    if replica.has_work():
+                        replica.step()
+            results = [self._results[r.request_id] for r in requests]
+        finally:
+            for request in requests:
+                self._processors.pop(request.request_id, None)
+                self._results.pop(request.request_id, None)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise EngineStepError(f"generation failed: {result}") from result
+        return results  # type: ignore[return-value]
+
+    def _on_output(self, request: Request, item: StepOutput | BaseException) -> None:
+        """Runs in this thread, inside ``replica.step``."""
+        processor = self._processors.get(request.request_id)
+        if processor is None or request.request_id in self._results:
+            return
+        if isinstance(item, BaseException):
+            self._results[request.request_id] = item
+            return
+        output = processor.process(item)
+        if processor.stopped and not item.finished:
+            self.core.replicas[request.replica].abort(request)
+        if output is not None:
+            self._results[request.request_id] = output
 
     def chat(
         self,

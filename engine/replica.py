@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from engine.errors import EngineStepError
 from engine.model_runner import ModelRunner
-from engine.outputs import RequestOutput
+from engine.outputs import StepOutput
 from engine.request import Request
 from engine.scheduler import Scheduler
 from engine.stats import ReplicaStats
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 BLOCKED_RETRY_S = 0.005
 # Called from the step thread with each request that has news (or the step's exception).
-OutputSink = Callable[[Request, "RequestOutput | BaseException"], None]
+OutputSink = Callable[[Request, "StepOutput | BaseException"], None]
 
 
 class Replica:
@@ -102,7 +102,7 @@ class Replica:
         return ReplicaStats(
             num_running=len(self.scheduler.running),
             num_waiting=len(self.scheduler.waiting) + queued,
-            kv_usage=kv.pool.num_held(self.index) / (kv.pool.num_blocks - 1),
+            kv_usage=kv.usage,
             prefix_queries=kv.prefix_queries,
             prefix_hits=kv.prefix_hits,
         )
@@ -151,7 +151,7 @@ class Replica:
         changed = self.scheduler.update(batch, sampled)
         if self.on_output is not None:
             for request in changed:
-                self.on_output(request, request.take_output())
+                self.on_output(request, request.take_step_output())
         return changed
 
     def _loop(self) -> None:

@@ -15,17 +15,15 @@ import math
 import random
 from collections.abc import Iterator, Mapping, Sequence
 
+from engine.errors import EngineUnavailable
+
 KEY_BLOCKS = 8  # a prompt without cache_key is keyed on its first (up to) eight blocks
-
-
-class NoReplicaAvailable(RuntimeError):
-    """Every replica is stalled or failed; the request cannot be placed."""
 
 
 def _live(available: Sequence[bool]) -> list[int]:
     live = [r for r, ok in enumerate(available) if ok]
     if not live:
-        raise NoReplicaAvailable(f"all {len(available)} replicas are stalled or failed")
+        raise EngineUnavailable(f"all {len(available)} replicas are stalled or failed")
     return live
 
 
@@ -47,7 +45,15 @@ class PrefixRouter:
     only when it is full or unavailable.
     """
 
-    def __init__(self, num_replicas: int, load_factor: float = 1.25, virtual_nodes: int = 128):
+    def __init__(
+        self,
+        num_replicas: int,
+        load_factor: float = 1.25,
+        virtual_nodes: int = 128,
+        prefilling: Mapping[bytes, int] | None = None,
+    ):
+        """``prefilling`` maps a block hash to the replica computing it now (only its
+        ``.get`` is used, so a live view of the block pool will do)."""
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if load_factor < 1.0:
@@ -56,6 +62,7 @@ class PrefixRouter:
             raise ValueError(f"virtual_nodes must be >= 1, got {virtual_nodes}")
         self.num_replicas = num_replicas
         self.load_factor = load_factor
+        self.prefilling = prefilling
         ring = sorted(
             (_position(b"replica", r.to_bytes(4, "little"), v.to_bytes(4, "little")), r)
             for r in range(num_replicas)
@@ -89,14 +96,11 @@ class PrefixRouter:
         num_prompt_tokens: int,
         loads: Sequence[int],
         available: Sequence[bool],
-        prefilling: Mapping[bytes, int] | None = None,
     ) -> int:
         """The replica for a prompt whose full blocks have these chained hashes.
 
         `loads` counts running + waiting requests per replica; `available[r]` is False for
-        a stalled or failed replica; `prefilling` maps a block hash to the replica computing
-        it now (only its `.get` is used, so a lazy view of the pool will do).
-        `num_prompt_tokens` is part of the callers' contract; the policy needs only the
+        a stalled or failed replica. `num_prompt_tokens` is part of the callers' contract; the policy needs only the
         hashes (a prompt shorter than one block has none).
         """
         if len(loads) != self.num_replicas or len(available) != self.num_replicas:
@@ -109,9 +113,9 @@ class PrefixRouter:
         def has_room(r: int) -> bool:
             return 0 <= r < self.num_replicas and available[r] and loads[r] < bound
 
-        if prefilling is not None:
+        if self.prefilling is not None:
             for block_hash in reversed(block_hashes):
-                replica = prefilling.get(block_hash)
+                replica = self.prefilling.get(block_hash)
                 if replica is not None:
                     if has_room(replica):
                         return replica
@@ -137,7 +141,6 @@ class _BlindRouter:
         num_prompt_tokens: int,
         loads: Sequence[int],
         available: Sequence[bool],
-        prefilling: Mapping[bytes, int] | None = None,
     ) -> int:
         return self._pick(_live(available))
 
@@ -165,11 +168,15 @@ ROUTING_POLICIES = ("prefix", "round_robin", "random")
 
 
 def make_router(
-    policy: str, num_replicas: int, seed: int = 0, load_factor: float = 1.25
+    policy: str,
+    num_replicas: int,
+    seed: int = 0,
+    load_factor: float = 1.25,
+    prefilling: Mapping[bytes, int] | None = None,
 ) -> PrefixRouter | _BlindRouter:
     """The router for a policy name (`EngineConfig.routing`, `--routing`)."""
     if policy == "prefix":
-        return PrefixRouter(num_replicas, load_factor)
+        return PrefixRouter(num_replicas, load_factor, prefilling=prefilling)
     if policy == "round_robin":
         return RoundRobinRouter()
     if policy == "random":

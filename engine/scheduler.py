@@ -124,7 +124,7 @@ class Scheduler:
     ) -> list[Request]:
         """Apply a finished step: advance computed counts, append sampled tokens (in the
         order of ``batch.sampling``), free finished requests. Returns requests with news."""
-        self.kv.pool.mark_ready(batch.written_blocks)
+        self.kv.mark_written(batch.written_blocks)
         changed = batch.sampling
         for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             request.num_computed += n

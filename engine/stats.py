@@ -1,4 +1,4 @@
-"""Load and cache figures, per replica and in total (named as gateway/metrics.py reads them)."""
+"""Load and cache figures, per replica and in total (named as gateway/ops/metrics.py reads them)."""
 
 from __future__ import annotations
 

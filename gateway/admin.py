@@ -12,8 +12,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from gateway.catalog_config import CatalogConfigError
-from gateway.catalog_reload import CatalogReloader
+from gateway.catalog.config import CatalogConfigError
+from gateway.catalog.reload import CatalogReloader
 
 
 def admin_routes(api_key: str | None, reloader: CatalogReloader) -> list[Route]:

@@ -1,40 +1,41 @@
-"""Who may start a call now, and until when: per-client concurrency, open listen streams,
-engine capacity, call deadlines.
+"""Who may start a call now: per-client concurrency, open listen streams, engine capacity.
 
-Every refusal is a JSON-RPC error the transport sends with 503 (capacity) or 429 (this
-client's own limit) and ``Retry-After``, and is counted in
-``kvgate_rejected_requests_total{reason}``. Counters hold only keys with calls in flight, so
-they stay as small as the traffic itself.
+Front-door neutral: a refusal is a ``Refusal`` (HTTP status 429 for this client's own limit,
+503 for capacity, a reason for ``kvgate_rejected_requests_total{reason}`` and a
+``Retry-After``); each front door words it in its own protocol. Counters hold only keys with
+calls in flight, so they stay as small as the traffic itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator, Mapping
+import math
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from engine import AdmissionRefused
-from protocol.errors import (
-    RATE_LIMITED,
-    REQUEST_TIMEOUT,
-    SERVER_OVERLOADED,
-    ProtocolError,
-    invalid_params,
-    refused,
-)
 
 CLIENT_RETRY_AFTER_S = 1.0
 LISTEN_RETRY_AFTER_S = 5.0
 
 
-def client_key(headers: Mapping[str, str], arguments: Any) -> str | None:
+class Refusal(Exception):
+    """A call refused before it started; nothing was queued."""
+
+    def __init__(self, status: int, reason: str, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.status = status  # 429: this client's own limit; 503: the server's capacity
+        self.reason = reason
+        self.retry_after_s = max(1, math.ceil(retry_after_s))  # whole seconds, as HTTP says
+
+
+def client_key(authorization: str | None, cache_key: object) -> str | None:
     """Whose call this is: the bearer API key (hashed, never kept), else the ``cache_key``."""
-    auth = headers.get("authorization", "")
+    auth = authorization or ""
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return "key:" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:32]
-    if isinstance(arguments, Mapping) and isinstance(arguments.get("cache_key"), str):
-        return "cache_key:" + arguments["cache_key"]
+    if isinstance(cache_key, str):
+        return "cache_key:" + cache_key
     return None
 
 
@@ -69,47 +70,23 @@ class ConcurrencyLimit:
         return sum(self._held.values())
 
 
-def client_limited(limit: int) -> ProtocolError:
-    return refused(
-        RATE_LIMITED,
-        f"Too many concurrent calls from this client (limit {limit})",
+def client_limited(limit: int) -> Refusal:
+    return Refusal(
+        429,
         "client_concurrency",
+        f"Too many concurrent calls from this client (limit {limit})",
         CLIENT_RETRY_AFTER_S,
     )
 
 
-def listen_limited(limit: int) -> ProtocolError:
-    return refused(
-        SERVER_OVERLOADED,
-        f"Too many open subscriptions/listen streams ({limit})",
+def listen_limited(limit: int) -> Refusal:
+    return Refusal(
+        503,
         "listen_streams",
+        f"Too many open subscriptions/listen streams ({limit})",
         LISTEN_RETRY_AFTER_S,
     )
 
 
-def engine_refused(exc: AdmissionRefused) -> ProtocolError:
-    return refused(SERVER_OVERLOADED, f"Server overloaded: {exc}", exc.reason, exc.retry_after_s)
-
-
-TIMEOUT_META_KEY = "dev.kvgate/timeoutMs"
-
-
-def call_timeout_s(meta: Mapping[str, Any], server_timeout_s: float) -> float:
-    """A call's deadline in seconds: ``_meta["dev.kvgate/timeoutMs"]`` may shorten the
-    server's ``request_timeout_s``, never lengthen it (-32602 if it is not a positive number)."""
-    value = meta.get(TIMEOUT_META_KEY)
-    if value is None:
-        return server_timeout_s
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise invalid_params(
-            f"_meta[{TIMEOUT_META_KEY!r}] must be a positive number of milliseconds"
-        )
-    return min(server_timeout_s, value / 1000)
-
-
-def deadline_exceeded(timeout_s: float) -> ProtocolError:
-    return ProtocolError(
-        REQUEST_TIMEOUT,
-        f"Request timed out after {timeout_s:g} s; the generation was cancelled",
-        data={"reason": "deadline", "timeoutS": timeout_s},
-    )
+def engine_refused(exc: AdmissionRefused) -> Refusal:
+    return Refusal(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s)

@@ -21,14 +21,15 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import admin_routes
-from gateway.catalog import Catalog, ModelFacts
-from gateway.catalog_config import CatalogConfig, CatalogConfigError, load_catalog_config
-from gateway.catalog_reload import CatalogReloader
-from gateway.discovery_cache import make_discovery_cache
-from gateway.mcp_endpoint import McpEndpoint
-from gateway.metrics import Metrics
+from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
+from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
+from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
+from gateway.catalog.reload import CatalogReloader
+from gateway.generation import Generations
+from gateway.mcp.endpoint import McpEndpoint
+from gateway.mcp.tool_runner import ToolRunner
+from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
-from gateway.tools import InferenceTools
 
 MCP_PATH = "/mcp"
 log = logging.getLogger(__name__)
@@ -55,6 +56,25 @@ def build_catalog(facts: ModelFacts, settings: Settings) -> Catalog:
     return Catalog(facts, settings.server_name, instructions, settings.catalog_ttl_ms, config)
 
 
+def make_discovery_cache(
+    redis_url: str | None,
+    *,
+    near_cache_size: int = 256,
+    ttl_s: float = 300,
+    timeout_s: float = 0.05,
+    on_event: EventHook | None = None,
+) -> DiscoveryCache:
+    """A Redis-backed cache for ``redis_url``, else the in-process one (same interface)."""
+    options = dict(
+        near_cache_size=near_cache_size, ttl_s=ttl_s, timeout_s=timeout_s, on_event=on_event
+    )
+    if redis_url is None:
+        return DiscoveryCache(**options)  # type: ignore[arg-type]
+    from gateway.catalog.redis_cache import RedisDiscoveryCache  # imports redis only when asked
+
+    return RedisDiscoveryCache(redis_url, **options)  # type: ignore[arg-type]
+
+
 def create_app(settings: Settings, engine: Any) -> Starlette:
     metrics = Metrics(engine.stats, engine.model_name)
     facts = model_facts(engine, settings)
@@ -65,9 +85,12 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             metrics.count("kvgate_discovery_cache_events", event=event)
 
     cache = make_discovery_cache(settings.redis_url, on_event=on_cache_event)
-    endpoint = McpEndpoint(settings, catalog, InferenceTools(engine, catalog.tools), cache, metrics)
-    reloader = CatalogReloader(endpoint, cache, lambda: build_catalog(facts, settings), metrics)
-    endpoint.versions = reloader.versions
+    served = CatalogHolder(catalog)
+    reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
+    generations = Generations(engine)
+    endpoint = McpEndpoint(
+        settings, served, ToolRunner(generations), cache, metrics, reloader.versions
+    )
     metrics.gauge(
         "kvgate_discovery_cache_degraded",
         "1 while Redis is unreachable and discovery is answered by this process alone.",
@@ -106,6 +129,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             remove_sighup()
             await reloader.close()
             await cache.close()
+            generations.close()
 
     def begin_drain() -> None:
         """Not ready from now on, and listen streams end (they would hold the drain open).
@@ -124,7 +148,8 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         ],
         lifespan=lifespan,
     )
-    app.state.endpoint = endpoint  # endpoint.catalog is the catalog being served
+    app.state.served = served  # served.current is the catalog being served
+    app.state.mcp = endpoint
     app.state.metrics = metrics
     app.state.discovery_cache = cache
     app.state.catalog_reloader = reloader
@@ -145,7 +170,7 @@ def _on_sighup(loop: asyncio.AbstractEventLoop, reloader: CatalogReloader) -> Ca
         except CatalogConfigError as exc:
             log.error(
                 "SIGHUP: catalog config not loaded, still serving %s: %s",
-                reloader.endpoint.catalog.version,
+                reloader.served.current.version,
                 exc,
             )
             return

@@ -10,7 +10,7 @@ import logging
 import sys
 from typing import Any
 
-from gateway.logs import configure_logging
+from gateway.ops.logs import configure_logging
 from gateway.settings import Settings
 
 logger = logging.getLogger("kvgate")
@@ -143,8 +143,8 @@ def engine_limits(settings: Settings) -> dict[str, Any]:
 def serve(settings: Settings) -> None:
     from engine import AsyncLLM, EngineConfig
     from gateway.app import create_app
-    from gateway.catalog_config import CatalogConfigError
-    from gateway.serving import http_protocol, serve_app
+    from gateway.catalog.config import CatalogConfigError
+    from gateway.http.serving import http_protocol, serve_app
 
     try:
         engine = AsyncLLM(

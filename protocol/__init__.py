@@ -3,3 +3,21 @@
 No sockets, no engine: the gateway feeds bytes and header mappings in and gets messages,
 errors (with their HTTP status) and shaped results out.
 """
+
+from protocol.errors import ProtocolError
+from protocol.jsonrpc import encode_error, encode_result, parse_message, splice_result
+from protocol.jsonrpc_types import Message, RequestId
+from protocol.versions import SUPPORTED_VERSIONS, Era, era_of
+
+__all__ = [
+    "SUPPORTED_VERSIONS",
+    "Era",
+    "Message",
+    "ProtocolError",
+    "RequestId",
+    "encode_error",
+    "encode_result",
+    "era_of",
+    "parse_message",
+    "splice_result",
+]

@@ -16,13 +16,6 @@ NEXT_TOKEN = 7
 _arrivals = itertools.count()
 
 
-class NoText:
-    """Detokenizer stand-in: these tests look at token ids only."""
-
-    def push(self, token_ids: list[int]) -> str:
-        return ""
-
-
 def make_request(prompt: list[int], max_tokens: int = 4) -> Request:
     arrival = next(_arrivals)
     return Request(
@@ -34,7 +27,6 @@ def make_request(prompt: list[int], max_tokens: int = 4) -> Request:
         block_hashes=block_hashes(prompt, ROOT),
         eos_token_ids=frozenset(),
         max_model_len=10_000,
-        detokenizer=NoText(),  # type: ignore[arg-type]
     )
 
 

@@ -6,11 +6,12 @@ import asyncio
 import resource
 import time
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from pathlib import Path
 
 import pytest
 
-from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, SamplingParams
+from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, OutputKind, SamplingParams
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 
@@ -37,13 +38,38 @@ async def all_blocks_released(engine: AsyncLLM, timeout: float = 5.0) -> bool:
 
 async def test_streamed_deltas_add_up_to_the_offline_result(engine: AsyncLLM, tiny_model_dir: Path):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    outputs = [out async for out in engine.generate("Streaming, token by token", params)]
+    prompt = "Streaming, token by token"
+    outputs = [out async for out in engine.generate(prompt, params)]
+    deltas = [out async for out in engine.generate(prompt, params, kind=OutputKind.DELTA)]
     assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
+    assert deltas[-1].finished and not any(o.finished for o in deltas[:-1])
     final = outputs[-1]
-    assert sum((o.delta_token_ids for o in outputs), []) == final.token_ids
-    assert "".join(o.delta_text for o in outputs) == final.text
+    assert sum((o.token_ids for o in deltas), []) == final.token_ids
+    assert "".join(o.text for o in deltas) == final.text
     offline = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB")
     assert final.token_ids == offline.generate("Streaming, token by token", params)[0].token_ids
+    assert await all_blocks_released(engine)
+
+
+async def test_a_reader_ten_times_slower_than_generation_holds_one_buffered_output(
+    engine: AsyncLLM,
+):
+    params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
+    prompt = "A slow reader"
+    started = time.perf_counter()
+    fast = [o async for o in engine.generate(prompt, params, kind=OutputKind.DELTA)]
+    per_token_s = (time.perf_counter() - started) / 60
+    stream = engine.submit(prompt, params, kind=OutputKind.DELTA)
+    outputs, most_buffered = [], 0
+    async with aclosing(stream):
+        async for output in stream:
+            outputs.append(output)
+            await asyncio.sleep(10 * per_token_s)
+            most_buffered = max(most_buffered, stream.num_buffered)
+    assert most_buffered == 1  # the step thread merged what the reader had not taken
+    assert len(outputs) < len(fast)  # fewer, larger deltas ...
+    assert sum((o.token_ids for o in outputs), []) == sum((o.token_ids for o in fast), [])
+    assert "".join(o.text for o in outputs) == "".join(o.text for o in fast)  # ... same text
     assert await all_blocks_released(engine)
 
 

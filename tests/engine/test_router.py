@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from engine.block_hash import block_hashes, root_hash
-from engine.router import NoReplicaAvailable, PrefixRouter, make_router
+from engine.errors import EngineUnavailable
+from engine.router import PrefixRouter, make_router
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -134,8 +135,8 @@ def test_longest_prefix_being_prefilled_wins():
     hashes = chained_hashes(prompt(5, 160))
     hashed = router.choose(hashes, None, 160, *idle(4))
     short_owner, long_owner = (hashed + 1) % 4, (hashed + 2) % 4
-    prefilling = {hashes[1]: short_owner, hashes[6]: long_owner}
-    assert router.choose(hashes, None, 160, *idle(4), prefilling) == long_owner
+    router.prefilling = {hashes[1]: short_owner, hashes[6]: long_owner}
+    assert router.choose(hashes, None, 160, *idle(4)) == long_owner
 
 
 def test_prefilling_replica_over_bound_falls_back_to_hashing():
@@ -143,13 +144,13 @@ def test_prefilling_replica_over_bound_falls_back_to_hashing():
     hashes = chained_hashes(prompt(6, 160))
     hashed = router.choose(hashes, None, 160, [0, 0], [True, True])
     other = 1 - hashed
-    prefilling = {hashes[3]: other}
+    router.prefilling = {hashes[3]: other}
     loads = [0, 0]
     loads[hashed], loads[other] = 2, 6  # bound = ceil(1.25 * 9 / 2) = 6: other is full
-    assert router.choose(hashes, None, 160, loads, [True, True], prefilling) == hashed
+    assert router.choose(hashes, None, 160, loads, [True, True]) == hashed
     loads[hashed], loads[other] = 4, 4  # same bound, other has room
-    assert router.choose(hashes, None, 160, loads, [True, True], prefilling) == other
-    assert router.choose(hashes, None, 160, loads, [hashed == 0, hashed == 1], prefilling) == hashed
+    assert router.choose(hashes, None, 160, loads, [True, True]) == other
+    assert router.choose(hashes, None, 160, loads, [hashed == 0, hashed == 1]) == hashed
 
 
 def test_short_prompt_without_key_goes_to_least_loaded_live_replica():
@@ -171,7 +172,7 @@ def test_short_prompt_with_cache_key_is_hashed():
 
 def test_no_live_replica_raises():
     router = PrefixRouter(2)
-    with pytest.raises(NoReplicaAvailable):
+    with pytest.raises(EngineUnavailable):
         router.choose([], None, 0, [0, 0], [False, False])
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import uvicorn
 
 from gateway.app import create_app
-from gateway.serving import http_protocol
+from gateway.http.serving import http_protocol
 from gateway.settings import Settings
 
 

@@ -23,7 +23,7 @@ def test_reload_needs_the_key_and_reports_versions(engine: Any, tmp_path) -> Non
     config.write_text(json.dumps({"instructions": "One."}))
     with LiveServer(engine, catalog_config=str(config), admin_api_key="s3cret") as live:
         url = live.base + RELOAD
-        served = live.app.state.endpoint.catalog.version
+        served = live.app.state.served.current.version
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             refused = httpx.post(url, headers=headers)
             assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"

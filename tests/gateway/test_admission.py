@@ -16,7 +16,7 @@ import pytest
 from engine import AsyncLLM, EngineConfig
 from protocol.errors import RATE_LIMITED, REQUEST_TIMEOUT, SERVER_OVERLOADED
 from tests.gateway.live_server import LiveServer
-from tests.gateway.test_streaming import events, stream_request, wait_idle
+from tests.gateway.mcp.test_streaming import events, stream_request, wait_idle
 from tests.gateway.wire import call
 
 LONG = {
@@ -216,7 +216,7 @@ def test_listen_streams_are_capped(http: httpx.Client, engine: AsyncLLM) -> None
             second = http.post(live.url, content=content, headers=headers)
             assert second.status_code == 503 and second.headers["retry-after"] == "5"
             assert orjson.loads(second.content)["error"]["data"]["reason"] == "listen_streams"
-        wait_for(lambda: len(live.app.state.endpoint.listens) == 0)
+        wait_for(lambda: len(live.app.state.mcp.listens) == 0)
         with http.stream("POST", live.url, content=content, headers=headers) as again:
             assert again.status_code == 200
 

@@ -1,0 +1,112 @@
+"""Runs the inference tools ``generate``, ``chat`` and ``tokenize`` (their schemas: ``schemas/``).
+
+``start`` validates a call's arguments and starts its generation (the engine admits it or
+refuses at once); what it returns is the call as an async iterator: zero or more
+``Progress`` updates (one per chunk of new text), then the ``CallToolResult`` body. The JSON
+path drains it; the SSE path forwards each item. Closing it early (a client gone) aborts the
+request and frees its KV blocks. Anything the caller can fix — bad arguments, a prompt that
+does not fit, bad sampling values — is a tool error (``isError``) whose text says what to change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from engine import EngineStepError, SamplingParams
+from gateway.catalog.catalog import ToolSpec
+from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
+
+SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+DEFAULT_MAX_TOKENS = 64
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    tokens: int  # tokens generated so far
+    text: str  # the text new since the previous update
+
+
+def tool_error(text: str) -> dict[str, Any]:
+    return {"content": [{"type": "text", "text": text}], "isError": True}
+
+
+class ToolRunner:
+    def __init__(self, generations: Generations) -> None:
+        self.generations = generations
+        self.model_name = generations.engine.model_name
+
+    async def start(
+        self, spec: ToolSpec, arguments: Mapping[str, Any]
+    ) -> AsyncIterator[Progress | dict[str, Any]]:
+        """The call's items; raises ``engine.AdmissionRefused`` when the engine is full."""
+        problems = spec.validator.problems(arguments)
+        if problems:
+            return _only(
+                tool_error(f"Invalid arguments for tool '{spec.name}': " + "; ".join(problems))
+            )
+        if spec.name == "tokenize":
+            text = arguments["text"]
+            return _only(await self.generations.off_loop(len(text), self._tokenize, text))
+        try:
+            params = SamplingParams(
+                **{
+                    "max_tokens": DEFAULT_MAX_TOKENS,
+                    **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
+                }
+            )
+            request = GenerationRequest(
+                params,
+                prompt=arguments.get("prompt"),
+                messages=arguments.get("messages"),
+                cache_key=arguments.get("cache_key"),
+            )
+            generation = await self.generations.start(request)
+        except ValueError as exc:
+            return _only(tool_error(f"Invalid arguments for tool '{spec.name}': {exc}"))
+        return self._items(generation)
+
+    async def _items(
+        self, generation: AsyncIterator[TextDelta | Completion]
+    ) -> AsyncIterator[Progress | dict[str, Any]]:
+        try:
+            async with aclosing(generation):
+                async for item in generation:
+                    if isinstance(item, TextDelta):
+                        yield Progress(item.tokens, item.text)
+                    else:
+                        yield self._result(item)
+        except (EngineStepError, RuntimeError) as exc:
+            yield tool_error(f"Generation failed: {exc}; retry the call")
+
+    def _result(self, done: Completion) -> dict[str, Any]:
+        structured = {
+            "text": done.text,
+            "finish_reason": done.finish_reason,
+            "prompt_tokens": done.prompt_tokens,
+            "completion_tokens": done.completion_tokens,
+            "cached_tokens": done.cached_tokens,
+            "model": self.model_name,
+            "replica": done.replica,
+        }
+        return {
+            "content": [{"type": "text", "text": done.text}],
+            "structuredContent": structured,
+            "isError": False,
+        }
+
+    def _tokenize(self, text: str) -> dict[str, Any]:
+        ids = list(self.generations.engine.tokenizer.encode(text))
+        structured = {"token_ids": ids, "count": len(ids), "model": self.model_name}
+        summary = f"{len(ids)} tokens: {ids}"
+        return {
+            "content": [{"type": "text", "text": summary}],
+            "structuredContent": structured,
+            "isError": False,
+        }
+
+
+async def _only(result: dict[str, Any]) -> AsyncIterator[Progress | dict[str, Any]]:
+    yield result

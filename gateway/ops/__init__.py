@@ -1,0 +1,1 @@
+"""Operating the gateway: Prometheus metrics, OpenTelemetry tracing, structured logs."""
