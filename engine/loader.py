@@ -100,6 +100,8 @@ def load_weights(model: torch.nn.Module, files: list[Path]) -> None:
                         f"shape mismatch for tensor {name!r} in {file.name}: "
                         f"expected {list(slot.shape)}, got {list(tensor.shape)}"
                     )
+                if slot.offset:
+                    tensor = tensor.float() + slot.offset
                 with torch.no_grad():
                     slot.param[slot.start : slot.start + slot.shape[0]].copy_(tensor)
                 seen.add(name)

@@ -21,9 +21,16 @@ def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
 
 
 def paged_attention(
-    q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    cache: KVCache,
+    md: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Same contract as ``torch_backend.paged_attention``."""
+    if window is not None or softcap is not None:
+        raise NotImplementedError("sliding windows and soft-capping in the Triton kernels")
     if md.max_query_len == 1:
         return paged_decode(q, cache, md.seq_lens, md.block_tables, md.max_seq_len, scale)
     out = torch.empty_like(q)
