@@ -107,3 +107,26 @@ def test_engine_greedy_matches_transformers_and_survives_a_prefix_hit(
             eos_token_id=None, pad_token_id=0,
         )[0, len(prompt) :].tolist()  # fmt: skip
     assert cold.token_ids == warm.token_ids == expected
+
+
+def test_longrope_positions_past_the_original_length_use_the_long_factors(hf_checkpoint) -> None:
+    """Per position, as vLLM does: below original_max_position_embeddings the short factors
+    (what transformers uses for such sequences, checked above), from there on the long ones,
+    each against transformers' own longrope frequencies and attention factor."""
+    from transformers import AutoConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    path = hf_checkpoint("phi3-longrope")
+    lm = load_model(path, dtype="float32")
+    hf_config = AutoConfig.from_pretrained(path)
+    original = hf_config.rope_parameters["original_max_position_embeddings"]
+    longrope = ROPE_INIT_FUNCTIONS["longrope"]
+    for positions, seq_len in (
+        (torch.arange(0, original), None),
+        (torch.arange(original, 300), 300),
+    ):
+        inv_freq, factor = longrope(hf_config, "cpu", seq_len=seq_len)
+        assert factor > 1.0
+        angles = torch.outer(positions.float(), inv_freq)
+        cos = torch.cat((angles.cos(), angles.cos()), -1) * factor
+        torch.testing.assert_close(lm.model.rope_cos_0[positions], cos, atol=1e-5, rtol=1e-5)
