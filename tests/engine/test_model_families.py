@@ -95,8 +95,11 @@ def test_engine_greedy_matches_transformers_and_survives_a_prefix_hit(
     """Through the whole engine (scheduler, chunked prefill, prefix cache): the greedy tokens
     of a prompt past the window equal transformers' generate, cold and from the cache."""
     path = hf_checkpoint(arch)
-    llm = LLM(str(path), dtype="float32", kv_cache_memory="4MiB", max_num_batched_tokens=64)
+    # 16-token chunks: the prompt's chunked prefill starts inside earlier chunks' windows.
+    llm = LLM(str(path), dtype="float32", kv_cache_memory="4MiB", max_num_seqs=2,
+              max_num_batched_tokens=16)  # fmt: skip
     prompt = llm.tokenizer.encode(PROMPTS[2])
+    assert len(prompt) > 3 * 16
     params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
     cold, warm = (llm.generate([prompt], params)[0] for _ in range(2))
     assert warm.cached_tokens >= BLOCK_SIZE * (len(prompt) // BLOCK_SIZE - 1) > 0
