@@ -152,7 +152,7 @@ def _fields(architecture: str, raw: dict[str, Any], generation: dict[str, Any]) 
     head_dim = int(raw.get("head_dim") or hidden // num_heads)
     num_layers = int(raw["num_hidden_layers"])
     gemma = architecture in GEMMA
-    rope_theta, rope_scaling, local_theta, partial = _rope(raw, gemma)
+    rope_theta, rope_scaling, local_theta, partial = _rope(raw)
     fields: dict[str, Any] = dict(
         architecture=architecture,
         vocab_size=int(raw["vocab_size"]),
@@ -220,7 +220,9 @@ def _moe(architecture: str, raw: dict[str, Any], num_layers: int) -> dict[str, A
     )
 
 
-def _layer_windows(architecture: str, raw: dict[str, Any], num_layers: int) -> tuple:
+def _layer_windows(
+    architecture: str, raw: dict[str, Any], num_layers: int
+) -> tuple[int | None, ...]:
     """Per-layer sliding windows, by transformers' rules for each family's config."""
     window = raw.get("sliding_window")
     if not window:
@@ -249,9 +251,7 @@ def _layer_windows(architecture: str, raw: dict[str, Any], num_layers: int) -> t
     return windows if any(windows) else ()
 
 
-def _rope(
-    raw: dict[str, Any], gemma: bool
-) -> tuple[float, dict[str, Any] | None, float | None, float]:
+def _rope(raw: dict[str, Any]) -> tuple[float, dict[str, Any] | None, float | None, float]:
     """(theta, scaling, local theta, partial rotary factor) from either the transformers-5
     `rope_parameters` (per layer type for Gemma 3) or the older keys."""
     params = dict(raw.get("rope_parameters") or {})
