@@ -176,3 +176,19 @@ def test_missing_or_invalid_config_file(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{not json")
     with pytest.raises(ModelLoadError, match="not valid JSON"):
         ModelConfig.from_dir(tmp_path)
+
+
+def test_gemma3_legacy_rope_keys_and_phi3_su_scaling() -> None:
+    """Keys as the Hub's gemma-3-1b-it and Phi-3-mini-128k config.json files spell them."""
+    gemma3 = {**LLAMA, "architectures": ["Gemma3ForCausalLM"], "rope_theta": 1e6,
+              "rope_local_base_freq": 1e4, "rope_scaling": None, "sliding_window": 512,
+              "sliding_window_pattern": 6, "num_hidden_layers": 6}  # fmt: skip
+    config = ModelConfig.from_hf(gemma3)
+    assert (config.rope_theta, config.local_rope_theta) == (1e6, 1e4)
+    assert config.layer_windows == (512,) * 5 + (None,)
+    phi3 = {**LLAMA, "architectures": ["Phi3ForCausalLM"], "max_position_embeddings": 131072,
+            "original_max_position_embeddings": 4096, "sliding_window": 262144,
+            "rope_scaling": {"type": "su", "long_factor": [1.0], "short_factor": [1.0]}}  # fmt: skip
+    scaling = ModelConfig.from_hf(phi3).rope_scaling
+    assert scaling["rope_type"] == "longrope"
+    assert scaling["original_max_position_embeddings"] == 4096
