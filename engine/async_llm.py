@@ -116,9 +116,28 @@ class AsyncLLM:
     def max_model_len(self) -> int:
         return self.core.max_model_len
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]:
-        """Token ids of the conversation with the assistant's turn opened."""
-        return self.core.tokenizer.encode_chat(list(messages), add_generation_prompt=True)
+    @property
+    def default_sampling_fields(self) -> dict[str, Any]:
+        """The model's generation_config.json sampling defaults (temperature, top_p, top_k):
+        pass them as ``SamplingParams.from_dict(fields, defaults=...)`` for unset fields."""
+        return dict(self.core.model_config.generation_defaults)
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        documents: Sequence[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]:
+        """Token ids of the conversation with the assistant's turn opened; ``tools``,
+        ``documents`` and ``chat_template_kwargs`` as for ``LLM.chat``."""
+        return self.core.tokenizer.encode_chat(
+            list(messages),
+            add_generation_prompt=True,
+            tools=tools,
+            documents=documents,
+            chat_template_kwargs=chat_template_kwargs,
+        )
 
     def submit(
         self,

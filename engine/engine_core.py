@@ -45,7 +45,7 @@ class EngineCore:
         self.config = config
         self.device = _resolve_device(config.device)
         path = Path(config.model) if config.model is not None else default_model_dir()
-        loaded = load_model(path, config.dtype, self.device)
+        loaded = load_model(path, config.dtype, self.device, config.max_model_len)
         self.model, self.model_config = loaded.model, loaded.config
         self.tokenizer, self.model_id = loaded.tokenizer, loaded.model_id
         self.model_name = config.model if config.model is not None else path.name

@@ -63,7 +63,7 @@ class LLM:
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]  # a single prompt (text or token ids)
-        params = SamplingParams() if params is None else params
+        params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams):
             params = [params] * len(prompts)
         if len(params) != len(prompts):
@@ -115,11 +115,27 @@ class LLM:
         self,
         messages: Sequence[Message] | Sequence[Sequence[Message]],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        tools: Sequence[dict[str, Any]] | None = None,
+        documents: Sequence[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
-        """Apply the chat template to one conversation or a list of them, then generate."""
+        """Apply the chat template to one conversation or a list of them, then generate.
+        ``tools`` (JSON schemas), ``documents`` and ``chat_template_kwargs`` (e.g.
+        ``{"enable_thinking": False}``) reach the template as transformers passes them."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [self.core.tokenizer.encode_chat(list(c)) for c in conversations]
+        prompts = [
+            self.core.tokenizer.encode_chat(
+                list(c), tools=tools, documents=documents, chat_template_kwargs=chat_template_kwargs
+            )
+            for c in conversations
+        ]
         return self.generate(prompts, params)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation_config.json defaults (temperature,
+        top_p, top_k), as vLLM applies them; used when ``generate`` gets no params."""
+        return SamplingParams.from_dict({}, self.core.model_config.generation_defaults)
 
     def stats(self):
         return self.core.stats()

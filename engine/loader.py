@@ -6,6 +6,7 @@ time with a message naming the file or tensor instead of producing garbage later
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
@@ -48,12 +49,19 @@ def resolve_dtype(dtype: str | torch.dtype, config: ModelConfig) -> torch.dtype:
 
 
 def load_model(
-    path: str | Path, dtype: str | torch.dtype = "auto", device: str | torch.device = "cpu"
+    path: str | Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    max_model_len: int | None = None,
 ) -> LoadedModel:
+    """``max_model_len`` bounds the context below the checkpoint's own (RoPE tables and the
+    cache are sized to it: a 1M-position config need not precompute 1M positions)."""
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(f"model folder {path} does not exist")
     config = ModelConfig.from_dir(path)
+    if max_model_len is not None and max_model_len < config.max_model_len:
+        config = dataclasses.replace(config, max_model_len=max_model_len)
     torch_dtype = resolve_dtype(dtype, config)
     files = safetensors_files(path)
     tokenizer = Tokenizer.from_dir(path)
@@ -100,6 +108,8 @@ def load_weights(model: torch.nn.Module, files: list[Path]) -> None:
                         f"shape mismatch for tensor {name!r} in {file.name}: "
                         f"expected {list(slot.shape)}, got {list(tensor.shape)}"
                     )
+                if slot.offset:
+                    tensor = tensor.float() + slot.offset
                 with torch.no_grad():
                     slot.param[slot.start : slot.start + slot.shape[0]].copy_(tensor)
                 seen.add(name)

@@ -29,12 +29,15 @@ class SamplingParams:
         self.validate()
 
     @classmethod
-    def from_dict(cls, fields: dict[str, object]) -> SamplingParams:
-        """Build from untrusted key/values (JSON); an unknown key is a ValueError naming it."""
+    def from_dict(
+        cls, fields: dict[str, object], defaults: dict[str, object] | None = None
+    ) -> SamplingParams:
+        """Build from untrusted key/values (JSON); an unknown key is a ValueError naming it.
+        ``defaults`` (the model's generation_config.json) fill the fields left unset."""
         unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
         if unknown:
             raise ValueError(f"unknown sampling field {unknown[0]!r}")
-        return cls(**fields)  # type: ignore[arg-type]
+        return cls(**{**(defaults or {}), **fields})  # type: ignore[arg-type]
 
     @property
     def greedy(self) -> bool:

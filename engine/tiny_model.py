@@ -1,4 +1,4 @@
-"""Write a small random Llama checkpoint in Hugging Face format, deterministically, offline.
+"""Write a small random Llama (or Mixtral) checkpoint in Hugging Face format, deterministically, offline.
 
 It backs the tests and the default server (`kvgate serve` with no `--model`): random weights
 from a fixed seed, a byte-level BPE tokenizer trained here on a built-in corpus, a ChatML
@@ -58,6 +58,20 @@ PRESETS: dict[str, dict[str, int]] = {
         num_key_value_heads=4,
         head_dim=64,
         max_position_embeddings=4096,
+    ),
+    # A Mixtral-shaped mixture of experts of ~49M parameters (8 experts, top-2; ~15M active
+    # per token), for the MoE engine benchmark.
+    "bench-moe": dict(
+        vocab_size=8192,
+        hidden_size=512,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=8,
+        num_key_value_heads=4,
+        head_dim=64,
+        max_position_embeddings=4096,
+        num_local_experts=8,
+        num_experts_per_tok=2,
     ),
 }
 
@@ -153,10 +167,12 @@ def default_model_dir() -> Path:
 
 
 def hf_config(sizes: dict[str, int], bos_id: int, eos_id: int) -> dict[str, Any]:
-    """The `config.json` content of a preset (`sizes` is one of PRESETS)."""
+    """The `config.json` content of a preset (`sizes` is one of PRESETS); presets with
+    experts are Mixtral checkpoints."""
+    moe = "num_local_experts" in sizes
     return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+        "architectures": ["MixtralForCausalLM" if moe else "LlamaForCausalLM"],
+        "model_type": "mixtral" if moe else "llama",
         **sizes,
         "hidden_act": "silu",
         "rms_norm_eps": 1e-5,

@@ -9,23 +9,36 @@ here and in the reference. As there, BOS/EOS insertion comes from the post-proce
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from functools import lru_cache
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import jinja2
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFTokenizer
 
+from engine import chat_template
 from engine.model_config import ModelLoadError
 
-SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
+# transformers' SPECIAL_TOKENS_ATTRIBUTES: what a chat template sees besides its inputs.
+SPECIAL_TOKEN_KEYS = (
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "sep_token",
+    "pad_token",
+    "cls_token",
+    "mask_token",
+)
+TEMPLATE_FILE = "chat_template.jinja"
+ADDITIONAL_TEMPLATES_DIR = "additional_chat_templates"
 
 
 class Tokenizer:
-    def __init__(self, backend: HFTokenizer, config: dict[str, Any], chat_template: str | None):
+    def __init__(
+        self,
+        backend: HFTokenizer,
+        config: dict[str, Any],
+        chat_template: chat_template.Templates | None,
+    ):
         self.backend = backend
         self.special_tokens = {
             key: _token_text(config.get(key)) for key in SPECIAL_TOKEN_KEYS if config.get(key)
@@ -48,12 +61,7 @@ class Tokenizer:
         config = (
             json.loads(config_file.read_text(encoding="utf-8")) if config_file.is_file() else {}
         )
-        template_file = path / "chat_template.jinja"
-        if template_file.is_file():
-            template = template_file.read_text(encoding="utf-8")
-        else:
-            template = _pick_template(config.get("chat_template"))
-        return cls(HFTokenizer.from_file(str(tokenizer_file)), config, template)
+        return cls(HFTokenizer.from_file(str(tokenizer_file)), config, _templates(path, config))
 
     @property
     def vocab_size(self) -> int:
@@ -67,23 +75,37 @@ class Tokenizer:
         return _clean_up_spaces(text) if self.clean_up_spaces else text
 
     def apply_chat_template(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **variables: Any
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        *,
+        tools: Sequence[Mapping[str, Any]] | None = None,
+        documents: Sequence[Mapping[str, Any]] | None = None,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+        template: str | None = None,
     ) -> str:
-        """Render the conversation to text; tokenize it with `encode_chat` (no extra BOS)."""
+        """Render the conversation to text as transformers does (see `engine.chat_template`);
+        tokenize it with `encode_chat` (no extra BOS). `template` names one of several."""
         if self.chat_template is None:
             raise ValueError("this tokenizer has no chat_template")
-        template = _compile(self.chat_template)
-        return template.render(
-            messages=messages,
+        return chat_template.render(
+            chat_template.pick_template(self.chat_template, tools, template),
+            messages,
             add_generation_prompt=add_generation_prompt,
-            **self.special_tokens,
-            **variables,
+            tools=tools,
+            documents=documents,
+            special_tokens=self.special_tokens,
+            variables=chat_template_kwargs,
         )
 
     def encode_chat(
-        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        **options: Any,
     ) -> list[int]:
-        text = self.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+        """Token ids of the rendered conversation; `options` as for `apply_chat_template`."""
+        text = self.apply_chat_template(messages, add_generation_prompt, **options)
         return self.encode(text, add_special_tokens=False)
 
     def incremental(self, prompt_ids: list[int] | None = None) -> IncrementalDetokenizer:
@@ -125,11 +147,24 @@ def _token_text(value: Any) -> str:
     return value["content"] if isinstance(value, dict) else str(value)
 
 
-def _pick_template(value: Any) -> str | None:
+def _templates(path: Path, config: dict[str, Any]) -> chat_template.Templates | None:
+    """The folder's chat template(s): `chat_template.jinja` (plus the named ones transformers
+    saves in `additional_chat_templates/`), else `chat_template` in tokenizer_config.json, a
+    string or a list of `{name, template}`."""
+    named: dict[str, str] = {}
+    extra = path / ADDITIONAL_TEMPLATES_DIR
+    if extra.is_dir():
+        named = {f.stem: f.read_text(encoding="utf-8") for f in sorted(extra.glob("*.jinja"))}
+    main = path / TEMPLATE_FILE
+    if main.is_file():
+        text = main.read_text(encoding="utf-8")
+        return {"default": text, **named} if named else text
+    value = config.get("chat_template")
     if isinstance(value, list):
-        named = {item["name"]: item["template"] for item in value}
-        return named.get("default")
-    return value
+        named.update({item["name"]: item["template"] for item in value})
+    elif isinstance(value, str):
+        return {"default": value, **named} if named else value
+    return named or None
 
 
 def _clean_up_spaces(text: str) -> str:
@@ -147,44 +182,3 @@ def _clean_up_spaces(text: str) -> str:
     ):
         text = text.replace(before, after)
     return text
-
-
-class _GenerationTag(Extension):
-    """Accept transformers' `{% generation %}` blocks (used for masks); render their body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser: Any) -> Any:
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller: Any) -> str:
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(
-    value: Any,
-    ensure_ascii: bool = False,
-    indent: int | None = None,
-    separators: Any = None,
-    sort_keys: bool = False,
-) -> str:
-    return json.dumps(
-        value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys
-    )
-
-
-@lru_cache(maxsize=16)
-def _compile(source: str) -> jinja2.Template:
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, loopcontrols]
-    )
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-    return env.from_string(source)

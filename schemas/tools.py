@@ -24,6 +24,70 @@ _CACHE_KEY = {
 }
 
 
+_TEXT_PART = {
+    "type": "object",
+    "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
+    "required": ["type", "text"],
+}
+_TOOL_CALL = {
+    "type": "object",
+    "properties": {
+        "id": {"type": "string"},
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 1},
+                "arguments": {
+                    "type": ["object", "string"],
+                    "description": "The call's arguments: an object, or its JSON text.",
+                },
+            },
+            "required": ["name", "arguments"],
+        },
+    },
+    "required": ["function"],
+}
+# An OpenAI-style chat message, as chat templates read it (None-valued keys are dropped
+# before rendering, as transformers does).
+_CHAT_MESSAGE = {
+    "type": "object",
+    "properties": {
+        "role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+        "content": {
+            "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}],
+            "description": "Text, text parts, or null beside tool_calls.",
+        },
+        "reasoning_content": {
+            "type": ["string", "null"],
+            "description": "An earlier reasoning trace.",
+        },
+        "tool_calls": {
+            "type": ["array", "null"],
+            "items": _TOOL_CALL,
+            "description": "Calls the assistant made.",
+        },
+        "tool_call_id": {"type": "string", "description": "For role tool: the call answered."},
+        "name": {"type": "string", "description": "For role tool: the tool that answered."},
+    },
+    "required": ["role", "content"],
+    "additionalProperties": False,
+}
+_CHAT_OPTIONS = {
+    "tools": {
+        "type": "array",
+        "maxItems": 128,
+        "description": "Tools the model may call, as JSON schemas "
+        '({"type": "function", "function": {"name", "description", "parameters"}}).',
+        "items": {"type": "object"},
+    },
+    "chat_template_kwargs": {
+        "type": "object",
+        "description": 'Extra chat template variables, e.g. {"enable_thinking": false}.',
+    },
+}
+
+
 def _sampling(max_model_len: int) -> dict[str, Any]:
     return {
         "max_tokens": {
@@ -100,17 +164,18 @@ def _completion_output(kind: str) -> dict[str, Any]:
 
 def _completion_tool(
     *, name: str, title: str, description: str, input_name: str, input_schema: dict[str, Any],
-    output_kind: str, sampling: dict[str, Any],
+    output_kind: str, sampling: dict[str, Any], options: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
-    """A text-generating tool: one required input plus the shared sampling arguments, answered
-    with a completion result. ``generate`` and ``chat`` differ only in that input."""
+    """A text-generating tool: one required input plus the shared sampling arguments (and
+    optional ``options``), answered with a completion result. ``generate`` and ``chat``
+    differ only in those inputs."""
     return {
         "name": name,
         "title": title,
         "description": description,
         "inputSchema": {
             "type": "object",
-            "properties": {input_name: input_schema, **sampling},
+            "properties": {input_name: input_schema, **(options or {}), **sampling},
             "required": [input_name],
             "additionalProperties": False,
         },
@@ -134,15 +199,6 @@ def inference_tools(model_name: str, max_model_len: int) -> list[dict[str, Any]]
         output_kind="completion",
         sampling=sampling,
     )
-    message = {
-        "type": "object",
-        "properties": {
-            "role": {"type": "string", "enum": ["system", "user", "assistant"]},
-            "content": {"type": "string"},
-        },
-        "required": ["role", "content"],
-        "additionalProperties": False,
-    }
     chat = _completion_tool(
         name="chat",
         title="Chat",
@@ -155,10 +211,11 @@ def inference_tools(model_name: str, max_model_len: int) -> list[dict[str, Any]]
             "type": "array",
             "minItems": 1,
             "description": "The conversation so far, oldest first.",
-            "items": message,
+            "items": _CHAT_MESSAGE,
         },
         output_kind="reply",
         sampling=sampling,
+        options=_CHAT_OPTIONS,
     )
     tokenize = {
         "name": "tokenize",

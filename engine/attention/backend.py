@@ -15,7 +15,6 @@ import torch
 
 from engine.attention import torch_backend
 from engine.attention.kv_cache import KVCache
-from engine.attention.metadata import AttentionMetadata
 
 BACKEND_NAMES = ("auto", "torch", "triton")
 
@@ -24,7 +23,8 @@ BACKEND_NAMES = ("auto", "torch", "triton")
 class AttentionBackend:
     name: str
     write_kv: Callable[[KVCache, torch.Tensor, torch.Tensor, torch.Tensor], None]
-    paged_attention: Callable[[torch.Tensor, KVCache, AttentionMetadata, float], torch.Tensor]
+    # paged_attention(q, cache, metadata, scale, window=None, softcap=None)
+    paged_attention: Callable[..., torch.Tensor]
 
 
 TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.paged_attention)

@@ -127,9 +127,26 @@ def _compute_dtype(q: torch.Tensor, cache: KVCache) -> torch.dtype:
     return q.dtype if cache.k.dtype == q.dtype else torch.float32
 
 
-def _scores(q: torch.Tensor, k: torch.Tensor, scale: float) -> torch.Tensor:
-    """``q k^T * scale`` in fp32 (the matmul runs in the inputs' dtype, accumulating in fp32)."""
-    return torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
+def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """``q k^T * scale`` in fp32 (the matmul runs in the inputs' dtype, accumulating in fp32),
+    soft-capped to ``softcap * tanh(s / softcap)`` when given (Gemma 2)."""
+    scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
+    if softcap is not None:
+        scores = scores.div_(softcap).tanh_().mul_(softcap)
+    return scores
+
+
+def _window_bias(
+    md: AttentionMetadata, plan: _StepPlan, block_size: int, window: int
+) -> torch.Tensor:
+    """The decode bias with the keys that fell out of a sliding window masked as well."""
+    key = f"torch_window_bias/{block_size}/{window}"
+    if key not in md.derived:
+        keys = torch.arange(plan.decode_bias.shape[-1], device=plan.decode_bias.device)
+        first = md.seq_lens.index_select(0, plan.decode_seqs)[:, None] - window
+        outside = (keys[None, :] < first)[:, None, None, :]
+        md.derived[key] = plan.decode_bias.masked_fill(outside, float("-inf"))
+    return md.derived[key]
 
 
 def _weighted_values(scores: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -137,20 +154,27 @@ def _weighted_values(scores: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) 
     return torch.matmul(torch.softmax(scores, dim=-1).to(dtype), v)
 
 
-def _decode(q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float) -> torch.Tensor:
+def _decode(
+    q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float, bias: torch.Tensor,
+    softcap: float | None,
+) -> torch.Tensor:  # fmt: skip
     n_seqs, num_heads, dim = q.shape
     kv_heads, dtype = cache.k.shape[1], _compute_dtype(q, cache)
     k = _gather(cache.k, cache.k_scale, plan.decode_cache_rows, n_seqs, dtype)
     v = _gather(cache.v, cache.v_scale, plan.decode_cache_rows, n_seqs, dtype)
     grouped = q.to(dtype).view(n_seqs, kv_heads, num_heads // kv_heads, dim)
-    scores = _scores(grouped, k, scale).add_(plan.decode_bias)  # [B, Hkv, G, L]
+    scores = _scores(grouped, k, scale, softcap).add_(bias)  # [B, Hkv, G, L]
     return _weighted_values(scores, v, dtype).reshape(n_seqs, num_heads, dim).to(q.dtype)
 
 
-def _prefill(q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float) -> torch.Tensor:
+def _prefill(
+    q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float, window: int | None,
+    softcap: float | None,
+) -> torch.Tensor:  # fmt: skip
     """Causal attention of one sequence's ``n_q`` queries, the last positions of its context,
-    in tiles of query rows: a tile reads keys only up to its last query, so the masked upper
-    triangle is (mostly) never computed, and its scores stay small enough to live in cache."""
+    in tiles of query rows: a tile reads keys only up to its last query (and, with a sliding
+    window, from its first query's window start), so the masked triangles are (mostly) never
+    computed, and its scores stay small enough to live in cache."""
     n_q, num_heads, dim = q.shape
     dtype, seq_len = _compute_dtype(q, cache), seq.seq_len
     k = _gather(cache.k, cache.k_scale, seq.cache_rows, 1, dtype)[0, :, :seq_len]
@@ -164,24 +188,46 @@ def _prefill(q: torch.Tensor, cache: KVCache, seq: _Prefill, scale: float) -> to
     for start in range(0, n_q, tile):
         end = min(start + tile, n_q)
         rows, keys = end - start, seq_len - n_q + end  # query t sees keys 0 .. seq_len - n_q + t
+        first = seq_len - n_q + start  # the tile's first query position
+        lo = 0 if window is None else max(0, first - window + 1)
         tile_q = grouped[:, :, start:end].reshape(kv_heads, group * rows, dim)
-        scores = _scores(tile_q, k[:, :keys], scale).view(kv_heads, group, rows, keys)
-        scores[..., keys - rows :].add_(causal[:rows, :rows])
-        values = _weighted_values(scores.view(kv_heads, group * rows, keys), v[:, :keys], dtype)
+        scores = _scores(tile_q, k[:, lo:keys], scale, softcap)
+        scores = scores.view(kv_heads, group, rows, keys - lo)
+        scores[..., keys - lo - rows :].add_(causal[:rows, :rows])
+        if window is not None:  # key j is seen by query p when p - window < j
+            key_pos = torch.arange(lo, keys, device=q.device)
+            q_pos = torch.arange(first, first + rows, device=q.device)
+            scores.masked_fill_(key_pos[None, :] <= q_pos[:, None] - window, float("-inf"))
+        values = _weighted_values(
+            scores.view(kv_heads, group * rows, keys - lo), v[:, lo:keys], dtype
+        )
         out[:, :, start:end] = values.view(kv_heads, group, rows, dim)
     return out.permute(2, 0, 1, 3).reshape(n_q, num_heads, dim).to(q.dtype)
 
 
 def paged_attention(
-    q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    cache: KVCache,
+    md: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype."""
+    """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype.
+    ``window``: each query sees only its last ``window`` keys (itself included);
+    ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
+    bias = plan.decode_bias
+    if window is not None and plan.num_decodes > 0:
+        bias = _window_bias(md, plan, cache.block_size, window)
     if plan.decode_query_rows is None and plan.num_decodes > 0:
-        return _decode(q, cache, plan, scale)
+        return _decode(q, cache, plan, scale, bias, softcap)
     out = torch.empty_like(q)
     if plan.num_decodes > 0:
-        out[plan.decode_query_rows] = _decode(q[plan.decode_query_rows], cache, plan, scale)
+        rows = plan.decode_query_rows
+        out[rows] = _decode(q[rows], cache, plan, scale, bias, softcap)
     for seq in plan.prefills:
-        out[seq.q_start : seq.q_end] = _prefill(q[seq.q_start : seq.q_end], cache, seq, scale)
+        out[seq.q_start : seq.q_end] = _prefill(
+            q[seq.q_start : seq.q_end], cache, seq, scale, window, softcap
+        )
     return out

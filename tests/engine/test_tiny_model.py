@@ -72,6 +72,16 @@ def test_bench_preset_has_about_55m_parameters() -> None:
     assert 50e6 < params < 60e6 and config.head_dim == 64
 
 
+def test_moe_bench_preset_is_a_50m_mixtral_with_8_experts_top_2() -> None:
+    raw = hf_config(PRESETS["bench-moe"], bos_id=0, eos_id=1)
+    config = ModelConfig.from_hf(raw)
+    assert raw["architectures"] == ["MixtralForCausalLM"]
+    assert (config.num_experts, config.num_experts_per_tok) == (8, 2)
+    model = LlamaForCausalLM(config, torch.float32, "meta")
+    params = sum(p.numel() for p in model.parameters())
+    assert 45e6 < params < 55e6
+
+
 def test_unknown_preset(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="preset"):
         make_tiny_model(tmp_path, preset="huge")

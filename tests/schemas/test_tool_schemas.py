@@ -29,3 +29,27 @@ def test_cache_key_is_mirrored_into_a_header() -> None:
             HeaderParam(("cache_key",), CACHE_KEY_HEADER, "string"),
         )
     assert header_params(TOOLS[2]["inputSchema"]) == ()
+
+
+def test_chat_accepts_tool_turns_and_tools() -> None:
+    """What agents send: tools, an assistant turn of tool calls (content null), the tool's
+    answer, text parts, template variables."""
+    from schemas.validation import ArgumentValidator
+
+    chat = next(t for t in TOOLS if t["name"] == "chat")
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}
+    arguments = {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": "hi"}]},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "name": "f", "content": "2"},
+        ],
+        "tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}],
+        "chat_template_kwargs": {"enable_thinking": False},
+    }
+    validator = ArgumentValidator("chat", chat["inputSchema"])
+    assert validator.problems(arguments) == []
+    bad = {"messages": [{"role": "assistant", "content": None, "tool_calls": [{"id": "c1"}]}]}
+    assert validator.problems(bad) == [
+        "messages[0].tool_calls[0]: 'function' is a required property"
+    ]

@@ -41,7 +41,8 @@ def test_nested_paths_are_named() -> None:
     problems = ArgumentValidator("chat", CHAT["inputSchema"]).problems(
         {"messages": [{"role": "user", "content": "hi"}, {"role": "robot", "content": "x"}]}
     )
-    assert problems == ["messages[1].role: 'robot' is not one of ['system', 'user', 'assistant']"]
+    roles = "['system', 'developer', 'user', 'assistant', 'tool']"
+    assert problems == [f"messages[1].role: 'robot' is not one of {roles}"]
 
 
 def test_a_broken_schema_fails_at_construction() -> None:

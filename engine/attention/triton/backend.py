@@ -21,13 +21,21 @@ def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
 
 
 def paged_attention(
-    q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float
+    q: torch.Tensor,
+    cache: KVCache,
+    md: AttentionMetadata,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """Same contract as ``torch_backend.paged_attention``."""
     if md.max_query_len == 1:
-        return paged_decode(q, cache, md.seq_lens, md.block_tables, md.max_seq_len, scale)
+        return paged_decode(
+            q, cache, md.seq_lens, md.block_tables, md.max_seq_len, scale,
+            window=window, softcap=softcap,
+        )  # fmt: skip
     out = torch.empty_like(q)
-    paged_prefill(q, cache, md, scale, out)
+    paged_prefill(q, cache, md, scale, out, window=window, softcap=softcap)
     starts = md.query_start_loc
     decodes = ((starts[1:] - starts[:-1]) == 1).nonzero().squeeze(1)
     if decodes.numel() > 0:
@@ -35,5 +43,7 @@ def paged_attention(
         seq_lens = md.seq_lens.index_select(0, decodes)
         tables = md.block_tables.index_select(0, decodes)
         max_len = int(seq_lens.max())
-        out[rows] = paged_decode(q[rows], cache, seq_lens, tables, max_len, scale)
+        out[rows] = paged_decode(
+            q[rows], cache, seq_lens, tables, max_len, scale, window=window, softcap=softcap
+        )
     return out

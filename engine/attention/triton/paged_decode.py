@@ -28,6 +28,7 @@ from engine.attention.triton.paged_tiles import (
     dot_dtype,
     online_softmax_step,
     paged_key_scores,
+    scale_scores,
 )
 
 SPLIT_TOKENS = 256  # a split covers at least this many tokens...
@@ -54,15 +55,18 @@ def _decode_split_kernel(
     o_part_ptr, lse_ptr,
     stride_qt, stride_qh, stride_cb, stride_ch, stride_cs, stride_sb, stride_sh, stride_bt,
     stride_ob, stride_oh, stride_os, stride_lb, stride_lh,
-    sm_scale_log2, group, head_dim, block_size, split_tokens, max_splits,
+    sm_scale_log2, softcap, window, group, head_dim, block_size, split_tokens, max_splits,
     G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr, FP8: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    SOFTCAP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     seq_len = tl.load(seq_lens_ptr + seq)
     _, start, end = _split_bounds(seq_len, split, split_tokens, max_splits, BLOCK_N)
+    # A sliding window (window > 0) hides keys before seq_len - window: skip their tiles.
+    lo = tl.where(window > 0, tl.maximum(seq_len - window, 0), 0)
+    first = tl.maximum(start, (lo // BLOCK_N) * BLOCK_N)
 
     g = tl.arange(0, G_PAD)
     d = tl.arange(0, D_PAD)
@@ -74,15 +78,16 @@ def _decode_split_kernel(
     m_i = tl.full([G_PAD], float("-inf"), tl.float32)
     l_i = tl.zeros([G_PAD], tl.float32)
     acc = tl.zeros([G_PAD, D_PAD], tl.float32)
-    for n0 in range(start, end, BLOCK_N):
+    for n0 in range(first, end, BLOCK_N):
         tok = n0 + tl.arange(0, BLOCK_N)
-        valid = tok < end
+        valid = (tok < end) & (tok >= lo)
         scores, kv_off, scale_off = paged_key_scores(
             q, k_cache_ptr, k_scale_ptr, block_tables_ptr + seq * stride_bt, tok, valid, d,
             kv_head, head_dim, block_size, stride_cb, stride_ch, stride_cs, stride_sb, stride_sh,
             FP8, DOT_DTYPE, PRECISION,
         )  # fmt: skip
-        scores = tl.where(valid[None, :], scores * sm_scale_log2, float("-inf"))
+        scores = scale_scores(scores, sm_scale_log2, softcap, SOFTCAP)
+        scores = tl.where(valid[None, :], scores, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
             scores, m_i, l_i, acc, v_cache_ptr, v_scale_ptr, kv_off, scale_off, valid, d,
             head_dim, FP8, DOT_DTYPE, PRECISION,
@@ -131,8 +136,11 @@ def paged_decode(
     scale: float,
     split_tokens: int = SPLIT_TOKENS,
     max_splits: int = MAX_SPLITS,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
-    """Attention of one query per sequence, ``q [B, Hq, D]``, over its whole context."""
+    """Attention of one query per sequence, ``q [B, Hq, D]``, over its whole context (its
+    last ``window`` keys with a sliding window), scores soft-capped when ``softcap``."""
     batch, num_heads, head_dim = q.shape
     kv_heads = cache.k.shape[1]
     group = num_heads // kv_heads
@@ -154,9 +162,10 @@ def paged_decode(
         q.stride(0), q.stride(1), cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
         scales[0].stride(0), scales[0].stride(1), block_tables.stride(0),
         o_part.stride(0), o_part.stride(1), o_part.stride(2), lse.stride(0), lse.stride(1),
-        scale * LOG2E, group, head_dim, cache.block_size, split_tokens, max_splits,
+        scale * LOG2E, softcap or 0.0, window or 0, group, head_dim, cache.block_size,
+        split_tokens, max_splits,
         G_PAD=max(16, triton.next_power_of_2(group)), D_PAD=d_pad, BLOCK_N=BLOCK_N, FP8=fp8,
-        DOT_DTYPE=dot, PRECISION=precision,
+        SOFTCAP=softcap is not None, DOT_DTYPE=dot, PRECISION=precision,
     )  # fmt: skip
     _merge_splits_kernel[(batch, num_heads)](
         o_part, lse, seq_lens, out,

@@ -25,6 +25,7 @@ from engine.attention.triton.paged_tiles import (
     dot_dtype,
     online_softmax_step,
     paged_key_scores,
+    scale_scores,
 )
 
 BLOCK_ROWS = 64  # query rows (queries x padded heads) per program
@@ -37,9 +38,9 @@ def _prefill_kernel(
     tile_seq_ptr, tile_first_ptr, query_start_ptr, seq_lens_ptr, block_tables_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_cb, stride_ch, stride_cs,
     stride_sb, stride_sh, stride_bt,
-    sm_scale_log2, num_seqs, group, head_dim, block_size,
+    sm_scale_log2, softcap, window, num_seqs, group, head_dim, block_size,
     BLOCK_Q: tl.constexpr, G_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    FP8: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    FP8: tl.constexpr, SOFTCAP: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -66,7 +67,10 @@ def _prefill_kernel(
     l_i = tl.zeros([BLOCK_Q * G_PAD], tl.float32)
     acc = tl.zeros([BLOCK_Q * G_PAD, D_PAD], tl.float32)
     kv_end = tl.where(count > 0, seq_len - n_q + first + count, 0)
-    for n0 in range(0, kv_end, BLOCK_N):
+    # With a sliding window (window > 0) the tile's first query sees nothing before
+    # its position - window + 1: start at that key's tile.
+    kv_start = tl.where(window > 0, tl.maximum(seq_len - n_q + first - window + 1, 0), 0)
+    for n0 in range((kv_start // BLOCK_N) * BLOCK_N, kv_end, BLOCK_N):
         tok = n0 + tl.arange(0, BLOCK_N)
         valid = tok < kv_end
         scores, kv_off, scale_off = paged_key_scores(
@@ -75,7 +79,9 @@ def _prefill_kernel(
             FP8, DOT_DTYPE, PRECISION,
         )  # fmt: skip
         visible = valid[None, :] & (tok[None, :] <= pos[:, None]) & row_ok[:, None]
-        scores = tl.where(visible, scores * sm_scale_log2, float("-inf"))
+        visible = visible & ((window <= 0) | (tok[None, :] > pos[:, None] - window))
+        scores = scale_scores(scores, sm_scale_log2, softcap, SOFTCAP)
+        scores = tl.where(visible, scores, float("-inf"))
         m_i, l_i, acc = online_softmax_step(
             scores, m_i, l_i, acc, v_cache_ptr, v_scale_ptr, kv_off, scale_off, valid, d,
             head_dim, FP8, DOT_DTYPE, PRECISION,
@@ -100,9 +106,17 @@ def _tile_map(md: AttentionMetadata, block_q: int) -> tuple[torch.Tensor, torch.
 
 
 def paged_prefill(
-    q: torch.Tensor, cache: KVCache, md: AttentionMetadata, scale: float, out: torch.Tensor
+    q: torch.Tensor,
+    cache: KVCache,
+    md: AttentionMetadata,
+    scale: float,
+    out: torch.Tensor,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> None:
-    """Write into ``out [T, Hq, D]`` the attention of every row of a multi-query sequence."""
+    """Write into ``out [T, Hq, D]`` the attention of every row of a multi-query sequence
+    (each query sees its last ``window`` keys with a sliding window; soft-capped scores
+    when ``softcap``)."""
     num_heads, head_dim = q.shape[1], q.shape[2]
     kv_heads = cache.k.shape[1]
     group = num_heads // kv_heads
@@ -121,7 +135,9 @@ def paged_prefill(
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         cache.k.stride(0), cache.k.stride(1), cache.k.stride(2),
         scales[0].stride(0), scales[0].stride(1), tables.stride(0),
-        scale * LOG2E, md.seq_lens.shape[0], group, head_dim, cache.block_size,
+        scale * LOG2E, softcap or 0.0, window or 0, md.seq_lens.shape[0], group, head_dim,
+        cache.block_size,
         BLOCK_Q=block_q, G_PAD=g_pad, D_PAD=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_N=BLOCK_N, FP8=fp8, DOT_DTYPE=dot, PRECISION=precision,
+        BLOCK_N=BLOCK_N, FP8=fp8, SOFTCAP=softcap is not None, DOT_DTYPE=dot,
+        PRECISION=precision,
     )  # fmt: skip

@@ -7,6 +7,7 @@ running max / sum / accumulator. Keeping the step in one place keeps decode and 
 numerically identical: the same loads, the same dot dtypes, the same order of operations.
 
     keys:  tok = n0 .. n0+BLOCK_N  --block table-->  (block, offset)  -->  K, V rows
+    scale: s = scores * scale (optionally soft-capped: cap * tanh(s / cap)), in base 2
     step:  m' = max(m, rowmax(s));  l' = l * 2^(m-m') + sum 2^(s-m');  acc' = acc * 2^(m-m') + P V
 """
 
@@ -15,6 +16,7 @@ import triton
 import triton.language as tl
 
 LOG2E = 1.4426950408889634  # kernels work in base 2: exp(x) = exp2(x * LOG2E)
+LOG2E_CONST: tl.constexpr = tl.constexpr(LOG2E)
 
 
 def dot_dtype(q: torch.Tensor, cache_dtype: torch.dtype) -> tuple[tl.dtype, str]:
@@ -45,6 +47,18 @@ def paged_key_scores(
     if FP8:
         scores = scores * tl.load(k_scale_ptr + scale_off, mask=valid, other=0.0)[None, :]
     return scores, kv_off, scale_off
+
+
+@triton.jit
+def scale_scores(scores, sm_scale_log2, softcap, SOFTCAP: tl.constexpr):
+    """Raw ``q @ K^T`` -> base-2 logits: times the softmax scale, soft-capped to
+    ``softcap * tanh(s / softcap)`` first when ``SOFTCAP`` (Gemma 2). tanh is written with
+    exp (``1 - 2 / (e^2x + 1)``, exact at both saturations), which every backend has."""
+    if SOFTCAP:
+        x = scores * (sm_scale_log2 / LOG2E_CONST) / softcap
+        capped = 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+        return capped * (softcap * LOG2E_CONST)
+    return scores * sm_scale_log2
 
 
 @triton.jit

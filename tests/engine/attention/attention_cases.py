@@ -73,26 +73,37 @@ def make_case(
 
 
 def dense_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Plain causal attention in fp64: ``q [n_q, Hq, D]`` are the last positions of ``k [L, Hkv, D]``."""
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float,
+    window: int | None = None, softcap: float | None = None,
+) -> torch.Tensor:  # fmt: skip
+    """Plain causal attention in fp64: ``q [n_q, Hq, D]`` are the last positions of ``k [L, Hkv, D]``;
+    a query at position p sees keys j with p - window < j <= p; scores soft-capped as Gemma 2."""
     n_q, num_heads, _ = q.shape
     seq_len, kv_heads, _ = k.shape
     group = num_heads // kv_heads
     k = k.double().repeat_interleave(group, dim=1)
     v = v.double().repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", q.double(), k) * scale
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     pos = torch.arange(seq_len - n_q, seq_len)[:, None]
-    scores = scores.masked_fill(torch.arange(seq_len)[None, :] > pos, float("-inf"))
+    keys = torch.arange(seq_len)[None, :]
+    hidden = keys > pos
+    if window is not None:
+        hidden |= keys <= pos - window
+    scores = scores.masked_fill(hidden, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
-def expected_output(case: PagedCase, dequantized: bool = True) -> torch.Tensor:
+def expected_output(
+    case: PagedCase, dequantized: bool = True, window: int | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:  # fmt: skip
     """Dense attention per sequence over the stored (or the original fp32) K/V."""
     outs, start = [], 0
     for i, n_q in enumerate(case.query_lens):
         k, v = case.stored(i) if dequantized else (case.keys[i], case.values[i])
         q = case.q[start : start + n_q].float().cpu()
-        outs.append(dense_attention(q, k, v, case.scale))
+        outs.append(dense_attention(q, k, v, case.scale, window, softcap))
         start += n_q
     return torch.cat(outs).to(case.q.device)

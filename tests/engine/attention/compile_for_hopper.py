@@ -39,13 +39,14 @@ def main() -> None:
         ("*bf16", "*bf16", False, tl.bfloat16, "tf32"),
         ("*fp32", "*fp32", False, tl.float32, "ieee"),
     ]
-    for q, cache, fp8, dot, precision in variants:
-        io = {"q_ptr": q, "k_cache_ptr": cache, "v_cache_ptr": cache, "sm_scale_log2": "fp32"}
+    for (q, cache, fp8, dot, precision), softcap in zip(variants, (1, 0, 1, 0), strict=True):
+        io = {"q_ptr": q, "k_cache_ptr": cache, "v_cache_ptr": cache, "sm_scale_log2": "fp32",
+              "softcap": "fp32"}  # fmt: skip
         flags = {"G_PAD": 16, "D_PAD": 128, "BLOCK_N": paged_decode.BLOCK_N, "FP8": fp8,
-                 "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
+                 "SOFTCAP": bool(softcap), "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
         compile_kernel(paged_decode._decode_split_kernel, {**int_ptrs, **io}, flags)
         prefill_flags = {"BLOCK_Q": 16, "G_PAD": 4, "D_PAD": 128, "BLOCK_N": 64, "FP8": fp8,
-                         "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
+                         "SOFTCAP": bool(softcap), "DOT_DTYPE": dot, "PRECISION": precision}  # fmt: skip
         prefill_io = {**io, "out_ptr": q}
         compile_kernel(paged_prefill._prefill_kernel, {**int_ptrs, **prefill_io}, prefill_flags)
     for splits in (1, 64):

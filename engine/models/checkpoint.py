@@ -1,0 +1,111 @@
+"""Where each Hugging Face checkpoint tensor lands in the engine's fused parameters.
+
+The engine fuses q/k/v and gate/up into single matmuls and packs MoE experts into one
+``[experts, rows, cols]`` tensor per projection; checkpoints store them apart (Llama layout),
+already fused (Phi-3), or per expert (Mixtral's ``w1/w2/w3``, Qwen3-MoE's ``experts.j.*``).
+Gemma's norms compute ``x * (1 + weight)``: the 1 is added once here, at load time.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from engine.models.llama import LlamaForCausalLM
+
+
+class WeightSlot(NamedTuple):
+    """Where one checkpoint tensor lands: rows [start, start + shape[0]) of `param`, plus
+    `offset` (Gemma's norms)."""
+
+    param: torch.Tensor
+    start: int
+    shape: tuple[int, ...]
+    offset: float = 0.0
+
+
+def new_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
+    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
+
+
+def _whole(param: torch.Tensor, offset: float = 0.0) -> WeightSlot:
+    return WeightSlot(param, 0, tuple(param.shape), offset)
+
+
+def _rows(param: torch.Tensor, sizes: dict[str, int], names: str) -> dict[str, WeightSlot]:
+    """Consecutive row ranges of a fused 2-D `param`, one per name in `names` (a template
+    with ``{}``), in the order of `sizes`."""
+    slots, start = {}, 0
+    for part, rows in sizes.items():
+        slots[names.format(part)] = WeightSlot(param, start, (rows, *param.shape[1:]))
+        start += rows
+    return slots
+
+
+def hf_weight_slots(model: LlamaForCausalLM) -> dict[str, WeightSlot]:
+    c = model.config
+    gemma = c.layout == "gemma"
+    norm_offset = c.norm_offset
+    slots = {
+        "model.embed_tokens.weight": _whole(model.embed_weight),
+        "model.norm.weight": _whole(model.norm.weight, norm_offset),
+    }
+    if not c.tie_word_embeddings:
+        slots["lm_head.weight"] = _whole(model.lm_head_weight)
+    for i, layer in enumerate(model.layers):
+        prefix = f"model.layers.{i}."
+        attn = layer.attn
+        qkv = {"q": c.q_size, "k": c.kv_size, "v": c.kv_size}
+        if c.layout == "fused":
+            slots[f"{prefix}self_attn.qkv_proj.weight"] = _whole(attn.qkv_weight)
+        else:
+            slots.update(_rows(attn.qkv_weight, qkv, prefix + "self_attn.{}_proj.weight"))
+        if attn.qkv_bias is not None:
+            slots.update(_rows(attn.qkv_bias, qkv, prefix + "self_attn.{}_proj.bias"))
+        slots[f"{prefix}self_attn.o_proj.weight"] = _whole(attn.o_weight)
+        if attn.q_norm is not None:
+            slots[f"{prefix}self_attn.q_norm.weight"] = _whole(attn.q_norm.weight, norm_offset)
+            slots[f"{prefix}self_attn.k_norm.weight"] = _whole(attn.k_norm.weight, norm_offset)
+        slots.update(_mlp_slots(c.layout, prefix, layer.mlp))
+        norms = {"input_layernorm": layer.input_norm}
+        if gemma:
+            norms["post_attention_layernorm"] = layer.attn_out_norm
+            norms["pre_feedforward_layernorm"] = layer.post_attention_norm
+            norms["post_feedforward_layernorm"] = layer.mlp_out_norm
+        else:
+            norms["post_attention_layernorm"] = layer.post_attention_norm
+        for name, norm in norms.items():
+            slots[f"{prefix}{name}.weight"] = _whole(norm.weight, norm_offset)
+    return slots
+
+
+def _mlp_slots(layout: str, prefix: str, mlp: nn.Module) -> dict[str, WeightSlot]:
+    if hasattr(mlp, "router_weight"):  # a SparseMoE
+        return _expert_slots(layout, prefix, mlp)
+    if layout == "fused":
+        return {
+            f"{prefix}mlp.gate_up_proj.weight": _whole(mlp.gate_up_weight),
+            f"{prefix}mlp.down_proj.weight": _whole(mlp.down_weight),
+        }
+    size = mlp.down_weight.shape[1]
+    slots = _rows(mlp.gate_up_weight, {"gate": size, "up": size}, prefix + "mlp.{}_proj.weight")
+    slots[f"{prefix}mlp.down_proj.weight"] = _whole(mlp.down_weight)
+    return slots
+
+
+def _expert_slots(layout: str, prefix: str, moe: nn.Module) -> dict[str, WeightSlot]:
+    if layout == "mixtral":
+        base, names = f"{prefix}block_sparse_moe.", ("w1", "w3", "w2")
+    else:
+        base, names = f"{prefix}mlp.", ("gate_proj", "up_proj", "down_proj")
+    slots = {f"{base}gate.weight": _whole(moe.router_weight)}
+    size = moe.w2.shape[2]
+    for j in range(moe.w13.shape[0]):
+        expert = f"{base}experts.{j}."
+        gate_up = {names[0]: size, names[1]: size}
+        slots.update(_rows(moe.w13[j], gate_up, expert + "{}.weight"))
+        slots[f"{expert}{names[2]}.weight"] = _whole(moe.w2[j])
+    return slots
