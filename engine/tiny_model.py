@@ -23,12 +23,15 @@ from engine.models.llama import LlamaForCausalLM
 from engine.tiny_corpus import CORPUS
 
 CACHE_ENV = "KVGATE_CACHE_DIR"
-DEFAULT_MODEL_NAME = "tiny-model-v1"
+DEFAULT_MODEL_NAME = "tiny-model-v2"  # v2: the chat template lists tools
 INIT_STD = 0.02
 BOS, EOS, IM_START, IM_END = "<s>", "</s>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [BOS, EOS, IM_START, IM_END]
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}{{ '<|im_start|>system\nTools: ' }}"
+    "{{ tools | map(attribute='function') | map(attribute='name') | join(', ') }}"
+    "{{ '<|im_end|>\n' }}{% endif %}"
     "{% for message in messages %}"
     "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + message['role']) }}"

@@ -35,7 +35,16 @@ class Engine(Protocol):
     @property
     def tokenizer(self) -> Any: ...
 
-    def apply_chat_template(self, messages: Sequence[dict[str, Any]]) -> list[int]: ...
+    @property
+    def default_sampling_fields(self) -> dict[str, Any]: ...
+
+    def apply_chat_template(
+        self,
+        messages: Sequence[dict[str, Any]],
+        tools: Sequence[dict[str, Any]] | None = None,
+        documents: Sequence[dict[str, Any]] | None = None,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> list[int]: ...
 
     def submit(
         self,
@@ -49,11 +58,14 @@ class Engine(Protocol):
 
 @dataclass(frozen=True)
 class GenerationRequest:
-    """Exactly one of ``prompt`` (text or token ids) and ``messages`` (a conversation)."""
+    """Exactly one of ``prompt`` (text or token ids) and ``messages`` (a conversation, with
+    the ``tools`` and template variables its chat template is rendered with)."""
 
     params: SamplingParams
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     cache_key: str | None = None
     cache_salt: str | None = None
 
@@ -95,6 +107,11 @@ class Generations:
         )
         return self._run(stream, request)
 
+    def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
+        """``SamplingParams`` from a request's fields; the model's generation_config.json
+        defaults fill those it leaves unset (ValueError naming a bad field)."""
+        return SamplingParams.from_dict(fields, defaults=self.engine.default_sampling_fields)
+
     async def off_loop(self, size: int, work: Any, *args: Any) -> Any:
         """``work(*args)`` here when ``size`` is small, else on a worker thread."""
         if size <= OFF_LOOP_CHARS:
@@ -111,7 +128,11 @@ class Generations:
                 return self.engine.tokenizer.encode(request.prompt)  # here, not on the loop
             return request.prompt
         try:
-            return self.engine.apply_chat_template(request.messages)
+            return self.engine.apply_chat_template(
+                request.messages,
+                tools=request.tools,
+                chat_template_kwargs=request.chat_template_kwargs,
+            )
         except Exception as exc:  # a template may refuse a conversation it cannot format
             raise ValueError(f"messages: the chat template rejected them ({exc})") from exc
 

@@ -15,7 +15,7 @@ from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from engine import EngineStepError, SamplingParams
+from engine import EngineStepError
 from gateway.catalog.catalog import ToolSpec
 from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
 
@@ -51,8 +51,8 @@ class ToolRunner:
             text = arguments["text"]
             return _only(await self.generations.off_loop(len(text), self._tokenize, text))
         try:
-            params = SamplingParams(
-                **{
+            params = self.generations.sampling_params(
+                {
                     "max_tokens": DEFAULT_MAX_TOKENS,
                     **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
                 }
@@ -61,6 +61,8 @@ class ToolRunner:
                 params,
                 prompt=arguments.get("prompt"),
                 messages=arguments.get("messages"),
+                tools=arguments.get("tools"),
+                chat_template_kwargs=arguments.get("chat_template_kwargs"),
                 cache_key=arguments.get("cache_key"),
             )
             generation = await self.generations.start(request)

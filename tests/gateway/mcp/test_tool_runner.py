@@ -85,6 +85,19 @@ def test_chat_uses_the_chat_template(
     assert structured["text"] == asyncio.run(engine_text(engine, prompt_ids, 5))
 
 
+def test_chat_passes_tools_to_the_chat_template(
+    http: httpx.Client, server: LiveServer, engine: AsyncLLM
+) -> None:
+    messages = [{"role": "user", "content": "What is the weather?"}]
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+    arguments = {"messages": messages, "tools": tools, "max_tokens": 3, "temperature": 0}
+    structured = run_tool(http, server, "chat", arguments)["structuredContent"]
+    with_tools = engine.apply_chat_template(messages, tools=tools)
+    assert len(with_tools) > len(engine.apply_chat_template(messages))
+    assert structured["prompt_tokens"] == len(with_tools)
+    assert structured["text"] == asyncio.run(engine_text(engine, with_tools, 3))
+
+
 def test_tokenize_is_the_engine_tokenizer(
     http: httpx.Client, server: LiveServer, engine: AsyncLLM
 ) -> None:
