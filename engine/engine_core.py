@@ -175,7 +175,7 @@ class EngineCore:
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):
-            token_ids = list(prompt)
+            token_ids = [int(t) for t in prompt]
             vocab = self.model_config.vocab_size
             if any(not 0 <= t < vocab for t in token_ids):
                 raise ValueError(f"prompt: token ids must be in [0, {vocab})")
@@ -241,7 +241,7 @@ class _PendingView:
     def __init__(self, pool: BlockPool):
         self._pool = pool
 
-    def get(self, block_hash: bytes, default: int | None = None) -> int | None:
+    def get(self, block_hash: bytes, default: int | None = None, /) -> int | None:
         owner = self._pool.pending_owner(block_hash)
         return default if owner is None else owner
 

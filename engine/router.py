@@ -13,11 +13,18 @@ import hashlib
 import itertools
 import math
 import random
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Protocol
 
 from engine.errors import EngineUnavailable
 
 KEY_BLOCKS = 8  # a prompt without cache_key is keyed on its first (up to) eight blocks
+
+
+class Prefilling(Protocol):
+    """Which replica is computing a block now (a dict will do, or a live view of the pool)."""
+
+    def get(self, block_hash: bytes, default: int | None = None, /) -> int | None: ...
 
 
 def _live(available: Sequence[bool]) -> list[int]:
@@ -50,7 +57,7 @@ class PrefixRouter:
         num_replicas: int,
         load_factor: float = 1.25,
         virtual_nodes: int = 128,
-        prefilling: Mapping[bytes, int] | None = None,
+        prefilling: Prefilling | None = None,
     ):
         """``prefilling`` maps a block hash to the replica computing it now (only its
         ``.get`` is used, so a live view of the block pool will do)."""
@@ -172,7 +179,7 @@ def make_router(
     num_replicas: int,
     seed: int = 0,
     load_factor: float = 1.25,
-    prefilling: Mapping[bytes, int] | None = None,
+    prefilling: Prefilling | None = None,
 ) -> PrefixRouter | _BlindRouter:
     """The router for a policy name (`EngineConfig.routing`, `--routing`)."""
     if policy == "prefix":

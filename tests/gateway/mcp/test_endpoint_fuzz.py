@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from protocol.errors import INVALID_REQUEST, LEGACY_HTTP_STATUS, MODERN_HTTP_STATUS
 from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, RESULT_TYPES, validate_server_message
+from engine import AsyncLLM
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import parse_sse
 
@@ -129,6 +130,14 @@ def requests(draw: st.DrawFn) -> tuple[bytes, dict[str, str], str | None]:
     if cache_key is not None or draw(st.booleans()):
         headers["Mcp-Param-Cache-Key"] = draw(often(str(cache_key).strip(), header_text))
     return content, headers, version
+
+
+@pytest.fixture(scope="module")
+def server(engine: AsyncLLM) -> Iterator[LiveServer]:
+    """A valid subscriptions/listen is a stream that lasts ``listen_max_s``, its keep-alives
+    holding off the client's read timeout: keep each one short here."""
+    with LiveServer(engine, max_body_bytes=64 * 1024, keepalive_s=0.2, listen_max_s=0.5) as live:
+        yield live
 
 
 @pytest.fixture(scope="module")
