@@ -72,20 +72,23 @@ class Request:
 
     def append_output(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
         """Take one sampled token and apply the stop rules, in vLLM's order: stop token ids
-        and EOS (not shown as text), stop strings (trimmed from the text), then length."""
+        and EOS (not shown as text), stop strings (trimmed from the text), then length; the
+        first two only once ``min_tokens`` have been generated."""
         self.token_ids.append(token_id)
         if self.logprobs is not None and logprobs is not None:
             self.logprobs.append(logprobs)
         params = self.params
-        if token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
+        may_stop = len(self.token_ids) - self.num_prompt_tokens >= params.min_tokens
+        if may_stop and (
+            token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in self.eos_token_ids)
         ):
             self._finish("stop")
             return
         new_text = self.detokenizer.push([token_id])
         if new_text:
             self.text += new_text
-            if params.stop and self._trim_stop_string(len(new_text)):
+            if may_stop and params.stop and self._trim_stop_string(len(new_text)):
                 self._finish("stop")
                 return
         if len(self.token_ids) - self.num_prompt_tokens >= params.max_tokens or (
