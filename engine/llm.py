@@ -13,7 +13,9 @@ from typing import Any
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
+from engine.errors import EngineStepError
 from engine.outputs import RequestOutput
+from engine.request import Request
 from engine.sampling_params import SamplingParams
 
 Message = dict[str, Any]
@@ -51,7 +53,7 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """One finished output per prompt, in order. All inputs are validated before any
-        request is queued."""
+        request is queued; EngineStepError if a step computing one of them failed."""
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
@@ -62,13 +64,32 @@ class LLM:
         if len(params) != len(prompts):
             raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
         requests = [self.core.make_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+        failed_steps = [r.num_failed_steps for r in self.core.replicas]
         for request in requests:
             self.core.choose_replica(request).submit(request)
         while any(not r.finished for r in requests):
             for replica in self.core.replicas:
                 if replica.has_work():
                     replica.step()
+        self._raise_for_failed_steps(requests, failed_steps)
         return [r.take_output() for r in requests]
+
+    def _raise_for_failed_steps(self, requests: list[Request], failed_steps: list[int]) -> None:
+        """A request that finished without a stop or length reason was in a step that raised
+        (LLM never aborts): say so, as vLLM's LLM does, rather than return partial text.
+        The other requests ran to their end first, so nothing is left queued or held."""
+        failed = [i for i, r in enumerate(requests) if r.finish_reason not in ("stop", "length")]
+        if not failed:
+            return
+        causes = [
+            replica.last_step_error
+            for replica, before in zip(self.core.replicas, failed_steps, strict=True)
+            if replica.num_failed_steps > before
+        ]
+        cause = causes[0] if causes else None
+        raise EngineStepError(
+            f"prompts {failed}: {cause or 'the engine step computing them failed'}"
+        ) from cause
 
     def chat(
         self,

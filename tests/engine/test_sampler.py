@@ -261,10 +261,15 @@ def _floats(low: float, high: float, extremes: list[float]) -> st.SearchStrategy
     )
 
 
+ANY_MAX_TOKENS = st.integers(1, 10**9)
+
+
 @st.composite
-def valid_params(draw: st.DrawFn) -> SamplingParams:
+def valid_params(
+    draw: st.DrawFn, max_tokens: st.SearchStrategy[int] = ANY_MAX_TOKENS
+) -> SamplingParams:
     """Anything SamplingParams accepts, the numeric corners weighted in."""
-    max_tokens = draw(st.integers(1, 10**9))
+    max_tokens = draw(max_tokens)
     stop_ids = st.lists(st.integers(0, 10**30), max_size=6) | st.just(list(range(VOCAB)))
     return SamplingParams(
         max_tokens=max_tokens,
@@ -276,6 +281,7 @@ def valid_params(draw: st.DrawFn) -> SamplingParams:
         presence_penalty=draw(_floats(-2, 2, [-2.0, 2.0])),
         frequency_penalty=draw(_floats(-2, 2, [-2.0, 2.0])),
         repetition_penalty=draw(_floats(5e-324, 1.7e308, [5e-324, 1e-300, 1.0, 1e300, 1.7e308])),
+        stop=draw(st.lists(st.text(min_size=1, max_size=3), max_size=2)),
         stop_token_ids=draw(stop_ids),
         ignore_eos=draw(st.booleans()),
         logprobs=draw(st.none() | st.integers(0, 20)),
