@@ -76,9 +76,9 @@ class AsyncLLM:
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         with self._lock:
             self._streams[request.request_id] = (loop, queue)
-        replica.submit(request)
         finished = False
         try:
+            replica.submit(request)  # refuses if the replica died since admit chose it
             while not finished:
                 item = await queue.get()
                 if isinstance(item, BaseException):
