@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -38,6 +39,7 @@ from engine.stats import EngineStats
 from engine.tiny_model import default_model_dir
 
 Prompt = str | Sequence[int]
+MAX_SALT_ROOTS = 1024  # memoised tenant-salt roots (LRU)
 
 
 class EngineCore:
@@ -98,7 +100,7 @@ class EngineCore:
             if config.replicas > 1
             else None
         )
-        self._roots: dict[str | None, bytes] = {}
+        self._roots: OrderedDict[str | None, bytes] = OrderedDict()
         self._counter = itertools.count()
 
     def _num_blocks(self) -> int:
@@ -116,10 +118,16 @@ class EngineCore:
         return min(budget // per_block, useful) + 1
 
     def hash_root(self, salt: str | None = None) -> bytes:
+        """The block-hash root for a tenant salt, memoised for the ``MAX_SALT_ROOTS`` most
+        recent salts (callers choose salts freely, so the memo must not grow with them)."""
         root = self._roots.get(salt)
         if root is None:
             root = root_hash(self.model_id, self.cache_scheme, BLOCK_SIZE, salt)
             self._roots[salt] = root
+            if len(self._roots) > MAX_SALT_ROOTS:
+                self._roots.popitem(last=False)
+        else:
+            self._roots.move_to_end(salt)
         return root
 
     def make_request(
