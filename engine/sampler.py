@@ -14,6 +14,7 @@ its raw logits instead of raising for the whole batch. Logprobs are those of the
 
 from __future__ import annotations
 
+import array
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
@@ -98,49 +99,65 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
         ban_ids = torch.tensor([t for _, ids in banned for t in ids], dtype=torch.int64)
         out[ban_rows.to(device), ban_ids.to(device)] = float("-inf")
     if penalized:
-        index = torch.tensor(penalized, device=device)
-        out.index_copy_(
-            0, index, _penalize(out.index_select(0, index), [rows[i] for i in penalized])
-        )
+        _penalize(out, rows, penalized)
     return out
 
 
-def _penalize(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """Repetition (over prompt + output), then frequency and presence (over the output)."""
-    device, vocab = logits.device, logits.shape[1]
-    params = [r.params for r in rows]
-    if any(p.repetition_penalty != 1.0 for p in params):
-        seen = _counts(rows, vocab, device, output_only=False) > 0
+def _penalize(out: torch.Tensor, rows: Sequence[SamplingRow], penalized: list[int]) -> None:
+    """In place on rows ``penalized`` of ``out``: repetition (over prompt + output), then
+    frequency and presence (over the output). Sparse: only the logits of tokens seen are read
+    and written, so the cost follows the histories, not batch x vocabulary."""
+    flat = out.view(-1)
+    repeating = [i for i in penalized if rows[i].params.repetition_penalty != 1.0]
+    seen = _seen(out, rows, repeating, output_only=False)
+    if seen is not None:
+        keys, owners = seen
         low, high = PENALTY_RANGE
-        penalty = torch.tensor(
-            [min(max(p.repetition_penalty, low), high) for p in params], device=device
-        ).unsqueeze(1)
-        scaled = torch.where(logits > 0, logits / penalty, logits * penalty)
-        logits = torch.where(seen, scaled, logits)
-    if any(p.presence_penalty or p.frequency_penalty for p in params):
-        counts = _counts(rows, vocab, device, output_only=True)
-        frequency = torch.tensor([float(p.frequency_penalty) for p in params], device=device)
-        presence = torch.tensor([float(p.presence_penalty) for p in params], device=device)
-        logits = logits - frequency.unsqueeze(1) * counts
-        logits = logits - presence.unsqueeze(1) * (counts > 0)
-    return logits
+        penalty = _per_row(
+            out, [min(max(rows[i].params.repetition_penalty, low), high) for i in repeating]
+        )
+        penalty = penalty[owners]
+        values = flat[keys]  # a token seen twice is gathered twice, written back alike
+        flat[keys] = torch.where(values > 0, values / penalty, values * penalty)
+    openai = [
+        i for i in penalized if rows[i].params.presence_penalty or rows[i].params.frequency_penalty
+    ]
+    seen = _seen(out, rows, openai, output_only=True)
+    if seen is not None:
+        keys, owners = seen
+        frequency = _per_row(out, [rows[i].params.frequency_penalty for i in openai])[owners]
+        presence = _per_row(out, [rows[i].params.presence_penalty for i in openai])[owners]
+        flat.index_add_(0, keys, -frequency)  # once per occurrence
+        flat[keys] = flat[keys] - presence  # once per token
 
 
-def _counts(
-    rows: Sequence[SamplingRow], vocab: int, device: torch.device, output_only: bool
-) -> torch.Tensor:
-    """[rows, vocab] float32 occurrence counts of each row's (output) tokens, one scatter."""
-    ids = [r.token_ids[r.num_prompt_tokens if output_only else 0 :] for r in rows]
-    flat = torch.tensor([t for row in ids for t in row], dtype=torch.int64, device=device)
-    which = torch.tensor(
-        [k for k, row in enumerate(ids) for _ in row], dtype=torch.int64, device=device
+def _per_row(out: torch.Tensor, values: list[float]) -> torch.Tensor:
+    return torch.tensor([float(v) for v in values], dtype=out.dtype, device=out.device)
+
+
+def _seen(
+    out: torch.Tensor, rows: Sequence[SamplingRow], which: list[int], output_only: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Flat indices ``row * vocab + token`` into ``out`` of the (output) tokens of rows
+    ``which``, one per occurrence, and for each the position in ``which`` of its row; None
+    when there are none."""
+    ids, lengths = array.array("q"), []
+    for i in which:
+        row = rows[i]
+        history = row.token_ids[row.num_prompt_tokens :] if output_only else row.token_ids
+        ids.extend(history)
+        lengths.append(len(history))
+    if not ids:
+        return None
+    device, vocab = out.device, out.shape[1]
+    tokens = torch.frombuffer(ids, dtype=torch.int64).to(device)
+    owners = torch.repeat_interleave(
+        torch.arange(len(which), device=device), torch.tensor(lengths, device=device)
     )
-    keep = flat < vocab  # a tokenizer id beyond the model's logits never gets a logit
-    flat, which = flat[keep], which[keep]
-    counts = torch.zeros(len(rows), vocab, device=device)
-    return counts.index_put_(
-        (which, flat), torch.ones_like(flat, dtype=counts.dtype), accumulate=True
-    )
+    keep = tokens < vocab  # a tokenizer id beyond the model's logits never gets a logit
+    tokens, owners = tokens[keep], owners[keep]
+    row_of = torch.tensor(which, dtype=torch.int64, device=device)
+    return row_of[owners] * vocab + tokens, owners
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
