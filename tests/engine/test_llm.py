@@ -365,3 +365,20 @@ def test_the_salt_roots_memo_is_a_bounded_lru(llm: LLM, monkeypatch: pytest.Monk
     for salt in map(str, range(1000)):
         core.hash_root(salt)
     assert len(core._roots) == 4
+
+
+def test_twenty_top_logprobs_match_transformers(hf_checkpoint):
+    path = hf_checkpoint("llama")
+    engine = LLM(str(path), dtype="float32", kv_cache_memory="2MiB")
+    prompt = PROMPTS[1]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=20)
+    out = engine.generate([prompt], params)[0]
+    model = _HF_MODELS.get(path) or AutoModelForCausalLM.from_pretrained(path).eval()
+    ids = prompt + out.token_ids
+    with torch.inference_mode():
+        reference = model(torch.tensor([ids])).logits[0].log_softmax(-1)
+    for step, entry in enumerate(out.logprobs):
+        top = reference[len(prompt) - 1 + step].topk(20)
+        assert len(entry) == 20 and list(entry) == top.indices.tolist()  # argmax is in the top
+        torch.testing.assert_close(torch.tensor(list(entry.values())), top.values)
+    assert_no_leaks(engine)

@@ -288,7 +288,7 @@ def valid_params(
     )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     params=valid_params(),
     history=st.lists(st.integers(0, VOCAB + 10), min_size=1, max_size=40),
