@@ -8,9 +8,9 @@ request validation and the replica choice.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
-from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -100,7 +100,9 @@ class EngineCore:
             if config.replicas > 1
             else None
         )
-        self._roots: OrderedDict[str | None, bytes] = OrderedDict()
+        self._roots = functools.lru_cache(maxsize=MAX_SALT_ROOTS)(
+            functools.partial(root_hash, self.model_id, self.cache_scheme, BLOCK_SIZE)
+        )  # thread-safe LRU
         self._counter = itertools.count()
 
     def _num_blocks(self) -> int:
@@ -120,15 +122,7 @@ class EngineCore:
     def hash_root(self, salt: str | None = None) -> bytes:
         """The block-hash root for a tenant salt, memoised for the ``MAX_SALT_ROOTS`` most
         recent salts (callers choose salts freely, so the memo must not grow with them)."""
-        root = self._roots.get(salt)
-        if root is None:
-            root = root_hash(self.model_id, self.cache_scheme, BLOCK_SIZE, salt)
-            self._roots[salt] = root
-            if len(self._roots) > MAX_SALT_ROOTS:
-                self._roots.popitem(last=False)
-        else:
-            self._roots.move_to_end(salt)
-        return root
+        return self._roots(salt)
 
     def make_request(
         self,
