@@ -161,7 +161,11 @@ class AsyncLLM:
         )
         with self._lock:
             self._collectors[request.request_id] = collector
-        replica.submit(request)
+        try:
+            replica.submit(request)  # refuses if the replica died since admit chose it
+        except BaseException:
+            self._forget(request)
+            raise
         return RequestStream(self, request, replica, collector, processor)
 
     async def generate(

@@ -8,6 +8,7 @@ request validation and the replica choice.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Sequence
@@ -38,6 +39,7 @@ from engine.stats import EngineStats
 from engine.tiny_model import default_model_dir
 
 Prompt = str | Sequence[int]
+MAX_SALT_ROOTS = 1024  # memoised tenant-salt roots (LRU)
 
 
 class EngineCore:
@@ -100,7 +102,9 @@ class EngineCore:
             if config.replicas > 1
             else None
         )
-        self._roots: dict[str | None, bytes] = {}
+        self._roots = functools.lru_cache(maxsize=MAX_SALT_ROOTS)(
+            functools.partial(root_hash, self.model_id, self.cache_scheme, BLOCK_SIZE)
+        )  # thread-safe LRU
         self._counter = itertools.count()
 
     def _num_blocks(self) -> int:
@@ -118,11 +122,9 @@ class EngineCore:
         return min(budget // per_block, useful) + 1
 
     def hash_root(self, salt: str | None = None) -> bytes:
-        root = self._roots.get(salt)
-        if root is None:
-            root = root_hash(self.model_id, self.cache_scheme, BLOCK_SIZE, salt)
-            self._roots[salt] = root
-        return root
+        """The block-hash root for a tenant salt, memoised for the ``MAX_SALT_ROOTS`` most
+        recent salts (callers choose salts freely, so the memo must not grow with them)."""
+        return self._roots(salt)
 
     def make_request(
         self,

@@ -11,7 +11,7 @@ the async path. A failed step raises ``EngineStepError`` instead of returning pa
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
@@ -20,6 +20,7 @@ from engine.output_processor import OutputProcessor
 from engine.outputs import OutputKind, RequestOutput, StepOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
+from engine.stats import EngineStats
 
 Message = dict[str, Any]
 
@@ -58,17 +59,20 @@ class LLM:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
     ) -> list[RequestOutput]:
         """One finished output per prompt, in order. All inputs are validated before any
-        request is queued."""
+        request is queued; EngineStepError if a step computing one of them failed."""
+        batch: list[Prompt]
         if isinstance(prompts, str) or (
             isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
         ):
-            prompts = [prompts]  # a single prompt (text or token ids)
+            batch = [cast(Prompt, prompts)]  # a single prompt (text or token ids)
+        else:
+            batch = list(cast(Sequence[Prompt], prompts))
         params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams):
-            params = [params] * len(prompts)
-        if len(params) != len(prompts):
-            raise ValueError(f"params: {len(params)} given for {len(prompts)} prompts")
-        requests = [self.core.make_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+            params = [params] * len(batch)
+        if len(params) != len(batch):
+            raise ValueError(f"params: {len(params)} given for {len(batch)} prompts")
+        requests = [self.core.make_request(p, sp) for p, sp in zip(batch, params, strict=True)]
         for request in requests:
             self._processors[request.request_id] = OutputProcessor(
                 request.request_id,
@@ -92,9 +96,10 @@ class LLM:
             for request in requests:
                 self._processors.pop(request.request_id, None)
                 self._results.pop(request.request_id, None)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise EngineStepError(f"generation failed: {result}") from result
+        failed = [i for i, r in enumerate(results) if isinstance(r, BaseException)]
+        if failed:  # as vLLM's LLM does, rather than return partial text; the others finished
+            cause = results[failed[0]]
+            raise EngineStepError(f"prompts {failed}: {cause}") from cause  # type: ignore[misc]
         return results  # type: ignore[return-value]
 
     def _on_output(self, request: Request, item: StepOutput | BaseException) -> None:
@@ -123,8 +128,11 @@ class LLM:
         """Apply the chat template to one conversation or a list of them, then generate.
         ``tools`` (JSON schemas), ``documents`` and ``chat_template_kwargs`` (e.g.
         ``{"enable_thinking": False}``) reach the template as transformers passes them."""
-        conversations = [messages] if messages and isinstance(messages[0], dict) else messages
-        prompts = [
+        conversations = cast(
+            Sequence[Sequence[Message]],
+            [messages] if messages and isinstance(messages[0], dict) else messages,
+        )
+        prompts: list[Prompt] = [
             self.core.tokenizer.encode_chat(
                 list(c), tools=tools, documents=documents, chat_template_kwargs=chat_template_kwargs
             )
@@ -137,5 +145,5 @@ class LLM:
         top_p, top_k), as vLLM applies them; used when ``generate`` gets no params."""
         return SamplingParams.from_dict({}, self.core.model_config.generation_defaults)
 
-    def stats(self):
+    def stats(self) -> EngineStats:
         return self.core.stats()

@@ -45,7 +45,7 @@ class ModelRunner:
             if not sampling:
                 return []
             logits = self.model.compute_logits(hidden.index_select(0, metadata.logits_indices))
-            result = sample(logits, [r.params for r in sampling], [r.generator for r in sampling])
+            result = sample(logits, sampling)
         return list(zip(result.token_ids, result.logprobs, strict=True))
 
     def prepare(

@@ -80,6 +80,7 @@ class OutputProcessor:
         self.prompt_token_ids = prompt_token_ids
         self.kind = kind
         self.stop = list(params.stop)
+        self.min_tokens = params.min_tokens
         self._hold = max((len(s) for s in self.stop), default=1) - 1
         self._detokenizer = tokenizer.incremental(prompt_token_ids)
         self._want_logprobs = params.logprobs is not None
@@ -108,7 +109,8 @@ class OutputProcessor:
             new_text += self._detokenizer.flush()
         if new_text:
             self.text += new_text
-            if self.stop and self._trim_stop_string(len(new_text)):
+            may_stop = len(self.token_ids) >= self.min_tokens
+            if self.stop and may_stop and self._trim_stop_string(len(new_text)):
                 self.stopped = True
                 finish_reason = "stop"
         self.finished = step.finished or self.stopped

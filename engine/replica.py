@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from engine.errors import EngineStepError
+from engine.errors import EngineStepError, EngineUnavailable
 from engine.model_runner import ModelRunner
 from engine.outputs import StepOutput
 from engine.request import Request
@@ -48,6 +48,7 @@ class Replica:
         self.step_timeout_s = step_timeout_s
         self.failed: BaseException | None = None
         self.num_failed_steps = 0
+        self.last_step_error: EngineStepError | None = None
         self._step_started: float | None = None  # monotonic start of the model run in flight
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
@@ -59,8 +60,13 @@ class Replica:
     # -- called from any thread --------------------------------------------------------------
 
     def submit(self, request: Request) -> None:
+        """Queue a request; raises EngineUnavailable once the step loop has died or stopped
+        (checked under the lock that drains the queue, so nothing is stranded)."""
         request.replica = self.index
         with self._cond:
+            if self.failed is not None or self._stopping:
+                reason = "stopped" if self.failed is None else f"failed: {self.failed!r}"
+                raise EngineUnavailable(f"engine replica {self.index} has {reason}")
             self._incoming.append(request)
             self._cond.notify()
 
@@ -167,7 +173,6 @@ class Replica:
                 self.step()
             except BaseException as exc:  # noqa: BLE001 - reported to every request, then stop
                 log.exception("replica %d failed", self.index)
-                self.failed = exc
                 self._fail_all(exc)
                 return
             if not self._last_batch_size:
@@ -181,6 +186,7 @@ class Replica:
         log.exception("replica %d: a step of %d request(s) failed", self.index, len(requests))
         self.num_failed_steps += 1
         error = EngineStepError(f"the engine step failed ({type(exc).__name__}: {exc})")
+        self.last_step_error = error
         for request in requests:
             self.scheduler.abort(request)
             if self.on_output is not None:
@@ -188,6 +194,7 @@ class Replica:
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
+            self.failed = exc
             stranded = self._incoming + self.scheduler.waiting + self.scheduler.running
             self._incoming = []
         for request in list(stranded):

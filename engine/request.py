@@ -68,13 +68,16 @@ class Request:
 
     def append_output(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
         """Take one sampled token and apply the token stop rules, in vLLM's order: stop token
-        ids and EOS, then length (stop strings are the output processor's)."""
+        ids and EOS (only once ``min_tokens`` have been generated), then length (stop strings
+        are the output processor's)."""
         self.token_ids.append(token_id)
         if self.params.logprobs is not None and logprobs is not None:
             self._new_logprobs.append(logprobs)
         params = self.params
-        if token_id in params.stop_token_ids or (
-            not params.ignore_eos and token_id in self.eos_token_ids
+        may_stop = len(self.token_ids) - self.num_prompt_tokens >= params.min_tokens
+        if may_stop and (
+            token_id in params.stop_token_ids
+            or (not params.ignore_eos and token_id in self.eos_token_ids)
         ):
             self._finish("stop")
         elif len(self.token_ids) - self.num_prompt_tokens >= params.max_tokens or (

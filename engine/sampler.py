@@ -1,17 +1,43 @@
 """Choose the next token of every sequence in a step from its logits.
 
-Filtering (temperature → top-k → top-p) is vectorised over the batch, and each row draws
-with its own request's generator, so a seeded request yields the same tokens whatever else
-shares its batch.
+    logits → min_tokens ban → repetition penalty → frequency/presence penalties
+           → greedy argmax | temperature → top-k → top-p → draw with the row's generator
+
+Every stage is vectorised over the batch (the per-request loops build index lists, never
+walk the vocabulary), and rows that ask for nothing skip it. Each row draws with its own
+request's generator, so a seeded request yields the same tokens whatever else shares its
+batch. No row can fail the step: the numeric corners are clamped, and a row whose
+distribution still is not a distribution (all banned, non-finite logits) takes the argmax of
+its raw logits instead of raising for the whole batch. Logprobs are those of the raw logits
+(vLLM's default ``raw_logprobs``).
 """
 
 from __future__ import annotations
 
+import array
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import GREEDY_BELOW, SamplingParams
+
+MAX_TEMPERATURE = 1e30  # any finite fp32 divisor keeps -inf bans at -inf; beyond is uniform
+# Repetition penalties are clamped here so realistic logits stay finite in fp32 after it.
+PENALTY_RANGE = (2.0**-20, 2.0**20)
+
+
+class SamplingRow(Protocol):
+    """What the sampler reads of one request (engine.request.Request provides all of it)."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    token_ids: list[int]  # prompt + output so far
+    eos_token_ids: frozenset[int]
+
+    @property
+    def num_prompt_tokens(self) -> int: ...
 
 
 @dataclass
@@ -22,37 +48,133 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
-def sample(
-    logits: torch.Tensor,
-    params: list[SamplingParams],
-    generators: list[torch.Generator | None],
-) -> SampleResult:
+def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     """`logits` [B, V] float32 → one token per row; greedy rows take the (first) argmax."""
-    if not (logits.shape[0] == len(params) == len(generators)):
-        raise ValueError("logits, params and generators must have one entry per row")
-    chosen = logits.argmax(dim=-1)
+    if logits.shape[0] != len(rows):
+        raise ValueError("logits and rows must have one entry per row")
+    params = [r.params for r in rows]
+    processed = processed_logits(logits, rows)
+    chosen = processed.argmax(dim=-1)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
-        rows = torch.tensor(random_rows, device=logits.device)
-        probs = filtered_probs(logits.index_select(0, rows), [params[i] for i in random_rows])
+        index = torch.tensor(random_rows, device=logits.device)
+        probs = filtered_probs(processed.index_select(0, index), [params[i] for i in random_rows])
+        drawable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
         for row, i in enumerate(random_rows):
-            generator = generators[i]
+            if not drawable[row]:
+                continue  # keeps its argmax below
+            generator = rows[i].generator
             row_probs = probs[row] if generator is None else probs[row].to(generator.device)
             chosen[i] = torch.multinomial(row_probs, 1, generator=generator)[0]
+    if processed is not logits:
+        # A row left with no finite logit (all banned, or the model's own inf/nan) falls back
+        # to its raw argmax rather than to index 0.
+        dead = ~(processed.max(dim=-1).values > float("-inf"))
+        chosen = torch.where(dead, logits.argmax(dim=-1), chosen)
     token_ids = chosen.tolist()
     return SampleResult(token_ids, _logprobs(logits, params, token_ids))
+
+
+def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
+    """The logits after min_tokens bans and the penalties; ``logits`` itself (no copy) when
+    no row asks for either."""
+    vocab = logits.shape[1]
+    banned: list[tuple[int, list[int]]] = []
+    penalized: list[int] = []
+    for i, row in enumerate(rows):
+        p = row.params
+        if p.min_tokens and len(row.token_ids) - row.num_prompt_tokens < p.min_tokens:
+            stops = (
+                set(p.stop_token_ids) if p.ignore_eos else row.eos_token_ids.union(p.stop_token_ids)
+            )
+            banned.append((i, [t for t in stops if t < vocab]))
+        if p.penalized:
+            penalized.append(i)
+    if not banned and not penalized:
+        return logits
+    out = logits.clone()
+    device = logits.device
+    if banned:
+        ban_rows = torch.tensor([i for i, ids in banned for _ in ids], dtype=torch.int64)
+        ban_ids = torch.tensor([t for _, ids in banned for t in ids], dtype=torch.int64)
+        out[ban_rows.to(device), ban_ids.to(device)] = float("-inf")
+    if penalized:
+        _penalize(out, rows, penalized)
+    return out
+
+
+def _penalize(out: torch.Tensor, rows: Sequence[SamplingRow], penalized: list[int]) -> None:
+    """In place on rows ``penalized`` of ``out``: repetition (over prompt + output), then
+    frequency and presence (over the output). Sparse: only the logits of tokens seen are read
+    and written, so the cost follows the histories, not batch x vocabulary."""
+    flat = out.view(-1)
+    repeating = [i for i in penalized if rows[i].params.repetition_penalty != 1.0]
+    seen = _seen(out, rows, repeating, output_only=False)
+    if seen is not None:
+        keys, owners = seen
+        low, high = PENALTY_RANGE
+        penalty = _per_row(
+            out, [min(max(rows[i].params.repetition_penalty, low), high) for i in repeating]
+        )
+        penalty = penalty[owners]
+        values = flat[keys]  # a token seen twice is gathered twice, written back alike
+        flat[keys] = torch.where(values > 0, values / penalty, values * penalty)
+    openai = [
+        i for i in penalized if rows[i].params.presence_penalty or rows[i].params.frequency_penalty
+    ]
+    seen = _seen(out, rows, openai, output_only=True)
+    if seen is not None:
+        keys, owners = seen
+        frequency = _per_row(out, [rows[i].params.frequency_penalty for i in openai])[owners]
+        presence = _per_row(out, [rows[i].params.presence_penalty for i in openai])[owners]
+        flat.index_add_(0, keys, -frequency)  # once per occurrence
+        flat[keys] = flat[keys] - presence  # once per token
+
+
+def _per_row(out: torch.Tensor, values: list[float]) -> torch.Tensor:
+    return torch.tensor([float(v) for v in values], dtype=out.dtype, device=out.device)
+
+
+def _seen(
+    out: torch.Tensor, rows: Sequence[SamplingRow], which: list[int], output_only: bool
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Flat indices ``row * vocab + token`` into ``out`` of the (output) tokens of rows
+    ``which``, one per occurrence, and for each the position in ``which`` of its row; None
+    when there are none."""
+    ids, lengths = array.array("q"), []
+    for i in which:
+        row = rows[i]
+        history = row.token_ids[row.num_prompt_tokens :] if output_only else row.token_ids
+        ids.extend(history)
+        lengths.append(len(history))
+    if not ids:
+        return None
+    device, vocab = out.device, out.shape[1]
+    tokens = torch.frombuffer(ids, dtype=torch.int64).to(device)
+    owners = torch.repeat_interleave(
+        torch.arange(len(which), device=device), torch.tensor(lengths, device=device)
+    )
+    keep = tokens < vocab  # a tokenizer id beyond the model's logits never gets a logit
+    tokens, owners = tokens[keep], owners[keep]
+    row_of = torch.tensor(which, dtype=torch.int64, device=device)
+    return row_of[owners] * vocab + tokens, owners
 
 
 def filtered_probs(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
     """Probabilities after temperature, top-k and top-p (nucleus) filtering, per row."""
     device = logits.device
-    temperature = torch.tensor([p.temperature for p in params], device=device)
+    temperature = torch.tensor(
+        [min(max(p.temperature, GREEDY_BELOW), MAX_TEMPERATURE) for p in params], device=device
+    )
     scaled = logits / temperature.unsqueeze(1)
     vocab = scaled.shape[1]
     if all(not 0 < p.top_k < vocab and p.top_p >= 1.0 for p in params):
         return scaled.softmax(dim=-1)  # nothing to filter: skip the sort
     top_k = torch.tensor([p.top_k if 0 < p.top_k < vocab else vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
+    # top_p 1 keeps everything exactly (a cumulative sum may round past 1.0).
+    top_p = torch.tensor(
+        [p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device
+    )
     ordered, order = scaled.sort(dim=-1, descending=True)
     ranks = torch.arange(vocab, device=device).unsqueeze(0)
     ordered = ordered.masked_fill(ranks >= top_k.unsqueeze(1), float("-inf"))
@@ -71,8 +193,10 @@ def _logprobs(
     if all(n is None for n in wanted):
         return [None] * len(params)
     logprobs = logits.log_softmax(dim=-1)
-    most = max(n or 0 for n in wanted)
+    most = min(max(n or 0 for n in wanted), logits.shape[1])
     top_values, top_ids = logprobs.topk(most, dim=-1) if most else (None, None)
+    chosen = logprobs.gather(1, torch.tensor(token_ids, device=logits.device).unsqueeze(1))
+    chosen_values = chosen.squeeze(1).tolist()
     result: list[dict[int, float] | None] = []
     for row, n in enumerate(wanted):
         if n is None:
@@ -81,6 +205,6 @@ def _logprobs(
         entry = {}
         if n:
             entry = dict(zip(top_ids[row, :n].tolist(), top_values[row, :n].tolist(), strict=True))
-        entry[token_ids[row]] = float(logprobs[row, token_ids[row]])
+        entry[token_ids[row]] = chosen_values[row]
         result.append(entry)
     return result

@@ -1,27 +1,54 @@
-"""Per-request sampling settings, validated up front so bad input never reaches a step."""
+"""Per-request sampling settings, validated up front so bad input never reaches a step.
+
+Every value that passes ``validate`` is safe to sample with, whatever it is combined with:
+the sampler clamps the numeric corners (a temperature below ``GREEDY_BELOW`` is greedy, as in
+vLLM), so one request's arguments can never fail a step that other requests share.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing by them overflows fp32.
+GREEDY_BELOW = 1e-5
+MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
+MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed accepts
+
 
 @dataclass
 class SamplingParams:
-    """Shaped like vLLM's: temperature 0 means greedy."""
+    """Shaped like vLLM's: temperature 0 means greedy.
+
+    Penalties: ``presence_penalty`` and ``frequency_penalty`` follow OpenAI (subtracted from
+    the logits of tokens already generated, once / per occurrence); ``repetition_penalty``
+    follows vLLM and Hugging Face (logits of tokens in the prompt or the output are divided by
+    it when positive, multiplied when not; 1 is off). ``min_tokens``: EOS and the stop token
+    ids cannot be sampled, and no stop rule ends the request, before that many tokens.
+    """
 
     max_tokens: int = 16
+    min_tokens: int = 0
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 (or -1) disables top-k
     seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
-    logprobs: int | None = None  # top-N logprobs per generated token
+    logprobs: int | None = None  # top-N logprobs per generated token (plus the chosen one)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if not isinstance(self.stop, (list, tuple)):
+            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+        if not isinstance(self.stop_token_ids, (list, tuple)):
+            raise ValueError(
+                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}"
+            )
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         if self.top_k == -1:
@@ -41,20 +68,31 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (the sampler skips them otherwise)."""
+        return bool(self.presence_penalty or self.frequency_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
     def validate(self) -> None:
         """Raise ValueError naming the offending field."""
         _check_int("max_tokens", self.max_tokens, minimum=1)
-        _check_number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        _check_int("min_tokens", self.min_tokens, minimum=0, maximum=self.max_tokens)
+        _check_number("temperature", self.temperature, minimum=0.0)
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         _check_int("top_k", self.top_k, minimum=0)
         if self.seed is not None:
-            _check_int("seed", self.seed, minimum=0)
+            _check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
+        _check_number("presence_penalty", self.presence_penalty, minimum=-2.0, maximum=2.0)
+        _check_number("frequency_penalty", self.frequency_penalty, minimum=-2.0, maximum=2.0)
+        _check_number("repetition_penalty", self.repetition_penalty)
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a list of non-empty strings")
         for token_id in self.stop_token_ids:
@@ -62,7 +100,7 @@ class SamplingParams:
         if not isinstance(self.ignore_eos, bool):
             raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
         if self.logprobs is not None:
-            _check_int("logprobs", self.logprobs, minimum=0, maximum=20)
+            _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
@@ -73,8 +111,14 @@ def _check_int(name: str, value: object, minimum: int, maximum: int | None = Non
         raise ValueError(f"{name} must be {bound}, got {value}")
 
 
-def _check_number(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+def _check_number(
+    name: str, value: object, minimum: float | None = None, maximum: float | None = None
+) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
-    if value in (float("inf"), float("-inf")):
+    if value != value or value in (float("inf"), float("-inf")):
         raise ValueError(f"{name} must be a finite number, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")

@@ -7,10 +7,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from engine import LLM, SamplingParams
-from engine.block_hash import block_hashes
+from engine import LLM, EngineStepError, SamplingParams
+from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash
+from engine.engine_core import MAX_SALT_ROOTS
+from tests.engine.test_sampler import valid_params
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 # Token-id prompts of different lengths: within a block, across blocks, exactly two blocks.
@@ -22,8 +27,11 @@ PROMPTS = [
 ]
 
 
-def hf_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
-    """The reference: transformers' forward over the whole sequence, argmax, n times."""
+def hf_greedy(
+    path: Path, prompt: list[int], n: int, repetition: float = 1.0, presence: float = 0.0
+) -> list[int]:
+    """The reference: transformers' forward over the whole sequence, argmax, n times; with
+    transformers' repetition penalty, then OpenAI's presence penalty, when asked."""
     model = (
         _HF_MODELS.get(path)
         or AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
@@ -32,7 +40,10 @@ def hf_greedy(path: Path, prompt: list[int], n: int) -> list[int]:
     ids = list(prompt)
     with torch.inference_mode():
         for _ in range(n):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+            logits = model(torch.tensor([ids])).logits[:, -1]
+            logits = RepetitionPenaltyLogitsProcessor(repetition)(torch.tensor([ids]), logits)
+            logits[0, list(set(ids[len(prompt) :]))] -= presence
+            ids.append(int(logits[0].argmax()))
     return ids[len(prompt) :]
 
 
@@ -163,11 +174,6 @@ def test_bad_input_raises_value_error_naming_the_field_before_queueing(
     assert llm.stats().num_waiting == 0
 
 
-def test_unknown_sampling_field_is_named():
-    with pytest.raises(ValueError, match="temprature"):
-        SamplingParams.from_dict({"temprature": 0.5})
-
-
 def test_preempted_requests_recompute_and_give_the_same_tokens(tiny_model_dir: Path):
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     prompts = [[(s * 97 + i) % 900 + 10 for i in range(30)] for s in range(4)]
@@ -279,3 +285,87 @@ def test_one_huge_prompt_cannot_evict_every_other_conversation(tiny_model_dir: P
     assert sum(kept) >= 4
     assert llm.generate([conversations[-1]], one)[0].cached_tokens == 48
     assert_no_leaks(llm)
+
+
+def test_penalized_greedy_decoding_matches_transformers(hf_checkpoint):
+    path = hf_checkpoint("llama")
+    engine = LLM(str(path), dtype="float32", kv_cache_memory="2MiB")
+    plain = [hf_greedy(path, p, 12) for p in PROMPTS[:2]]
+    expected = [hf_greedy(path, p, 12, repetition=1.8, presence=1.5) for p in PROMPTS[:2]]
+    assert expected != plain  # the penalties really change the tokens
+    params = SamplingParams(
+        max_tokens=12, temperature=0, ignore_eos=True, repetition_penalty=1.8, presence_penalty=1.5
+    )
+    outs = engine.generate(PROMPTS[:2] + PROMPTS[:2], [params, params, GREEDY, GREEDY])
+    assert [o.token_ids for o in outs] == expected + plain  # unpenalized neighbours unchanged
+    assert_no_leaks(engine)
+
+
+def test_min_tokens_holds_back_stop_token_ids_and_eos(llm: LLM):
+    free = llm.generate("Stop here", GREEDY)[0].token_ids
+    token = free[1]
+    params = SamplingParams(
+        max_tokens=12, temperature=0, ignore_eos=True, stop_token_ids=[token], min_tokens=5
+    )
+    held = llm.generate("Stop here", params)[0]
+    assert held.token_ids[:1] == free[:1] and token not in held.token_ids[:5]
+    assert len(held.token_ids) >= 5
+    if held.finish_reason == "stop":
+        assert held.token_ids.index(token) == len(held.token_ids) - 1
+
+
+NEIGHBOUR = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+@settings(
+    max_examples=12,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(params=valid_params(max_tokens=st.integers(1, 8)))
+def test_no_valid_arguments_of_one_request_change_a_neighbours_greedy_tokens(
+    llm: LLM, params: SamplingParams
+):
+    prompts = [PROMPTS[1], PROMPTS[2]]
+    expected = llm.generate(prompts, [NEIGHBOUR, NEIGHBOUR])[0].token_ids
+    outs = llm.generate(prompts, [NEIGHBOUR, params])
+    assert outs[0].token_ids == expected and outs[0].finish_reason == "length"
+    assert outs[1].finish_reason in ("stop", "length")
+
+
+def test_a_failing_step_raises_instead_of_returning_partial_text(
+    tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+):
+    llm = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB")
+    runner = llm.core.replicas[0].runner
+    real, calls = runner.execute, 0
+
+    def fail_the_third_step(batch):
+        nonlocal calls
+        calls += 1
+        if calls == 3:
+            raise RuntimeError("injected fault")
+        return real(batch)
+
+    monkeypatch.setattr(runner, "execute", fail_the_third_step)
+    with pytest.raises(EngineStepError, match=r"prompts \[0, 1\]: .*injected fault"):
+        llm.generate(["one", "two"], GREEDY)
+    assert_no_leaks(llm)
+    assert [len(o.token_ids) for o in llm.generate(["one", "two"], GREEDY)] == [12, 12]
+
+
+def test_the_salt_roots_memo_is_a_bounded_lru(tiny_model_dir: Path):
+    core = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB").core
+    limit = MAX_SALT_ROOTS
+    salts = [f"tenant-{i}" for i in range(limit + 100)]
+    assert core.hash_root("kept") == root_hash(core.model_id, core.cache_scheme, BLOCK_SIZE, "kept")
+    for i, salt in enumerate(salts):
+        assert core.hash_root(salt) == root_hash(core.model_id, core.cache_scheme, BLOCK_SIZE, salt)
+        if i % 512 == 0:
+            core.hash_root("kept")  # recently used: survives the others
+    info = core._roots.cache_info()
+    assert info.currsize == limit
+    core.hash_root("kept")
+    core.hash_root(salts[0])  # the least recently used went first
+    after = core._roots.cache_info()
+    assert (after.hits, after.misses) == (info.hits + 1, info.misses + 1)

@@ -108,3 +108,28 @@ async def test_no_stepping_replica_refuses_at_once(engine: AsyncLLM):
         await run(engine, "nobody home")
     for replica in engine.core.replicas:
         replica.failed = None
+
+
+async def test_a_replica_whose_loop_died_refuses_new_work_at_once(
+    engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch
+):
+    """A request admitted just before its replica's step loop died used to wait forever."""
+    dead = engine.core.replicas[0]
+
+    def broken_bookkeeping():
+        raise RuntimeError("scheduler fault")
+
+    monkeypatch.setattr(dead.scheduler, "schedule", broken_bookkeeping)
+    with pytest.raises(RuntimeError, match="scheduler fault"):
+        await run(engine, "the request that meets the fault", key_for(engine, 0))
+    assert dead.failed is not None and not dead.available
+    # The race: admit picked replica 0 while it was still alive, then it died.
+    monkeypatch.setattr(engine.core, "admit", lambda request: dead)
+    async with asyncio.timeout(2):
+        with pytest.raises(EngineUnavailable, match="replica 0 has failed"):
+            await run(engine, "admitted just before the failure")
+    assert not engine._streams
+    with pytest.raises(EngineUnavailable):
+        dead.submit(engine.core.make_request("direct", PARAMS))
+    monkeypatch.undo()
+    assert await run(engine, "replica 1 serves on", key_for(engine, 1))
