@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import admin_routes
+from gateway.admission import ConcurrencyLimit
 from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
@@ -28,6 +29,7 @@ from gateway.catalog.reload import CatalogReloader
 from gateway.generation import Generations
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.tool_runner import ToolRunner
+from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
 
@@ -88,8 +90,17 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     served = CatalogHolder(catalog)
     reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
     generations = Generations(engine)
+    clients = ConcurrencyLimit(settings.max_concurrency_per_client)  # both front doors count
     endpoint = McpEndpoint(
-        settings, served, ToolRunner(generations), cache, metrics, reloader.versions
+        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, clients
+    )
+    openai = OpenAIEndpoint(
+        settings,
+        generations,
+        settings.served_model_name or engine.model_name,
+        engine.max_model_len,
+        metrics,
+        clients,
     )
     metrics.gauge(
         "kvgate_discovery_cache_degraded",
@@ -141,6 +152,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     app = Starlette(
         routes=[
             Route(MCP_PATH, endpoint),
+            *(Route(path, openai, methods=[method]) for path, (method, _) in openai.routes.items()),
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", prometheus),
@@ -150,6 +162,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     )
     app.state.served = served  # served.current is the catalog being served
     app.state.mcp = endpoint
+    app.state.openai = openai
     app.state.metrics = metrics
     app.state.discovery_cache = cache
     app.state.catalog_reloader = reloader

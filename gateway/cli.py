@@ -23,6 +23,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, help="port (default 8000)")
     serve.add_argument("--model", help="Hugging Face model folder (default: embedded tiny model)")
+    serve.add_argument(
+        "--served-model-name", help="the model id OpenAI clients pass (default: the model's name)"
+    )
+    serve.add_argument(
+        "--max-model-len", type=int, help="context length served (default: the model's own)"
+    )
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
     serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
     serve.add_argument(
@@ -105,6 +111,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "host",
         "port",
         "model",
+        "served_model_name",
+        "max_model_len",
         "replicas",
         "kv_cache_dtype",
         "kv_cache_memory",
@@ -137,6 +145,7 @@ def engine_limits(settings: Settings) -> dict[str, Any]:
         "step_timeout_s": settings.step_timeout_s,
         "max_prompt_tokens": settings.max_prompt_tokens or None,
         "max_tokens_limit": settings.max_tokens_limit or None,
+        "max_model_len": settings.max_model_len or None,
     }
 
 
@@ -170,7 +179,8 @@ def serve(settings: Settings) -> None:
             stats.block_size,
             stats.cache_dtype,
         )
-        logger.info("MCP endpoint http://%s:%d/mcp", settings.host, settings.port)
+        base = f"http://{settings.host}:{settings.port}"
+        logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
         try:
             app = create_app(settings, engine)
         except CatalogConfigError as exc:

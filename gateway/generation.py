@@ -77,8 +77,10 @@ class GenerationRequest:
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
-    text: str  # new since the previous delta (never a split UTF-8 character)
+    text: str  # new since the previous delta (never a split UTF-8 character; may be empty)
     tokens: int  # generated so far
+    token_ids: list[int]  # new since the previous delta
+    logprobs: list[dict[int, float]] | None  # one {token id: logprob} per new token, if asked
 
 
 @dataclass(frozen=True)
@@ -165,9 +167,11 @@ class Generations:
                     if last is None:  # how much of the prompt the replica had cached
                         tracing.annotate(route, **{"kvgate.cached_tokens": out.cached_tokens})
                     last = out
-                    if out.text:
+                    if out.text or out.token_ids:
                         text.append(out.text)
-                        yield TextDelta(out.text, out.num_output_tokens)
+                        yield TextDelta(
+                            out.text, out.num_output_tokens, out.token_ids, out.logprobs
+                        )
                 assert last is not None and last.finished
                 tracing.annotate(
                     run,

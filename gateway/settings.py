@@ -15,6 +15,10 @@ class Settings:
     host: str = "127.0.0.1"
     port: int = 8000
     model: str | None = None  # a Hugging Face folder; None = the embedded tiny model
+    served_model_name: str | None = (
+        None  # the id OpenAI clients pass as `model` (default: the model's)
+    )
+    max_model_len: int = 0  # 0 = the model's own context length
     replicas: int = 1
     kv_cache_dtype: str = "auto"
     kv_cache_memory: str | None = None  # bytes or "256MiB"; None = a share of free memory

@@ -31,7 +31,7 @@ def parse_message(body: bytes, max_depth: int = MAX_DEPTH) -> Message:
             raise _too_deep(max_depth) from None
         raise ProtocolError(PARSE_ERROR, f"Parse error: {exc}") from None
     # A document with no more brackets than the limit cannot nest deeper: skip the walk.
-    if body.count(b"[") + body.count(b"{") > max_depth and _depth(value) > max_depth:
+    if body.count(b"[") + body.count(b"{") > max_depth and nesting_depth(value) > max_depth:
         raise _too_deep(max_depth, _read_id(value) if isinstance(value, dict) else None)
     if isinstance(value, list):
         raise ProtocolError(INVALID_REQUEST, "Invalid request: batches are not supported")
@@ -69,7 +69,7 @@ def _too_deep(max_depth: int, request_id: RequestId | None = None) -> ProtocolEr
     )
 
 
-def _depth(value: Any) -> int:
+def nesting_depth(value: Any) -> int:
     """Nesting depth of containers (a scalar is 0), without recursion."""
     deepest, stack = 0, [(value, 1)]
     while stack:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Iterable
+from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
 
 from starlette.types import Receive, Send
@@ -41,6 +41,15 @@ async def read_body(receive: Receive, limit: int, content_length: str | None) ->
         chunks.append(chunk)
         if not message.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def read_bounded(
+    receive: Receive, headers: Mapping[str, str], limit: int, timeout_s: float
+) -> bytes:
+    """The body, within ``limit`` bytes (BodyTooLarge) and ``timeout_s`` (TimeoutError): a
+    slow or oversized body costs its sender alone, on every front door."""
+    async with asyncio.timeout(timeout_s):
+        return await read_body(receive, limit, headers.get("content-length"))
 
 
 async def send_response(

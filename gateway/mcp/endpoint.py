@@ -101,9 +101,11 @@ class McpEndpoint:
         cache: DiscoveryCache,
         metrics: Metrics,
         versions: Callable[[], AsyncIterator[str]],
+        clients: ConcurrencyLimit | None = None,
     ) -> None:
         """``served`` holds the catalog being served (the reloader swaps it); ``versions``
-        yields each catalog version this process starts serving (what listen streams follow)."""
+        yields each catalog version this process starts serving (what listen streams follow);
+        ``clients`` is the per-client concurrency limit (shared with the other front doors)."""
         self.settings = settings
         self.served = served
         self.tools = tools
@@ -111,7 +113,7 @@ class McpEndpoint:
         self.metrics = metrics
         self.versions = versions
         self.origins = OriginPolicy(settings.host, settings.allowed_origins)
-        self.clients = ConcurrencyLimit(settings.max_concurrency_per_client)
+        self.clients = clients or ConcurrencyLimit(settings.max_concurrency_per_client)
         self.listens = ConcurrencyLimit(settings.max_listen_streams)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -195,8 +197,7 @@ class McpEndpoint:
             raise Rejected(403, "Forbidden: Origin or Host not allowed")
         limit, timeout = self.settings.max_body_bytes, self.settings.body_timeout_s
         try:
-            async with asyncio.timeout(timeout):
-                body = await http_io.read_body(receive, limit, headers.get("content-length"))
+            body = await http_io.read_bounded(receive, headers, limit, timeout)
         except http_io.BodyTooLarge:
             raise Rejected(413, f"Request body exceeds {limit} bytes", "body_too_large") from None
         except TimeoutError:

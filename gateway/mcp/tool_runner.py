@@ -77,7 +77,8 @@ class ToolRunner:
             async with aclosing(generation):
                 async for item in generation:
                     if isinstance(item, TextDelta):
-                        yield Progress(item.tokens, item.text)
+                        if item.text:  # progress is text: a token still held back waits
+                            yield Progress(item.tokens, item.text)
                     else:
                         yield self._result(item)
         except (EngineStepError, RuntimeError) as exc:

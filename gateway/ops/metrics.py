@@ -113,8 +113,8 @@ class Metrics:
         self.registry = CollectorRegistry()
         self._requests = Counter(
             "kvgate_requests",
-            "MCP requests by method, tool and outcome.",
-            ["method", "tool", "outcome"],
+            "Requests by front door (mcp, openai), method or route, tool and outcome.",
+            ["api", "method", "tool", "outcome"],
             registry=self.registry,
         )
         self._duration = Histogram(
@@ -130,13 +130,15 @@ class Metrics:
         if engine_stats is not None:
             self.registry.register(EngineCollector(engine_stats, model_name))
 
-    def observe(self, method: str, tool: str | None, outcome: str, seconds: float) -> None:
+    def observe(
+        self, method: str, tool: str | None, outcome: str, seconds: float, api: str = "mcp"
+    ) -> None:
         """Record one finished request; `tool` is None for anything but `tools/call`.
 
         Labelled children are kept in plain dicts: `labels()` validates and locks on every call,
         which cost more than the rest of a cached `tools/list` answer.
         """
-        key = (method, tool or "", outcome)
+        key = (api, method, tool or "", outcome)
         counter = self._request_counters.get(key)
         if counter is None:
             counter = self._request_counters[key] = self._requests.labels(*key)

@@ -70,6 +70,8 @@ def test_limit_flags_reach_the_settings_and_the_engine() -> None:
             "1000",
             "--max-tokens-limit",
             "256",
+            "--max-model-len",
+            "512",
             "--max-concurrency-per-client",
             "4",
             "--request-timeout",
@@ -103,8 +105,10 @@ def test_limit_flags_reach_the_settings_and_the_engine() -> None:
         "step_timeout_s": 30.0,
         "max_prompt_tokens": 1000,
         "max_tokens_limit": 256,
+        "max_model_len": 512,
     }
     assert engine_limits(Settings())["max_prompt_tokens"] is None  # 0 = no limit
+    assert engine_limits(Settings())["max_model_len"] is None  # 0 = the model's own
 
 
 def test_limits_have_environment_twins() -> None:

@@ -451,6 +451,6 @@ def test_requests_are_counted_in_metrics(http: httpx.Client, server: LiveServer)
     call(http, server.url, "tools/list")
     call(http, server.url, "definitely/unknown")
     text = http.get(server.base + "/metrics").text
-    assert 'kvgate_requests_total{method="tools/list",outcome="ok",tool=""}' in text
+    assert 'kvgate_requests_total{api="mcp",method="tools/list",outcome="ok",tool=""}' in text
     assert 'method="unknown",outcome="error"' in text
     assert "vllm:num_requests_running" in text

@@ -124,7 +124,8 @@ def test_disconnect_cancels_generation_and_frees_blocks(
     )
     assert running.endswith(" 0.0")
     assert (
-        'kvgate_requests_total{method="tools/call",outcome="cancelled",tool="generate"}' in metrics
+        'kvgate_requests_total{api="mcp",method="tools/call",outcome="cancelled",tool="generate"}'
+        in metrics
     )
 
 

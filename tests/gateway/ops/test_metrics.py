@@ -50,7 +50,9 @@ def test_observe_counts_requests_by_method_tool_and_outcome() -> None:
     samples = scrape(metrics)
 
     def requests(method: str, tool: str, outcome: str) -> float:
-        return samples["kvgate_requests_total", labels(method=method, tool=tool, outcome=outcome)]
+        return samples[
+            "kvgate_requests_total", labels(api="mcp", method=method, tool=tool, outcome=outcome)
+        ]
 
     assert requests("tools/call", "generate", "ok") == 2
     assert requests("tools/call", "chat", "tool_error") == 1
@@ -140,7 +142,10 @@ def test_apps_keep_private_registries() -> None:
     first.observe("server/discover", None, "ok", 0.001)
     first.count("kvgate_discovery_cache_fallbacks_total")
     second.count("kvgate_discovery_cache_fallbacks_total")
-    key = "kvgate_requests_total", labels(method="server/discover", tool="", outcome="ok")
+    key = (
+        "kvgate_requests_total",
+        labels(api="mcp", method="server/discover", tool="", outcome="ok"),
+    )
     assert scrape(first)[key] == 1
     assert key not in scrape(second)
     assert scrape(second)["kvgate_discovery_cache_fallbacks_total", labels()] == 1

@@ -1,0 +1,1 @@
+"""The OpenAI-compatible front door (``/v1/*``, ``/tokenize``, ``/detokenize``)."""

@@ -1,0 +1,210 @@
+"""OpenAI request bodies → ``GenerationRequest``s, checked the way vLLM's server checks them.
+
+Known fields of the wrong type or out of range are a 400 naming the field (never a 500);
+unknown fields are ignored, as OpenAI clients send many. Tool calling and structured outputs
+are not served yet: those fields are a 400 that says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.openai.errors import OpenAIError, bad_request
+
+MAX_N = 16
+MAX_TOP_LOGPROBS = 20
+ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
+NOT_YET = ("tools", "tool_choice", "functions", "function_call", "response_format")
+
+_NUMBER = (int, float)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What both routes share: the sampling fields, n, streaming and the cache extras."""
+
+    fields: dict[str, Any]  # SamplingParams keyword arguments
+    n: int
+    stream: bool
+    include_usage: bool
+    cache_key: str | None
+    cache_salt: str | None
+
+
+def _get(body: dict[str, Any], name: str, types: tuple[type, ...], what: str) -> Any:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) and bool not in types:
+        raise bad_request(f"'{name}' must be {what}, got a boolean", name)
+    if not isinstance(value, types):
+        raise bad_request(f"'{name}' must be {what}, got {type(value).__name__}", name)
+    return value
+
+
+def _in_range(name: str, value: Any, low: float, high: float, what: str) -> None:
+    if value is not None and not low <= value <= high:
+        raise bad_request(f"'{name}' must be {what}, got {value}", name)
+
+
+def _integer(body: dict[str, Any], name: str) -> int | None:
+    """An integer, or a float with no fraction (JSON Schema 2020-12 calls 8.0 an integer)."""
+    value = _get(body, name, _NUMBER, "an integer")
+    if isinstance(value, float):
+        if not value.is_integer():
+            raise bad_request(f"'{name}' must be an integer, got {value}", name)
+        value = int(value)
+    return value
+
+
+def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
+    for name in NOT_YET:
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is not supported by this server yet", name)
+    fields: dict[str, Any] = {}
+    max_tokens = _integer(body, "max_completion_tokens" if chat else "max_tokens")
+    if max_tokens is None and chat:
+        max_tokens = _integer(body, "max_tokens")
+    if max_tokens is not None:
+        _in_range("max_tokens", max_tokens, 1, float("inf"), ">= 1")
+        fields["max_tokens"] = max_tokens
+    for name, low, high, what in (
+        ("temperature", 0, 2, "between 0 and 2"),
+        ("top_p", 1e-9, 1, "in (0, 1]"),
+        ("presence_penalty", -2, 2, "between -2 and 2"),
+        ("frequency_penalty", -2, 2, "between -2 and 2"),
+        ("repetition_penalty", 1e-9, float("inf"), "> 0"),
+    ):
+        value = _get(body, name, _NUMBER, "a number")
+        _in_range(name, value, low, high, what)
+        if value is not None:
+            fields[name] = float(value)
+    top_k = _integer(body, "top_k")
+    if top_k is not None:
+        _in_range("top_k", top_k, -1, float("inf"), "-1 (off) or >= 0")
+        fields["top_k"] = max(top_k, 0)
+    min_tokens = _integer(body, "min_tokens")
+    if min_tokens is not None:
+        _in_range("min_tokens", min_tokens, 0, float("inf"), ">= 0")
+        fields["min_tokens"] = min_tokens
+    seed = _integer(body, "seed")
+    if seed is not None:
+        _in_range("seed", seed, 0, 2**64 - 1, "in [0, 2**64 - 1]")
+        fields["seed"] = seed
+    if (ignore_eos := _get(body, "ignore_eos", (bool,), "a boolean")) is not None:
+        fields["ignore_eos"] = ignore_eos
+    stop = body.get("stop")
+    if isinstance(stop, str):
+        fields["stop"] = [stop]
+    elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
+        fields["stop"] = stop
+    elif stop is not None:
+        raise bad_request("'stop' must be a string or a list of non-empty strings", "stop")
+    fields.update(_logprobs(body, chat))
+    n = _integer(body, "n")
+    n = 1 if n is None else n
+    _in_range("n", n, 1, MAX_N, f"between 1 and {MAX_N}")
+    stream = bool(_get(body, "stream", (bool,), "a boolean"))
+    options = _get(body, "stream_options", (dict,), "an object")
+    if options is not None and not stream:
+        raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
+    include_usage = bool(options and _get(options, "include_usage", (bool,), "a boolean"))
+    _get(body, "user", (str,), "a string")
+    return Sampling(
+        fields,
+        n,
+        stream,
+        include_usage,
+        _get(body, "cache_key", (str,), "a string"),
+        _get(body, "cache_salt", (str,), "a string"),
+    )
+
+
+def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
+    if chat:
+        wanted = _get(body, "logprobs", (bool,), "a boolean")
+        top = _integer(body, "top_logprobs")
+        _in_range("top_logprobs", top, 0, MAX_TOP_LOGPROBS, f"between 0 and {MAX_TOP_LOGPROBS}")
+        if top is not None and not wanted:
+            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        return {"logprobs": top or 0} if wanted else {}
+    top = _integer(body, "logprobs")
+    _in_range("logprobs", top, 0, MAX_TOP_LOGPROBS, f"between 0 and {MAX_TOP_LOGPROBS}")
+    return {} if top is None else {"logprobs": top}
+
+
+def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
+    """``prompt``: a string, a list of strings, token ids, or a list of token-id lists."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return [prompt]
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(p, str) for p in prompt):
+            return list(prompt)
+        if all(_is_token(t) for t in prompt):
+            return [list(prompt)]
+        if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in prompt):
+            return [list(p) for p in prompt]
+    raise bad_request(
+        "'prompt' must be a string, a list of strings, a list of token ids, or a list of "
+        "token-id lists (none empty)",
+        "prompt",
+    )
+
+
+def _is_token(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """``messages``: roles system/developer/user/assistant/tool; content a string, text parts
+    or null (an assistant turn with tool calls). Text parts are joined into one string, as
+    vLLM does for templates that read ``content`` as text."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise bad_request(f"'{where}' must be an object", where)
+        if message.get("role") not in ROLES:
+            raise bad_request(
+                f"'{where}.role' must be one of {sorted(ROLES)}, got {message.get('role')!r}",
+                f"{where}.role",
+            )
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not (isinstance(part, dict) and part.get("type") == "text"):
+                    raise bad_request(
+                        f"'{where}.content[{j}]' must be a text part (this model reads text)",
+                        f"{where}.content",
+                    )
+                if not isinstance(part.get("text"), str):
+                    raise bad_request(
+                        f"'{where}.content[{j}].text' must be a string", f"{where}.content"
+                    )
+            messages[i] = {**message, "content": "\n".join(part["text"] for part in content)}
+        elif content is not None and not isinstance(content, str):
+            raise bad_request(
+                f"'{where}.content' must be a string, a list of text parts or null",
+                f"{where}.content",
+            )
+    return messages
+
+
+def check_model(body: dict[str, Any], served: str) -> None:
+    model = body.get("model")
+    if model is None:
+        return
+    if not isinstance(model, str):
+        raise bad_request("'model' must be a string", "model")
+    if model != served:
+        raise OpenAIError(
+            404,
+            f"The model '{model}' does not exist (this server serves '{served}')",
+            "invalid_request_error",
+            "model",
+            "model_not_found",
+        )
