@@ -128,7 +128,7 @@ async def test_a_replica_whose_loop_died_refuses_new_work_at_once(
     async with asyncio.timeout(2):
         with pytest.raises(EngineUnavailable, match="replica 0 has failed"):
             await run(engine, "admitted just before the failure")
-    assert not engine._streams
+    assert not engine._collectors
     with pytest.raises(EngineUnavailable):
         dead.submit(engine.core.make_request("direct", PARAMS))
     monkeypatch.undo()
