@@ -32,7 +32,7 @@ def server() -> Iterator[LiveServer]:
 
 def curl_example(name: str, server: LiveServer) -> str:
     script = EXAMPLES / "curl" / name
-    env = os.environ | {"KVGATE_URL": server.url}
+    env = os.environ | {"KVGATE_URL": server.url, "KVGATE_BASE": server.base}
     done = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout
@@ -98,3 +98,32 @@ def test_sdk_client(server: LiveServer) -> None:
     assert "tool generate:" in done.stdout
     assert "structured result: {'text': " in done.stdout
     assert "bad arguments -> isError=True" in done.stdout
+
+
+@needs_curl
+def test_openai_chat_with_curl(server: LiveServer) -> None:
+    answer = json.loads(curl_example("openai_chat.sh", server))
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    assert answer["usage"]["completion_tokens"] > 0
+
+
+@needs_curl
+def test_openai_stream_with_curl(server: LiveServer) -> None:
+    lines = [line for line in curl_example("openai_stream.sh", server).splitlines() if line]
+    assert lines[-1] == "data: [DONE]"
+    chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert all(c["object"] == "text_completion" for c in chunks)
+
+
+def test_openai_client(server: LiveServer) -> None:
+    script = EXAMPLES / "openai_client.py"
+    done = subprocess.run(
+        [sys.executable, str(script), server.base + "/v1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "model: " in done.stdout and "chat: " in done.stdout and "stream: " in done.stdout
