@@ -23,7 +23,7 @@ from typing import Any
 import orjson
 from starlette.types import Receive, Scope, Send
 
-from engine import AdmissionRefused
+from engine import AdmissionRefused, SamplingParams
 from gateway.admission import ConcurrencyLimit, client_key, client_limited, engine_refused
 from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
 from gateway.http import io as http_io
@@ -171,7 +171,7 @@ class OpenAIEndpoint:
         if echo and sampling.stream:
             raise bad_request("'echo' is not supported with 'stream'", "echo")
         base = GenerationRequest(
-            self.generations.sampling_params(sampling.fields),
+            self._params(sampling),
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
         )
@@ -190,7 +190,7 @@ class OpenAIEndpoint:
         if kwargs is not None and not isinstance(kwargs, dict):
             raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
         request = GenerationRequest(
-            self.generations.sampling_params(sampling.fields),
+            self._params(sampling),
             messages=messages,
             chat_template_kwargs=kwargs,
             cache_key=sampling.cache_key,
@@ -247,6 +247,12 @@ class OpenAIEndpoint:
         return "ok"
 
     # -- generation --------------------------------------------------------------------------
+
+    def _params(self, sampling: parse.Sampling) -> SamplingParams:
+        try:
+            return self.generations.sampling_params(sampling.fields)
+        except ValueError as exc:  # a combination the fields alone did not rule out
+            raise bad_request(str(exc), str(exc).split(" ")[0].strip(":'")) from None
 
     async def _run(
         self,

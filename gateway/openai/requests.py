@@ -95,7 +95,7 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     if (ignore_eos := _get(body, "ignore_eos", (bool,), "a boolean")) is not None:
         fields["ignore_eos"] = ignore_eos
     stop = body.get("stop")
-    if isinstance(stop, str):
+    if isinstance(stop, str) and stop:
         fields["stop"] = [stop]
     elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
         fields["stop"] = stop
