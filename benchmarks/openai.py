@@ -1,0 +1,215 @@
+"""kvgate's ``/v1/chat/completions`` against vLLM's CPU OpenAI server, same model, same machine.
+
+    python -m benchmarks.openai [--vllm-python PATH] [--model DIR] [--rounds 3]
+                                [--requests 24] [--prompt-words 200] [--max-tokens 64]
+
+Both servers serve the same Hugging Face folder (default: kvgate's tiny model) in the same
+dtype (bf16 where the CPU computes it natively, else fp32). Each round measures each server in
+turn, at concurrency 1 and 16, with streamed chat completions (greedy, ``ignore_eos`` so every
+answer has ``--max-tokens`` tokens, distinct prompts so the prefix cache does not decide it):
+output tokens/s over the wall time, TTFT p50/p99 and inter-token latency p50 (from the chunks'
+arrival times). Prints one line per (server, concurrency) and kvgate/vLLM ratios; the best
+round of each is reported. Without ``--vllm-python`` only kvgate is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.loopback import free_port  # noqa: E402
+from benchmarks.vllm_peer import peer_environment  # noqa: E402
+from engine.config import native_bf16_flags  # noqa: E402
+from engine.tiny_model import default_model_dir  # noqa: E402
+
+WORDS = "the model reads a long prompt and answers it one token at a time".split()
+
+
+@dataclass
+class Figures:
+    tokens_per_s: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+
+    def line(self) -> str:
+        return (
+            f"{self.tokens_per_s:8.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms  "
+            f"p99 {self.ttft_p99_ms:7.1f} ms  ITL p50 {self.itl_p50_ms:6.2f} ms"
+        )
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def prompt(i: int, words: int) -> str:
+    return f"Request {i}: " + " ".join(WORDS[(i + k) % len(WORDS)] for k in range(words))
+
+
+async def one_call(
+    client: httpx.AsyncClient, base: str, model: str, text: str, max_tokens: int
+) -> tuple[float, list[float], int]:
+    """(TTFT, inter-token gaps, output tokens) of one streamed chat completion."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": text}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    arrivals: list[float] = []
+    tokens = 0
+    async with client.stream("POST", base + "/v1/chat/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                arrivals.append(time.perf_counter())
+    gaps = [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
+    return (arrivals[0] - started if arrivals else float("nan")), gaps, tokens
+
+
+async def measure(
+    base: str, model: str, concurrency: int, requests: int, words: int, max_tokens: int, seed: int
+) -> Figures:
+    texts = [prompt(seed * 1000 + i, words) for i in range(requests)]
+    queue: asyncio.Queue[str] = asyncio.Queue()
+    for text in texts:
+        queue.put_nowait(text)
+    ttfts: list[float] = []
+    gaps: list[float] = []
+    total = 0
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        nonlocal total
+        while not queue.empty():
+            ttft, itl, tokens = await one_call(client, base, model, queue.get_nowait(), max_tokens)
+            ttfts.append(ttft)
+            gaps.extend(itl)
+            total += tokens
+
+    limits = httpx.Limits(max_connections=concurrency)
+    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    return Figures(
+        total / wall,
+        1000 * percentile(ttfts, 0.5),
+        1000 * percentile(ttfts, 0.99),
+        1000 * percentile(gaps, 0.5) if gaps else float("nan"),
+    )
+
+
+@contextmanager
+def server(command: list[str], env: dict[str, str], base: str, what: str, ready_s: float):
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + ready_s
+        while True:
+            if process.poll() is not None:
+                raise RuntimeError(f"{what} exited: {process.stderr.read()[-2000:]}")
+            try:
+                if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{what} did not become ready in {ready_s:g} s")
+            time.sleep(0.5)
+        yield
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vllm-python", help="python of a venv with vLLM's CPU build")
+    parser.add_argument("--model", help="Hugging Face folder (default: kvgate's tiny model)")
+    parser.add_argument("--dtype", help="bfloat16 | float32 (default: the CPU's native one)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--requests", type=int, default=24, help="calls per measurement")
+    parser.add_argument("--prompt-words", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--concurrency", default="1,16")
+    args = parser.parse_args()
+    model_dir = Path(args.model) if args.model else default_model_dir()
+    dtype = args.dtype or ("bfloat16" if native_bf16_flags() else "float32")
+    name = "bench-model"
+    levels = [int(c) for c in args.concurrency.split(",")]
+    print(f"model {model_dir} as {name!r}, dtype {dtype}, load {os.getloadavg()[0]:.2f}")
+
+    kv_port, vllm_port = free_port(), free_port()
+    kv_base, vllm_base = f"http://127.0.0.1:{kv_port}", f"http://127.0.0.1:{vllm_port}"
+    kvgate = [sys.executable, "-m", "gateway", "serve", "--port", str(kv_port)]
+    kvgate += ["--model", str(model_dir), "--served-model-name", name, "--max-model-len", "2048"]
+    kv_env = {**os.environ, "KVGATE_KV_CACHE_MEMORY": "256MiB", "KVGATE_DTYPE": dtype}
+    servers = {"kvgate": (kvgate, kv_env, kv_base, 120.0)}
+    if args.vllm_python:
+        vllm = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
+        vllm += [str(model_dir), "--host", "127.0.0.1", "--port", str(vllm_port), "--dtype"]
+        vllm += [dtype, "--max-model-len", "2048", "--served-model-name", name]
+        vllm += ["--enable-prompt-tokens-details", "--disable-log-requests"]
+        servers["vllm"] = (vllm, peer_environment(args.vllm_python, 2), vllm_base, 600.0)
+    else:
+        print("vllm: skipped (no --vllm-python)")
+
+    best: dict[tuple[str, int], Figures] = {}
+    for round_ in range(args.rounds):
+        for who, (command, env, base, ready_s) in servers.items():  # one server up at a time
+            with server(command, env, base, who, ready_s):
+                asyncio.run(measure(base, name, 2, 4, args.prompt_words, 8, seed=99))  # warm up
+                for c in levels:
+                    got = asyncio.run(
+                        measure(
+                            base, name, c, args.requests, args.prompt_words, args.max_tokens,
+                            seed=round_ * 10 + c,
+                        )
+                    )
+                    print(f"round {round_} {who:6s} c={c:<3d} {got.line()}", flush=True)
+                    if (who, c) not in best or got.tokens_per_s > best[who, c].tokens_per_s:
+                        best[who, c] = got
+    print(f"\nbest of {args.rounds} rounds (load {os.getloadavg()[0]:.2f}):")
+    for (who, c), figures in sorted(best.items()):
+        print(f"{who:6s} c={c:<3d} {figures.line()}")
+    for c in levels:
+        if ("vllm", c) in best:
+            k, v = best["kvgate", c], best["vllm", c]
+            print(
+                f"c={c}: throughput {k.tokens_per_s / v.tokens_per_s:.2f}x vLLM, "
+                f"TTFT p50 {k.ttft_p50_ms / v.ttft_p50_ms:.2f}x, "
+                f"p99 {k.ttft_p99_ms / v.ttft_p99_ms:.2f}x, ITL {k.itl_p50_ms / v.itl_p50_ms:.2f}x"
+            )
+
+
+if __name__ == "__main__":
+    main()
