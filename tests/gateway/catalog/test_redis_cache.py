@@ -140,6 +140,7 @@ async def test_two_os_processes_share_versions_and_entries(redis_server):
         report = json.loads(await asyncio.to_thread(child.stdout.readline))
     finally:
         child.wait(timeout=10)
+        child.stdout.close()
     assert report["heard"] == "v-parent" and report["misses"] == 1
     assert (
         await parent.get_or_build("v-parent", "tools/list", "p0", must_not_build) == b"from-child"

@@ -141,6 +141,7 @@ def test_whitespace_around_header_values_is_ignored(server: LiveServer) -> None:
     )
     response = connection.getresponse()
     message = orjson.loads(response.read())
+    connection.close()
     validate_server_message(MODERN, message, "tools/call")
     assert response.status == 200 and message["result"]["isError"] is False
 
