@@ -19,7 +19,6 @@ import asyncio
 import json
 import os
 import signal
-import statistics
 import subprocess
 import sys
 import time
@@ -191,7 +190,12 @@ def main() -> None:
                 for c in levels:
                     got = asyncio.run(
                         measure(
-                            base, name, c, args.requests, args.prompt_words, args.max_tokens,
+                            base,
+                            name,
+                            c,
+                            args.requests,
+                            args.prompt_words,
+                            args.max_tokens,
                             seed=round_ * 10 + c,
                         )
                     )
