@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--max-model-len", type=int, help="context length served (default: the model's own)"
     )
+    serve.add_argument("--dtype", help="auto | float32 | bfloat16 (default auto)")
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
     serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
     serve.add_argument(
@@ -113,6 +114,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "model",
         "served_model_name",
         "max_model_len",
+        "dtype",
         "replicas",
         "kv_cache_dtype",
         "kv_cache_memory",
@@ -159,6 +161,7 @@ def serve(settings: Settings) -> None:
         engine = AsyncLLM(
             EngineConfig(
                 model=settings.model,
+                dtype=settings.dtype,
                 replicas=settings.replicas,
                 kv_cache_dtype=settings.kv_cache_dtype,
                 kv_cache_memory=settings.kv_cache_memory,
