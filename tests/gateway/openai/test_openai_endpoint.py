@@ -164,7 +164,7 @@ def test_streamed_completion_adds_up(client: openai.OpenAI, model: str) -> None:
 def test_n_choices_share_the_prompt_blocks(
     client: openai.OpenAI, model: str, engine: AsyncLLM
 ) -> None:
-    prompt = LONG_PROMPT + "never seen before"
+    prompt = "Never seen before: " + LONG_PROMPT  # no other test shares its first block
     hits = engine.stats().prefix_hits
     out = client.completions.create(
         model=model, prompt=prompt, max_tokens=5, temperature=1.0, n=2, seed=3
