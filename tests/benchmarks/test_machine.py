@@ -11,6 +11,7 @@ import torch
 from benchmarks.machine import Machine, ModelCost, describe_cpu, matmul_gflops, memory_gbps
 from benchmarks.vllm_peer import peer_environment
 from engine.loader import load_model
+from engine.models import model_class
 from engine.tiny_model import make_tiny_model
 
 
@@ -22,8 +23,9 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_counts_every_matmul_weight_of_the_engine_model(tiny_model_dir: Path) -> None:
     loaded = load_model(tiny_model_dir, dtype="float32")
     cost = ModelCost.of(loaded.config, 4, 2)
+    model = model_class(loaded.config.architecture)(loaded.config, torch.float32, "meta")
     names = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
-    held = sum(p.numel() for n, p in loaded.model.named_parameters() if n.endswith(names))
+    held = sum(p.numel() for n, p in model.named_parameters() if n.endswith(names))
     assert cost.layer_params == held
     assert cost.head_params == loaded.config.vocab_size * loaded.config.hidden_size
     assert cost.weight_bytes == 4 * (held + cost.head_params)
