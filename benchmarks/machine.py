@@ -48,7 +48,8 @@ def describe_cpu() -> str:
     )
 
 
-def _best_seconds(fn: Callable[[], object], rounds: int = 5) -> float:
+def _best_seconds(fn: Callable[[], object], rounds: int = 10) -> float:
+    """The fastest of ``rounds`` calls: on a shared machine the others are the neighbours'."""
     fn()
     times = []
     for _ in range(rounds):
