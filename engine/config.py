@@ -199,6 +199,8 @@ def apply_threads(threads: int | None) -> int:
 
     if threads is not None and torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
-    count = torch.get_num_threads()
+    return torch.get_num_threads()
+
+
+def log_threads(count: int) -> None:
     log.info("threads %d (of %d usable cores)", count, usable_cores())
-    return count

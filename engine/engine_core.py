@@ -31,6 +31,7 @@ from engine.config import (
     choose_kv_cache_dtype,
     free_memory_bytes,
     log_dtype_choice,
+    log_threads,
 )
 from engine.errors import EngineOverloaded, EngineUnavailable
 from engine.kv_cache_manager import KVCacheManager
@@ -52,11 +53,12 @@ class EngineCore:
         self.config = config
         self.device = _resolve_device(config.device)
         path = Path(config.model) if config.model is not None else default_model_dir()
-        if self.device.type == "cpu":
-            apply_threads(config.threads)
+        threads = apply_threads(config.threads) if self.device.type == "cpu" else None
         dtype = choose_dtype(config.dtype, self.device.type)
-        log_dtype_choice("dtype", dtype)
         loaded = load_model(path, dtype.name, self.device)
+        if threads is not None:
+            log_threads(threads)
+        log_dtype_choice("dtype", dtype)
         self.model, self.model_config = loaded.model, loaded.config
         self.tokenizer, self.model_id = loaded.tokenizer, loaded.model_id
         self.model_name = config.model if config.model is not None else path.name
