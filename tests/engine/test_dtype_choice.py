@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM
+from engine import LLM, config
 from engine.config import (
     EngineConfig,
     apply_threads,
@@ -74,3 +74,11 @@ def test_threads_option() -> None:
         assert apply_threads(None) == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize(("cores", "threads"), [(1, 1), (2, 2), (4, 3), (16, 15)])
+def test_serving_leaves_the_event_loop_a_core_beyond_two(
+    cores: int, threads: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "usable_cores", lambda: cores)
+    assert config.serving_threads() == threads
