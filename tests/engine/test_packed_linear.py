@@ -1,4 +1,5 @@
-"""oneDNN prepacked bf16 matmuls against torch's plain ops, and the packed model's memory."""
+"""oneDNN prepacked bf16 and fp32 matmuls against torch's plain ops, and the packed model's
+memory."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -46,8 +47,23 @@ def test_fused_epilogues_match_the_unfused_ops_within_bf16_rounding() -> None:
         torch.testing.assert_close(fused.float(), reference, rtol=2**-7, atol=2**-7)
 
 
-def test_only_bf16_cpu_weights_are_packed() -> None:
-    assert not pl.packing_helps(torch.empty(1, dtype=torch.float32))
+def test_fp32_packed_matmuls_match_f_linear_within_fp32_rounding() -> None:
+    x, weight = (t.float() for t in _case(8))
+    packed, other = pl.pack(weight), torch.randn(8, 96)
+    exact = x.double() @ weight.double().T
+    for fused, reference in (
+        (pl.linear(x, packed), exact),
+        (pl.linear_silu(x, packed), F.silu(exact)),
+        (pl.linear_mul(x, packed, other), exact * other.double()),
+        (pl.linear_add(x, packed, other), exact + other.double()),
+    ):
+        assert fused.dtype == torch.float32
+        torch.testing.assert_close(fused.double(), reference, rtol=1e-5, atol=1e-5)
+
+
+def test_fp32_and_bf16_cpu_weights_are_packed() -> None:
+    assert pl.packing_helps(torch.empty(1, dtype=torch.float32))
+    assert not pl.packing_helps(torch.empty(1, dtype=torch.float16))
     assert not pl.packing_helps(torch.empty(1, dtype=torch.bfloat16, device="meta"))
 
 
@@ -69,12 +85,14 @@ def _greedy(lm: LoadedModel, ids: list[int], steps: int) -> tuple[list[int], tor
     return tokens, first
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("checkpoint", ["tiny-untied", "qwen2-tied-bias"])
 def test_packed_model_keeps_one_copy_of_the_weights_and_decodes_the_same(
-    checkpoint: str, tiny_model_dir: Path, hf_checkpoint
+    checkpoint: str, dtype: torch.dtype, tiny_model_dir: Path, hf_checkpoint
 ) -> None:
     path = tiny_model_dir if checkpoint == "tiny-untied" else hf_checkpoint("qwen2")
-    lm = load_model(path, dtype="bfloat16")
+    lm = load_model(path, dtype=dtype)
+    size = dtype.itemsize
     reference = _unpacked(lm)
     c = lm.config
 
@@ -84,19 +102,22 @@ def test_packed_model_keeps_one_copy_of_the_weights_and_decodes_the_same(
         elements += c.num_layers * (c.q_size + 2 * c.kv_size)
     held = sum(p.untyped_storage().nbytes() for p in lm.model.parameters())
     unpacked = sum(p.untyped_storage().nbytes() for p in reference.model.parameters())
-    assert held == 2 * elements
+    assert held == size * elements
     assert unpacked > 2 * held  # the matmul weights dominate even in these small models
 
-    hidden = torch.randn(5, c.hidden_size).to(torch.bfloat16)
+    hidden = torch.randn(5, c.hidden_size).to(dtype)
     lm_head = (
         reference.model.embed_weight if c.tie_word_embeddings else reference.model.lm_head_weight
     )
-    assert torch.equal(lm.model.compute_logits(hidden), F.linear(hidden, lm_head).float())
+    torch.testing.assert_close(
+        lm.model.compute_logits(hidden), F.linear(hidden, lm_head).float(), rtol=0, atol=1e-5
+    )
 
     ids = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
     tokens, logits = _greedy(lm, ids, steps=12)
     expected_tokens, expected_logits = _greedy(reference, ids, steps=12)
     assert tokens == expected_tokens
-    assert (logits - expected_logits).abs().max() < 0.05  # fused epilogues: bf16 rounding only
+    # Fused epilogues: bf16 rounding only; fp32: another summation order.
+    assert (logits - expected_logits).abs().max() < (0.05 if dtype == torch.bfloat16 else 1e-4)
     with pytest.raises(RuntimeError, match="released"):
         lm.model.hf_weight_slots()
