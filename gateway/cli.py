@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len", type=int, help="context length served (default: the model's own)"
     )
     serve.add_argument("--dtype", help="auto | float32 | bfloat16 (default auto)")
+    serve.add_argument(
+        "--threads", type=int, help="CPU compute threads (default: leave the HTTP loop a core)"
+    )
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
     serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
     serve.add_argument(
@@ -115,6 +118,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "served_model_name",
         "max_model_len",
         "dtype",
+        "threads",
         "replicas",
         "kv_cache_dtype",
         "kv_cache_memory",
@@ -153,6 +157,7 @@ def engine_limits(settings: Settings) -> dict[str, Any]:
 
 def serve(settings: Settings) -> None:
     from engine import AsyncLLM, EngineConfig
+    from engine.config import serving_threads
     from gateway.app import create_app
     from gateway.catalog.config import CatalogConfigError
     from gateway.http.serving import http_protocol, serve_app
@@ -162,6 +167,7 @@ def serve(settings: Settings) -> None:
             EngineConfig(
                 model=settings.model,
                 dtype=settings.dtype,
+                threads=settings.threads or serving_threads(),
                 replicas=settings.replicas,
                 kv_cache_dtype=settings.kv_cache_dtype,
                 kv_cache_memory=settings.kv_cache_memory,

@@ -20,6 +20,7 @@ class Settings:
     )
     max_model_len: int = 0  # 0 = the model's own context length
     dtype: str = "auto"  # auto: bf16 where the CPU computes it natively (or on GPU), else fp32
+    threads: int = 0  # CPU compute threads; 0 = all usable cores but one for the event loop (> 2)
     replicas: int = 1
     kv_cache_dtype: str = "auto"
     kv_cache_memory: str | None = None  # bytes or "256MiB"; None = a share of free memory
