@@ -28,11 +28,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from benchmarks.loopback import free_port
-
-# Helpers run as `-m benchmarks.<name>` from the repository root: run as scripts, this file's
-# folder would lead sys.path and `import mcp` would find this module instead of the SDK.
+# Helpers run as `-m benchmarks.<name>` from the repository root. Run as a script, this file's
+# folder would lead sys.path (and `import mcp` would find this module, not the SDK): the root
+# takes its place.
 ROOT = Path(__file__).resolve().parent.parent
+sys.path[0] = str(ROOT)
+
+from benchmarks.loopback import free_port  # noqa: E402
+
 VERSION = "2026-07-28"
 METHODS = ("server/discover", "tools/list")
 TARGETS = ("kvgate", "sdk", "bare")

@@ -28,7 +28,9 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# Run as a script, this file's folder would lead sys.path (and this module would shadow the
+# `openai` package): the repository root takes its place.
+sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.loopback import free_port  # noqa: E402
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
@@ -177,7 +179,7 @@ def main() -> None:
         vllm = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
         vllm += [str(model_dir), "--host", "127.0.0.1", "--port", str(vllm_port), "--dtype"]
         vllm += [dtype, "--max-model-len", "2048", "--served-model-name", name]
-        vllm += ["--enable-prompt-tokens-details", "--disable-log-requests"]
+        vllm += ["--enable-prompt-tokens-details"]
         servers["vllm"] = (vllm, peer_environment(args.vllm_python, 2), vllm_base, 600.0)
     else:
         print("vllm: skipped (no --vllm-python)")
