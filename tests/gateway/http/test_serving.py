@@ -33,6 +33,7 @@ class Kvgate:
         self.base = f"http://127.0.0.1:{self.port}"
         self.url = self.base + "/mcp"
         self.log = tmp_path / f"kvgate-{self.port}.log"
+        self._log_file = self.log.open("wb")
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -49,7 +50,7 @@ class Kvgate:
             ],
             cwd=REPO_ROOT,
             stdout=subprocess.DEVNULL,
-            stderr=self.log.open("wb"),
+            stderr=self._log_file,
         )
         deadline = time.monotonic() + 120
         while not self._ready():
@@ -67,6 +68,7 @@ class Kvgate:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        self._log_file.close()
 
     def log_entries(self) -> list[dict]:
         return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]

@@ -20,21 +20,22 @@ RUNNER = os.environ.get("KVGATE_CONFORMANCE_RUNNER")
 
 
 @pytest.fixture(scope="module")
-def kvgate_url() -> Iterator[str]:
+def kvgate_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     port = free_port()
     env = {**os.environ, "KVGATE_KV_CACHE_MEMORY": "16MiB"}
+    log_path = tmp_path_factory.mktemp("conformance") / "kvgate.log"
+    log = log_path.open("wb")  # a file, not a pipe nobody drains
     process = subprocess.Popen(
         [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
         env=env,
-        stdout=subprocess.PIPE,
+        stdout=log,
         stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
         deadline = time.monotonic() + 120
         while True:
             if process.poll() is not None:
-                raise RuntimeError(f"kvgate serve exited: {process.stdout.read()}")
+                raise RuntimeError(f"kvgate serve exited: {log_path.read_text()}")
             try:
                 if httpx.get(f"http://127.0.0.1:{port}/readyz").status_code == 200:
                     break
@@ -47,6 +48,7 @@ def kvgate_url() -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=30)
+        log.close()
 
 
 @pytest.mark.slow
