@@ -2,13 +2,16 @@
 three ~1 MiB bodies arrive (issue 16). Loopback only; every loop is bounded.
 
     python -m benchmarks.hostile [--header-mib 64] [--body-kib 1000] [--probe-ms 10]
+                                 [--tools generate,chat,tokenize]   ("" for the header alone)
 
 Starts ``python -m gateway serve`` (the embedded tiny model) on a free port, measures its RSS
 (``/proc/PID/status`` VmRSS, sampled every 10 ms) and ``/healthz`` round trips on a kept-alive
 connection before and during the attack, and prints one JSON line of figures. The bodies are
 a ``generate`` prompt, a ``chat`` message and a ``tokenize`` text of ``--body-kib`` each (just
 under the default 1 MiB body limit), sent concurrently; the header line goes on its own
-connection in 64 KiB writes until the server hangs up.
+connection in 64 KiB writes until the server hangs up. The attackers run in processes of
+their own so their work does not slow the probe. p99 is over the probes of the attack window
+(from its start until every attacker is answered), so one long pause dominates it.
 """
 
 from __future__ import annotations
