@@ -19,11 +19,15 @@ from gateway.catalog.reload import CatalogReloader
 def admin_routes(api_key: str | None, reloader: CatalogReloader) -> list[Route]:
     if not api_key:
         return []
-    expected = f"Bearer {api_key}".encode()
+    expected = api_key.encode()
 
     async def reload_catalog(request: Request) -> Response:
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, expected):  # constant time: no key guessing by timing
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        # RFC 9110 11.1: the scheme is case-insensitive ("bearer" is "Bearer")
+        valid = scheme.lower() == "bearer" and hmac.compare_digest(
+            given.strip(" ").encode(), expected
+        )
+        if not valid:  # constant time: no key guessing by timing
             return JSONResponse(
                 {"error": "a valid admin API key is required"},
                 status_code=401,

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -27,6 +28,7 @@ from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catal
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
 from gateway.catalog.reload import CatalogReloader
 from gateway.generation import Generations
+from gateway.http.security import HostOriginGuard, OriginPolicy
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
@@ -159,6 +161,13 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             *admin_routes(settings.admin_api_key, reloader),
         ],
         lifespan=lifespan,
+        middleware=[  # /healthz, /readyz, /metrics and /admin/* follow the Origin/Host rules too
+            Middleware(
+                HostOriginGuard,
+                policy=OriginPolicy(settings.host, settings.allowed_origins),
+                self_guarded=[MCP_PATH, *openai.routes],
+            )
+        ],
     )
     app.state.served = served  # served.current is the catalog being served
     app.state.mcp = endpoint

@@ -24,6 +24,16 @@ _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _CANONICAL_INTEGER = re.compile(r"-?[0-9]+(\.0+)?")
 
 
+ROUTING_HEADERS = frozenset(("mcp-protocol-version", "mcp-method", "mcp-name"))
+
+
+def is_routing_header(name: str) -> bool:
+    """A header the server checks against the body (``name`` lower-case): sent twice, a proxy
+    would route on the first while a server reading the last checks something else, so a
+    repeated one is a header mismatch."""
+    return name in ROUTING_HEADERS or name.startswith(PARAM_HEADER_PREFIX)
+
+
 def decode_header_value(raw: str) -> str:
     """The value a header carries: sentinel-wrapped Base64 decoded, else the raw text.
 
@@ -99,15 +109,18 @@ def check_param_headers(
     params: tuple[HeaderParam, ...], arguments: Mapping[str, Any], headers: Mapping[str, str]
 ) -> None:
     """Raise HeaderMismatch unless every annotated argument present in the body is mirrored
-    exactly (after decoding) in its ``Mcp-Param-*`` header."""
+    exactly (after decoding) in its ``Mcp-Param-*`` header, and no such header is sent for an
+    argument the body leaves out."""
     for param in params:
         value = _value_at(arguments, param.path)
         raw = headers.get(PARAM_HEADER_PREFIX + param.header.lower())
-        if value is None:
-            if raw is not None:
-                decode_header_value(raw)  # a recognised header must still be well formed
-            continue
         header_name = f"Mcp-Param-{param.header}"
+        if value is None:
+            if raw is not None:  # the load balancer would route on a value the body lacks
+                raise header_mismatch(
+                    f"{header_name} header is sent but '{'.'.join(param.path)}' is not set"
+                )
+            continue
         if raw is None:
             raise header_mismatch(
                 f"{header_name} header is required when '{'.'.join(param.path)}' is set"

@@ -9,6 +9,10 @@ serialized once per catalog *version* (a content hash) and kept here::
         │ shared store (Redis, `RedisDiscoveryCache`) ── hit → bytes, kept near
         └ build() locally ── stored near and shared
 
+Nothing read from the shared store is trusted: an entry is served (and kept near) only if it
+parses as the JSON object of a complete result of its method (`entry_problem`); anything else
+is counted ("bad_entry"), logged once, and rebuilt locally, which also overwrites it.
+
 Because a key names its version, an entry never goes stale: a new catalog gets new keys and
 old ones simply age out (LRU here, TTL in Redis). Catalog changes are *announced* with
 `publish_version`; every process (every `versions()` subscriber) hears each new version once,
@@ -21,15 +25,50 @@ This module is the in-process cache (no Redis: one process, same interface);
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
 
 KEY_PREFIX = "kvgate:catalog"
 SUBSCRIBER_QUEUE_SIZE = 16
+LIST_KEYS = {  # the list each catalog method's result carries
+    "tools/list": "tools",
+    "resources/list": "resources",
+    "resources/templates/list": "resourceTemplates",
+    "prompts/list": "prompts",
+    "resources/read": "contents",
+}
+
+log = logging.getLogger(__name__)
 
 EventHook = Callable[[str], None]
 """Called with an event name, for metrics: "near_hit", "shared_hit", "miss", "redis_error",
-"degraded" (Redis skipped during an outage), "outage", "recovered", "version". Must not raise."""
+"degraded" (Redis skipped during an outage), "outage", "recovered", "version", "bad_entry"
+(an unusable entry from Redis, rebuilt), "bad_version" (an unusable version string from Redis,
+ignored), "listener_restart" (the Redis background task failed and was restarted). Must not
+raise."""
+
+
+def entry_problem(body: bytes, method: str) -> str | None:
+    """Why ``body`` (from the shared store) cannot be served as ``method``'s result, or None.
+
+    It must be UTF-8 JSON (orjson rejects invalid UTF-8), an object saying ``resultType:
+    "complete"``, and carry its method's list (``server/discover`` has no fixed list)."""
+    try:
+        result: Any = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        return f"not JSON ({exc})"
+    if not isinstance(result, dict):
+        return "not a JSON object"
+    if result.get("resultType") != "complete":
+        return "no resultType 'complete'"
+    key = LIST_KEYS.get(method)
+    if key is not None and not isinstance(result.get(key), list):
+        return f"no {key!r} list"
+    return None
 
 
 def catalog_key(version: str, method: str, params_hash: str) -> str:
@@ -129,6 +168,7 @@ class DiscoveryCache:
         self._near = NearCache(near_cache_size)
         self._fanout = VersionFanout()
         self._on_event = on_event
+        self._logged: set[str] = set()  # what was already logged once
         self._counts = dict.fromkeys(
             (
                 "near_hits",
@@ -139,6 +179,9 @@ class DiscoveryCache:
                 "outages",
                 "recoveries",
                 "versions_announced",
+                "bad_entries",
+                "bad_versions",
+                "listener_restarts",
             ),
             0,
         )
@@ -171,6 +214,12 @@ class DiscoveryCache:
             self._count("near_hits", "near_hit")
             return body
         body = await self._shared_get(key)
+        if body is not None and (problem := entry_problem(body, method)) is not None:
+            self._count("bad_entries", "bad_entry")
+            self._log_once(
+                "bad_entry", "unusable discovery entry %s in Redis (%s): rebuilt", key, problem
+            )
+            body = None
         if body is not None:
             self._count("shared_hits", "shared_hit")
         else:
@@ -218,6 +267,12 @@ class DiscoveryCache:
     def _announce(self, version: str) -> None:
         if self._fanout.announce(version):
             self._count("versions_announced", "version")
+
+    def _log_once(self, kind: str, message: str, *args: Any) -> None:
+        """A warning the first time ``kind`` happens in this process; the counters say the rest."""
+        if kind not in self._logged:
+            self._logged.add(kind)
+            log.warning(message + " (further ones are only counted)", *args)
 
     def _count(self, counter: str, event: str) -> None:
         self._counts[counter] += 1

@@ -2,7 +2,8 @@
 
 Layout in Redis::
 
-    kvgate:catalog:{version}:{method}:{params-hash}[:private:{subject-hash}]   entry, with TTL
+    kvgate:catalog:{version}:{method}:{params-hash}[:private:{subject-hash}]   entry, with TTL:
+        b"kvgate-entry/1 {version}\n" + the serialized result
     kvgate:catalog:version                                                    current version
     kvgate:catalog:events   (pub/sub channel)                                 announced versions
 
@@ -12,6 +13,12 @@ from then on requests skip Redis entirely (served from the near-cache, or built 
 supervisor task probes Redis with backoff. When it answers again the supervisor re-subscribes
 to the events channel, writes any version published during the outage, picks up the version
 others published meanwhile, and clears the flag. One log line per outage, one on recovery.
+
+Redis is not trusted: an entry whose envelope claims another version, or whose result does not
+parse as one (`entry_problem`), is never served or kept near but rebuilt; a version (key or
+pub/sub message) that is not a short printable token is ignored. Both are counted and logged
+once. The supervisor survives anything: an unexpected error restarts it with backoff, counted
+as "listener_restart" (`kvgate_discovery_cache_events_total{event="listener_restart"}`).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -37,6 +45,8 @@ EVENTS_CHANNEL = f"{KEY_PREFIX}:events"
 REDIS_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 LISTEN_POLL_S = 0.1  # how often the listener notices trouble reported by a request
 HEALTH_PING_S = 1.0  # a quiet but hung Redis is noticed within this, even with no requests
+ENTRY_MAGIC = b"kvgate-entry/1 "
+VERSION_TOKEN = re.compile(rb"[A-Za-z0-9._:-]{1,128}")  # catalog versions are 16 hex digits
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -76,7 +86,7 @@ class RedisDiscoveryCache(DiscoveryCache):
     async def close(self) -> None:
         if self._supervisor is not None:
             self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
+            with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._supervisor
         with contextlib.suppress(*REDIS_FAILURES):
             await asyncio.wait_for(self._redis.aclose(), timeout=self.timeout_s)
@@ -90,7 +100,7 @@ class RedisDiscoveryCache(DiscoveryCache):
         """The version in Redis when it answers in time, else the latest heard of here."""
         current = await self._try(self._redis.get, VERSION_KEY)
         if current is not None:
-            self._announce(current.decode())
+            self._announce_raw(current)
         return await super().current_version()
 
     # --- the request path: bounded, and skipped while degraded ---
@@ -99,10 +109,26 @@ class RedisDiscoveryCache(DiscoveryCache):
         if not self._up:
             self._count("degraded_requests", "degraded")
             return None
-        return await self._try(self._redis.get, key)
+        stored = await self._try(self._redis.get, key)
+        return None if stored is None else self._unwrap(key, stored)
 
     async def _shared_set(self, key: str, body: bytes) -> None:
-        await self._try(self._redis.set, key, body, px=int(self.ttl_s * 1000))
+        await self._try(self._redis.set, key, self._wrap(key, body), px=int(self.ttl_s * 1000))
+
+    @staticmethod
+    def _wrap(key: str, body: bytes) -> bytes:
+        return ENTRY_MAGIC + _key_version(key).encode() + b"\n" + body
+
+    def _unwrap(self, key: str, stored: Any) -> bytes | None:
+        """The result inside an entry that claims ``key``'s version, else None (counted)."""
+        expected = ENTRY_MAGIC + _key_version(key).encode() + b"\n"
+        if isinstance(stored, bytes) and stored.startswith(expected):
+            return stored[len(expected) :]
+        self._count("bad_entries", "bad_entry")
+        self._log_once(
+            "bad_entry", "unusable discovery entry %s in Redis (wrong envelope): rebuilt", key
+        )
+        return None
 
     async def _shared_publish(self, version: str) -> None:
         self._pending_version = version
@@ -128,6 +154,22 @@ class RedisDiscoveryCache(DiscoveryCache):
     # --- the supervisor: (re)connect, re-subscribe, listen, probe ---
 
     async def _supervise(self) -> None:
+        """`_connect_and_listen` forever; whatever it raises, it is restarted with backoff."""
+        backoff = self._backoff_min
+        while True:
+            try:
+                await self._connect_and_listen()  # returns only by raising
+            except Exception as exc:  # a bug or input nobody foresaw must not end the listener
+                if self._up:  # it worked since the last failure: start the backoff over
+                    backoff = self._backoff_min
+                self._count("listener_restarts", "listener_restart")
+                self._log_once("listener", "redis listener failed (%r); restarting it", exc)
+                self._mark_down(exc)
+                await asyncio.sleep(backoff * random.uniform(0.5, 1.0))
+                backoff = min(2 * backoff, self._backoff_max)
+
+    async def _connect_and_listen(self) -> None:
+        """(Re)connect with backoff whenever Redis fails, listening while it answers."""
         backoff = self._backoff_min
         while True:
             self._trouble.clear()
@@ -156,7 +198,7 @@ class RedisDiscoveryCache(DiscoveryCache):
                 self._pending_version = None
         current = await self._bounded(self._redis.get(VERSION_KEY))
         if current is not None:
-            self._announce(current.decode())
+            self._announce_raw(current)
         elif (latest := self._fanout.latest) is not None:
             await self._bounded(self._redis.set(VERSION_KEY, latest, nx=True))
 
@@ -168,14 +210,26 @@ class RedisDiscoveryCache(DiscoveryCache):
             message = await pubsub.get_message(
                 ignore_subscribe_messages=True, timeout=LISTEN_POLL_S
             )
-            if message is not None and message["type"] == "message":
-                self._announce(message["data"].decode())
+            if message is not None and message.get("type") == "message":
+                self._announce_raw(message.get("data"))
             if loop.time() >= next_ping:
                 await self._bounded(self._redis.ping())
                 next_ping = loop.time() + HEALTH_PING_S
 
     async def _bounded(self, call: Awaitable[T]) -> T:
         return await asyncio.wait_for(call, self.timeout_s)
+
+    def _announce_raw(self, raw: Any) -> None:
+        """Announce a version read from Redis, if it is one (else count it and move on)."""
+        if isinstance(raw, bytes) and VERSION_TOKEN.fullmatch(raw):
+            self._announce(raw.decode("ascii"))
+            return
+        self._count("bad_versions", "bad_version")
+        self._log_once(
+            "bad_version",
+            "ignored an unusable catalog version from Redis: %r",
+            raw[:64] if isinstance(raw, bytes) else raw,
+        )
 
     # --- state changes, each logged once ---
 
@@ -203,3 +257,8 @@ class RedisDiscoveryCache(DiscoveryCache):
             )
             self._outage_since = None
             self._count("recoveries", "recovered")
+
+
+def _key_version(key: str) -> str:
+    """``kvgate:catalog:{version}:...`` → the version."""
+    return key[len(KEY_PREFIX) + 1 :].split(":", 1)[0]

@@ -16,6 +16,36 @@ JSON = b"application/json"
 EVENT_STREAM = b"text/event-stream"
 
 
+def media_type(content_type: str | None) -> str:
+    """``"Application/JSON; charset=utf-8"`` → ``"application/json"``: the type and subtype
+    alone, compared exactly (``application/jsonp`` or ``json-seq`` is not JSON)."""
+    return (content_type or "").split(";", 1)[0].strip(" \t").lower()
+
+
+def accepted(accept: str) -> frozenset[str]:
+    """The media ranges an ``Accept`` header welcomes: those not weighted ``q=0``."""
+    welcome = set()
+    for item in accept.split(","):
+        kind, *params = item.split(";")
+        refused = False
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip(" \t").lower() == "q":
+                try:
+                    refused = float(value.strip(" \t")) <= 0
+                except ValueError:
+                    refused = True  # a malformed weight welcomes nothing
+        if not refused and (kind := kind.strip(" \t").lower()):
+            welcome.add(kind)
+    return frozenset(welcome)
+
+
+def accepts(accept: str | None, kind: str) -> bool:
+    """Whether ``kind`` was asked for by name, not weighted ``q=0``; ``*/*`` does not count:
+    it means "any one answer", not "stream me"."""
+    return accept is not None and kind in accepted(accept)
+
+
 class BodyTooLarge(Exception):
     pass
 

@@ -1,6 +1,15 @@
-"""HTTP/1.1 limits uvicorn's httptools protocol lacks: a cap on the request line plus headers
-(431) and a deadline for them to arrive (408), so a client cannot hold memory or a connection
-by sending an endless or ever-so-slow header block. Bodies are bounded by the MCP endpoint.
+"""HTTP/1.1 limits uvicorn's httptools protocol lacks, so a client cannot hold memory or a
+connection with an endless or ever-so-slow request head. Bodies are bounded by the endpoints.
+
+- The request line plus headers may take ``max_header_bytes`` (431). The bound is enforced on
+  the bytes handed to the parser, not on completed lines: the parser never holds more than the
+  limit of one head (plus at most one read's worth right after a pipelined body), so a single
+  endless header line costs neither memory nor repeated copying.
+- The request target may take ``min(MAX_TARGET_BYTES, max_header_bytes // 2)`` bytes (414).
+- The head must arrive within ``header_timeout_s`` of its first byte (408). A pipelined head
+  that trickles in while an earlier request on the connection is served stops being read at
+  its deadline and is answered 408 (and the connection closed) once that response is done.
+- HTTP/1.1 requires exactly one ``Host`` (RFC 9112 section 3.2): none or several is 400.
 
 Use it as uvicorn's ``http`` protocol: ``functools.partial(LimitedHttpToolsProtocol,
 max_header_bytes=..., header_timeout_s=...)``.
@@ -13,9 +22,11 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+MAX_TARGET_BYTES = 8192  # the request line limit most servers use (Apache, nginx buffers)
 
-class HeadersTooLarge(Exception):
-    pass
+
+class Refused(Exception):
+    """Raised inside a parser callback: the parser stops and ``send_400_response`` answers."""
 
 
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
@@ -24,8 +35,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     ) -> None:
         super().__init__(*args, **kwargs)
         self.max_header_bytes = max_header_bytes
+        self.max_target_bytes = min(MAX_TARGET_BYTES, max_header_bytes // 2)
         self.header_timeout_s = header_timeout_s
-        self._header_bytes = 0
+        self._in_head = True  # between a message's end (or the connection's start) and its head
+        self._head_bytes = 0
+        self._target_bytes = 0
+        self._head_expired = False  # a pipelined head missed its deadline behind a response
         self._header_timer: asyncio.TimerHandle | None = None
         self._refusal: tuple[int, str] | None = None
 
@@ -37,29 +52,72 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_header_timer()
         super().connection_lost(exc)
 
+    def data_received(self, data: bytes) -> None:
+        """Hand the parser at most what is left of the head's allowance, then the rest only
+        if the head completed within it."""
+        if not self._in_head:
+            super().data_received(data)
+            return
+        room = self.max_header_bytes - self._head_bytes
+        self._head_bytes += min(len(data), room)
+        if len(data) <= room:
+            super().data_received(data)
+            return
+        super().data_received(data[:room])
+        if self._refusal is not None or self.transport.is_closing():
+            return
+        if self._in_head:
+            self._refuse(431, f"request line and headers exceed {self.max_header_bytes} bytes")
+            return
+        self.data_received(data[room:])
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._header_bytes = 0
+        self._target_bytes = 0
         self._start_header_timer()
 
     def on_url(self, url: bytes) -> None:
-        self._count(len(url))
+        self._target_bytes += len(url)
+        if self._target_bytes > self.max_target_bytes:
+            self._refusal = (414, f"request target exceeds {self.max_target_bytes} bytes")
+            raise Refused
         super().on_url(url)
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._count(len(name) + len(value) + 4)
-        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        self._in_head = False
+        hosts = sum(1 for name, _ in self.headers if name == b"host")
+        if self.parser.get_http_version() == "1.1" and hosts != 1:
+            self._refusal = (400, "an HTTP/1.1 request needs exactly one Host header")
+            raise Refused
+        if hosts > 1:
+            self._refusal = (400, "more than one Host header")
+            raise Refused
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head = True
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        if self._head_expired and not self.transport.is_closing():
+            self._head_expired = False
+            self.server_state.total_requests += 1
+            self._refuse_slow_head()
+            return
+        super().on_response_complete()
 
     def send_400_response(self, msg: str) -> None:
         """The parser stops on our exception and lands here: answer with the real status."""
         if self._refusal is None:
             super().send_400_response(msg)
             return
-        status, text = self._refusal
+        self._refuse(*self._refusal)
+
+    def _refuse(self, status: int, text: str) -> None:
+        self._refusal = (status, text)
+        self._cancel_header_timer()
         body = text.encode()
         self.transport.write(
             b"HTTP/1.1 %d %s\r\ncontent-type: text/plain; charset=utf-8\r\n"
@@ -67,12 +125,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             % (status, _REASONS[status], len(body), body)
         )
         self.transport.close()
-
-    def _count(self, size: int) -> None:
-        self._header_bytes += size
-        if self._header_bytes > self.max_header_bytes:
-            self._refusal = (431, f"request line and headers exceed {self.max_header_bytes} bytes")
-            raise HeadersTooLarge
 
     def _start_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -86,9 +138,21 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def _headers_too_slow(self) -> None:
         self._header_timer = None
         if self.cycle is not None and not self.cycle.response_complete:
-            return  # a request is being served; its own limits apply
-        self._refusal = (408, f"request headers not received within {self.header_timeout_s:g} s")
-        self.send_400_response("")
+            # An earlier request is still being answered: read no more of this head, and
+            # refuse it as soon as that response is done (cutting it short would punish the
+            # earlier request for the later one).
+            self._head_expired = True
+            self.flow.pause_reading()
+            return
+        self._refuse_slow_head()
+
+    def _refuse_slow_head(self) -> None:
+        self._refuse(408, f"request headers not received within {self.header_timeout_s:g} s")
 
 
-_REASONS = {408: b"Request Timeout", 431: b"Request Header Fields Too Large"}
+_REASONS = {
+    400: b"Bad Request",
+    408: b"Request Timeout",
+    414: b"URI Too Long",
+    431: b"Request Header Fields Too Large",
+}

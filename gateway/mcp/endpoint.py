@@ -38,7 +38,7 @@ from gateway.admission import (
 from gateway.catalog.catalog import Catalog, CatalogHolder
 from gateway.catalog.discovery_cache import DiscoveryCache
 from gateway.http import io as http_io
-from gateway.http.security import OriginPolicy
+from gateway.http.security import DECIDING_HEADERS, OriginPolicy, repeated
 from gateway.mcp.deadline import call_timeout_s, deadline_exceeded
 from gateway.mcp.streaming import (
     STREAM_CLOSE_GRACE_S,
@@ -59,10 +59,11 @@ from protocol.errors import (
     REQUEST_TIMEOUT,
     SERVER_OVERLOADED,
     ProtocolError,
+    header_mismatch,
     invalid_params,
     refused,
 )
-from protocol.headers import check_param_headers
+from protocol.headers import check_param_headers, is_routing_header
 from protocol.jsonrpc_types import Message, RequestId
 from protocol.methods import CATALOG_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
 from protocol.modern import check_legacy_meta, check_modern_request
@@ -75,7 +76,7 @@ T = TypeVar("T")
 ALLOW_POST = [(b"allow", b"POST")]
 CLOSE = [(b"connection", b"close")]
 LISTEN_KEY = "listen"  # every listen stream counts against one server-wide cap  # to send a stream's last event to a reader that may have stalled
-ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*")
+ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*", "text/*")
 REFUSAL_CODES = frozenset((SERVER_OVERLOADED, RATE_LIMITED, REQUEST_TIMEOUT))
 METHOD_LABELS = MODERN_METHODS | LEGACY_METHODS  # anything else is counted as "unknown"
 MRTR_RETRY_PARAMS = frozenset(("inputResponses", "requestState"))  # caching.mdx: MUST NOT cache
@@ -127,7 +128,10 @@ class McpEndpoint:
         catalog = self.served.current  # one catalog for the whole request
         try:
             body = await self._transport_checks(scope, receive, headers)
-            message = jsonrpc.parse_message(body, self.settings.max_json_depth)
+            # a large body is parsed (and depth-checked) on a worker: other clients wait not
+            message = await self.tools.generations.off_loop(
+                len(body), jsonrpc.parse_message, body, self.settings.max_json_depth
+            )
             if message.is_notification:  # no client notification needs an answer on HTTP
                 label, outcome = "notification", "ok"
                 await http_io.send_response(send, 202, content_type=None)
@@ -143,7 +147,9 @@ class McpEndpoint:
                 if message.method == "tools/call":
                     name = message.params.get("name")
                     tool = name if name in catalog.tool_specs else "unknown"
-                    outcome = await self._tools_call(catalog, message, era, headers, receive, send)
+                    outcome = await self._tools_call(
+                        catalog, message, era, headers, receive, send, len(body)
+                    )
                 elif message.method == "subscriptions/listen":
                     if self.listens.full(LISTEN_KEY):
                         raise listen_limited(self.settings.max_listen_streams)
@@ -190,6 +196,12 @@ class McpEndpoint:
         """HTTP-level rules, in the spec's order; returns the body."""
         if scope["method"] != "POST":
             raise Rejected(405, "Method Not Allowed: the MCP endpoint takes POST only")
+        duplicate = repeated(scope["headers"], DECIDING_HEADERS.__contains__)
+        if duplicate is not None:
+            raise Rejected(400, f"Bad Request: more than one {duplicate} header")
+        duplicate = repeated(scope["headers"], lambda name: is_routing_header(name.decode()))
+        if duplicate is not None:
+            raise header_mismatch(f"more than one {duplicate} header")
         if not (
             self.origins.origin_allowed(headers.get("origin"))
             and self.origins.host_allowed(headers.get("host"))
@@ -204,7 +216,7 @@ class McpEndpoint:
             raise Rejected(
                 408, f"Request body not received within {timeout:g} s", "body_timeout"
             ) from None
-        if not headers.get("content-type", "").lower().startswith("application/json"):
+        if http_io.media_type(headers.get("content-type")) != "application/json":
             raise Rejected(415, "Unsupported Media Type: Content-Type must be application/json")
         if not _accepts_mcp(headers.get("accept")):
             raise Rejected(406, "Not Acceptable: accept application/json and text/event-stream")
@@ -247,6 +259,7 @@ class McpEndpoint:
         headers: dict[str, str],
         receive: Receive,
         send: Send,
+        body_size: int,
     ) -> str:
         spec = catalog.tool_spec(message.params.get("name"))
         arguments = message.params.get("arguments")
@@ -261,13 +274,13 @@ class McpEndpoint:
         if self.clients.full(client):
             raise client_limited(self.settings.max_concurrency_per_client)
         streaming = isinstance(token, str | int) and not isinstance(token, bool)
-        streaming = streaming and "text/event-stream" in headers.get("accept", "")
+        streaming = streaming and http_io.accepts(headers.get("accept"), "text/event-stream")
         deadline = asyncio.get_running_loop().time() + timeout
         with self.clients.hold(client):
             try:
                 # Admitted (or refused: then the answer is still a plain 503) before anything
                 # is sent, so an SSE response starts only once the engine has taken the call.
-                start = _before(deadline, self.tools.start(spec, arguments))
+                start = _before(deadline, self.tools.start(spec, arguments, body_size))
                 items = await http_io.until_disconnect(receive, start)
                 if streaming:
                     shape = functools.partial(_shape, catalog, era=era)
@@ -362,10 +375,7 @@ def _rejection_reason(error: ProtocolError) -> str | None:
 
 def _accepts_mcp(accept: str | None) -> bool:
     """No Accept means anything; otherwise one of the two MCP answer types must be welcome."""
-    if accept is None:
-        return True
-    accept = accept.lower()
-    return any(kind in accept for kind in ACCEPTABLE)
+    return accept is None or not http_io.accepted(accept).isdisjoint(ACCEPTABLE)
 
 
 def _params_hash(method: str, params: dict[str, Any]) -> str:

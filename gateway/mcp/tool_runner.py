@@ -39,14 +39,18 @@ class ToolRunner:
         self.model_name = generations.engine.model_name
 
     async def start(
-        self, spec: ToolSpec, arguments: Mapping[str, Any]
+        self, spec: ToolSpec, arguments: Mapping[str, Any], size: int = 0
     ) -> AsyncIterator[Progress | dict[str, Any]]:
-        """The call's items; raises ``engine.AdmissionRefused`` when the engine is full."""
-        problems = spec.validator.problems(arguments)
+        """The call's items; raises ``engine.AdmissionRefused`` when the engine is full.
+        ``size`` (the request body's bytes) moves the validation of large arguments off the
+        event loop: a 1 MiB message list takes the validator about a second."""
+        validator = spec.validator
+        problems = await self.generations.off_loop(size, validator.problems, arguments)
         if problems:
             return _only(
                 tool_error(f"Invalid arguments for tool '{spec.name}': " + "; ".join(problems))
             )
+        arguments = validator.with_integers(arguments)
         if spec.name == "tokenize":
             text = arguments["text"]
             return _only(await self.generations.off_loop(len(text), self._tokenize, text))

@@ -27,6 +27,7 @@ from engine import AdmissionRefused, SamplingParams
 from gateway.admission import ConcurrencyLimit, client_key, client_limited, engine_refused
 from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
 from gateway.http import io as http_io
+from gateway.http import security
 from gateway.http.security import OriginPolicy
 from gateway.openai import requests as parse
 from gateway.openai.errors import OpenAIError, bad_request, deadline_exceeded, from_refusal
@@ -92,11 +93,9 @@ class OpenAIEndpoint:
             method, handler = self.routes[path]
             if scope["method"] != method:
                 raise OpenAIError(405, f"{path} takes {method}")
-            if not (
-                self.origins.origin_allowed(headers.get("origin"))
-                and self.origins.host_allowed(headers.get("host"))
-            ):
-                raise OpenAIError(403, "Forbidden: Origin or Host not allowed", "forbidden")
+            refused = security.refusal(self.origins, scope["headers"])
+            if refused is not None:  # foreign or repeated Origin/Host
+                raise OpenAIError(refused[0], refused[1], code="forbidden")
             body = await self._body(receive, headers) if method == "POST" else {}
             outcome = await handler(body, headers, receive, send)
         except OpenAIError as error:

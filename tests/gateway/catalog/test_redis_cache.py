@@ -7,6 +7,7 @@ by iteration counts and deadlines, so a broken cache fails instead of hanging.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import subprocess
@@ -22,7 +23,7 @@ import redis.asyncio as aioredis
 
 from gateway.app import make_discovery_cache
 from gateway.catalog.discovery_cache import catalog_key
-from gateway.catalog.redis_cache import VERSION_KEY, RedisDiscoveryCache
+from gateway.catalog.redis_cache import EVENTS_CHANNEL, VERSION_KEY, RedisDiscoveryCache
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.wire import call, modern_headers, modern_meta
@@ -51,6 +52,23 @@ async def started(url: str, **options) -> RedisDiscoveryCache:
     return cache
 
 
+def result(tag: str | int, key: str = "tools") -> bytes:
+    """A serialized result of the shape a catalog method returns (what the cache accepts)."""
+    return orjson.dumps({"resultType": "complete", key: [{"name": str(tag)}]})
+
+
+POISON = (  # what a broken or hostile writer could leave under an entry's key
+    b"kvgate-entry/1 v1\n{not json",
+    b"kvgate-entry/1 v1\n\xff\xfe" + result("x")[2:],  # invalid UTF-8
+    b'kvgate-entry/1 v1\n{"tools":[]}',  # no resultType
+    b'kvgate-entry/1 v1\n{"resultType":"complete"}',  # no tools list
+    b'kvgate-entry/1 v1\n["resultType","complete"]',  # not an object
+    b"kvgate-entry/1 v2\n" + result("other version"),  # claims another version
+    result("no envelope"),
+    b"",
+)
+
+
 def must_not_build() -> bytes:
     raise AssertionError("the entry should have come from Redis")
 
@@ -71,7 +89,7 @@ async def test_two_caches_share_entries_with_ttl(redis_server, raw_redis):
     assert isinstance(first, RedisDiscoveryCache)
     await first.start()
     second = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S, ttl_s=60)
-    body = b'{"tools":[{"name":"generate"}]}'
+    body = result("generate")
     assert await first.get_or_build("v1", "tools/list", "p0", lambda: body) == body
     assert await second.get_or_build("v1", "tools/list", "p0", must_not_build) == body
     assert await second.get_or_build("v1", "tools/list", "p0", must_not_build) == body
@@ -81,7 +99,7 @@ async def test_two_caches_share_entries_with_ttl(redis_server, raw_redis):
         1,
     )
     key = catalog_key("v1", "tools/list", "p0")
-    assert await raw_redis.get(key) == body
+    assert await raw_redis.get(key) == b"kvgate-entry/1 v1\n" + body  # the claimed version
     assert 0 < await raw_redis.ttl(key) <= 60
     for cache in (first, second):
         assert cache.stats["degraded"] is False and cache.stats["redis_errors"] == 0
@@ -113,7 +131,8 @@ CHILD = textwrap.dedent("""
         versions = cache.versions()
         print("ready", flush=True)
         heard = await asyncio.wait_for(anext(versions), timeout=5)
-        body = await cache.get_or_build(heard, "tools/list", "p0", lambda: b"from-child")
+        built = b'{"resultType":"complete","tools":["from-child"]}'
+        body = await cache.get_or_build(heard, "tools/list", "p0", lambda: built)
         await cache.publish_version("v-child")
         print(json.dumps({"heard": heard, "body": body.decode(), **cache.stats}), flush=True)
         await cache.close()
@@ -143,7 +162,8 @@ async def test_two_os_processes_share_versions_and_entries(redis_server):
         child.stdout.close()
     assert report["heard"] == "v-parent" and report["misses"] == 1
     assert (
-        await parent.get_or_build("v-parent", "tools/list", "p0", must_not_build) == b"from-child"
+        await parent.get_or_build("v-parent", "tools/list", "p0", must_not_build)
+        == b'{"resultType":"complete","tools":["from-child"]}'
     )
     await parent.close()
 
@@ -163,19 +183,28 @@ async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, ca
         await asyncio.to_thread(redis_server.start)
 
     chaos = asyncio.create_task(kill_then_restart())
+    poisoner = aioredis.from_url(redis_server.url, socket_timeout=0.05)
+
+    async def poison(n: int) -> None:
+        """Hostile bytes where entries and versions live (Redis may be down: then nothing)."""
+        key = catalog_key("v1", "tools/list", f"p{n % 32}")
+        with contextlib.suppress(Exception):
+            await poisoner.set(key, POISON[n % len(POISON)])
+            await poisoner.publish(EVENTS_CHANNEL, b"\xff\xfe not utf-8 %d" % n)
 
     async def one_request(n: int) -> bool:
         """True when the request got its right answer (any exception counts as a failure)."""
         try:
-            body = await cache.get_or_build("v1", "tools/list", f"p{n}", lambda: b"%d" % n)
+            body = await cache.get_or_build("v1", "tools/list", f"p{n}", lambda: result(n))
         except Exception:
             return False
-        return body == b"%d" % n
+        return body == result(n)
 
     failures, calls = 0, 0
     deadline = time.monotonic() + 15
     while not chaos.done() and time.monotonic() < deadline:
         # 8 concurrent requests over more keys than the near-cache holds: most reach Redis.
+        await poison(calls)
         results = await asyncio.gather(*(one_request((calls + i) % 32) for i in range(8)))
         failures += results.count(False)
         calls += len(results)
@@ -183,7 +212,8 @@ async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, ca
             saw_degraded.set()
         await asyncio.sleep(0.005)
     await chaos
-    assert failures == 0 and calls > 100
+    await poisoner.aclose()
+    assert failures == 0 and calls > 100  # not one poisoned byte was served
     await wait_until(lambda: not cache.degraded, within_s=5)
     stats = cache.stats
     assert stats["outages"] == 1 and stats["recoveries"] == 1
@@ -196,9 +226,59 @@ async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, ca
     assert await other.current_version() == "v1"  # restored into the empty Redis, unannounced
     await other.publish_version("after-restart")
     assert await next_version(versions) == "after-restart"  # re-subscribed by itself
-    assert await other.get_or_build("v1", "tools/list", "p0", lambda: b"x") in (b"0", b"x")
+    assert stats["bad_entries"] > 0 and stats["bad_versions"] > 0  # the poison was seen
+    assert await other.get_or_build("v1", "tools/list", "p0", lambda: b"x") in (result(0), b"x")
     await other.close()
     await cache.close()
+
+
+async def test_poisoned_entries_are_rebuilt_never_served_nor_kept(redis_server, raw_redis, caplog):
+    caplog.set_level(logging.WARNING, logger="gateway.catalog")
+    cache = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    for n, poison in enumerate(POISON):
+        key = catalog_key("v1", "tools/list", f"p{n}")
+        await raw_redis.set(key, poison)
+        good = result(n)
+        assert await cache.get_or_build("v1", "tools/list", f"p{n}", lambda: good) == good  # noqa: B023
+        assert await raw_redis.get(key) == b"kvgate-entry/1 v1\n" + good  # repaired
+        await raw_redis.delete(key)  # what was kept near is the good body, not the poison
+        assert await cache.get_or_build("v1", "tools/list", f"p{n}", must_not_build) == good
+    stats = cache.stats
+    assert stats["bad_entries"] == len(POISON) and stats["shared_hits"] == 0
+    assert sum("unusable discovery entry" in r.getMessage() for r in caplog.records) == 1
+    await cache.close()
+
+
+async def test_the_listener_survives_any_input_and_any_failure(redis_server, raw_redis):
+    """Non-UTF-8 and oversized pub/sub messages and a garbage version key are ignored
+    (counted); an unforeseen error in the listener restarts it; it hears peers after all."""
+    events: list[str] = []
+    cache = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S, on_event=events.append)
+    versions = cache.versions()
+    for garbage in (b"\xff\xfe\xfd", b"v" * 1000, b"", b"a b"):
+        await raw_redis.publish(EVENTS_CHANNEL, garbage)
+    await raw_redis.set(VERSION_KEY, b"\x80garbage")
+    assert await cache.current_version() is None  # the garbage key is not adopted
+    await raw_redis.publish(EVENTS_CHANNEL, b"v-good")
+    assert await next_version(versions) == "v-good"
+    assert cache.stats["bad_versions"] == 5 and "bad_version" in events
+
+    original, failures = cache._listen, [RuntimeError("a bug nobody foresaw")]
+
+    async def failing_once(pubsub):
+        if failures:
+            raise failures.pop()
+        await original(pubsub)
+
+    cache._listen = failing_once
+    cache._trouble.set()  # the listener reconnects, and its next listen raises
+    await wait_until(lambda: cache.stats["listener_restarts"] == 1, within_s=3)
+    await raw_redis.publish(EVENTS_CHANNEL, b"v-after-restart")
+    await wait_until(lambda: not cache.degraded, within_s=3)
+    await raw_redis.publish(EVENTS_CHANNEL, b"v-after-restart")
+    assert await next_version(versions, within_s=3) == "v-after-restart"
+    assert "listener_restart" in events
+    await cache.close()  # and it closes cleanly
 
 
 async def test_paused_redis_never_holds_a_request_past_the_timeout(redis_server, raw_redis):
@@ -210,7 +290,8 @@ async def test_paused_redis_never_holds_a_request_past_the_timeout(redis_server,
     slowest = 0.0
     for n in range(20):
         began = time.monotonic()
-        assert await cache.get_or_build("v1", "prompts/list", f"p{n}", lambda: b"[]") == b"[]"
+        body = result(n, "prompts")
+        assert await cache.get_or_build("v1", "prompts/list", f"p{n}", lambda: body) == body  # noqa: B023
         slowest = max(slowest, time.monotonic() - began)
     began = time.monotonic()
     await cache.publish_version("v-during-pause")
