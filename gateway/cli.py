@@ -42,6 +42,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file: instructions, resources, prompts (re-read on SIGHUP and admin reload)",
     )
     serve.add_argument("--admin-api-key", help="enable /admin/* for 'Authorization: Bearer KEY'")
+    auth = serve.add_argument_group("authentication", "API keys and OAuth 2.1 access tokens")
+    auth.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (tenant 'default')")
+    auth.add_argument("--api-keys-file", help="'tenant: sha256-hex-of-key' lines (SIGHUP re-reads)")
+    auth.add_argument("--oauth-issuer", help="accept JWT access tokens from this issuer")
+    auth.add_argument("--oauth-jwks-url", help="the issuer's JWKS URL")
+    auth.add_argument("--oauth-resource", help="this server's canonical URI (the token audience)")
+    auth.add_argument("--oauth-tenant-claim", help="claim naming the tenant (default sub)")
     serve.add_argument(
         "--drain-timeout",
         type=float,
@@ -121,6 +128,12 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_body_bytes",
         "catalog_config",
         "admin_api_key",
+        "api_key",
+        "api_keys_file",
+        "oauth_issuer",
+        "oauth_jwks_url",
+        "oauth_resource",
+        "oauth_tenant_claim",
         "drain_timeout_s",
         "log_format",
         "max_waiting",
