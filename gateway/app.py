@@ -23,6 +23,7 @@ from starlette.routing import Route
 from gateway.admin import admin_routes
 from gateway.admission import ConcurrencyLimit
 from gateway.auth.authenticator import Authenticator
+from gateway.auth.budgets import Budgets
 from gateway.auth.middleware import AuthMiddleware
 from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
@@ -93,6 +94,12 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
     generations = Generations(engine)
     authenticator = Authenticator(settings)
+    budgets = Budgets(
+        settings.budget_requests_per_min,
+        settings.budget_tokens_per_min,
+        settings.redis_url,
+        settings.budget_processes,
+    )
     clients = ConcurrencyLimit(settings.max_concurrency_per_client)  # both front doors count
     endpoint = McpEndpoint(
         settings, served, ToolRunner(generations), cache, metrics, reloader.versions, clients
@@ -143,6 +150,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             remove_sighup()
             await reloader.close()
             await cache.close()
+            await budgets.close()
             generations.close()
 
     def begin_drain() -> None:
@@ -164,7 +172,10 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         lifespan=lifespan,
     )
     app.add_middleware(
-        AuthMiddleware, authenticator=authenticator, server_name=settings.server_name
+        AuthMiddleware,
+        authenticator=authenticator,
+        budgets=budgets,
+        server_name=settings.server_name,
     )
     app.state.served = served  # served.current is the catalog being served
     app.state.mcp = endpoint

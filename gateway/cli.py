@@ -49,6 +49,13 @@ def build_parser() -> argparse.ArgumentParser:
     auth.add_argument("--oauth-jwks-url", help="the issuer's JWKS URL")
     auth.add_argument("--oauth-resource", help="this server's canonical URI (the token audience)")
     auth.add_argument("--oauth-tenant-claim", help="claim naming the tenant (default sub)")
+    auth.add_argument(
+        "--budget-requests-per-min", type=int, help="inference calls per tenant per minute"
+    )
+    auth.add_argument("--budget-tokens-per-min", type=int, help="tokens per tenant per minute")
+    auth.add_argument(
+        "--budget-processes", type=int, help="gateway processes sharing the budget (Redis down)"
+    )
     serve.add_argument(
         "--drain-timeout",
         type=float,
@@ -134,6 +141,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "oauth_jwks_url",
         "oauth_resource",
         "oauth_tenant_claim",
+        "budget_requests_per_min",
+        "budget_tokens_per_min",
+        "budget_processes",
         "drain_timeout_s",
         "log_format",
         "max_waiting",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine import OutputKind, RequestOutput, RequestStream, SamplingParams
+from gateway.auth.budgets import metered
 from gateway.auth.identity import tenant_salt
 from gateway.ops import tracing
 
@@ -109,7 +110,7 @@ class Generations:
         stream = self.engine.submit(
             prompt, request.params, request.cache_key, salt, OutputKind.DELTA
         )
-        return self._run(stream, request)
+        return metered(self._run(stream, request))  # tokens count against the tenant's budget
 
     def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
         """``SamplingParams`` from a request's fields; the model's generation_config.json

@@ -44,6 +44,10 @@ class Settings:
     oauth_jwks_min_refresh_s: float = 10.0  # an unknown kid re-fetches the JWKS at most this often
     oauth_inference_scope: str = "kvgate:infer"  # tools/call, completions, tokenize
     oauth_admin_scope: str = "kvgate:admin"  # /admin/*
+    # Per-tenant budgets (authenticated tenants only), shared through redis_url when set.
+    budget_requests_per_min: int = 0  # inference calls per tenant per minute; 0 = off
+    budget_tokens_per_min: int = 0  # prompt + completion tokens per tenant per minute; 0 = off
+    budget_processes: int = 1  # gateway processes: each enforces budget/N while Redis is down
     drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may still run
     log_format: str = "text"  # text | json
     # Admission and abuse limits (0 = off where it says so).

@@ -147,7 +147,7 @@ class McpEndpoint:
             else:
                 check_legacy_meta(message, headers.get("mcp-protocol-version"))
             check_method(message.method, era)
-            authorize_call(scope, message.method, message.params.get("name"))
+            await authorize_call(scope, message.method, message.params.get("name"))
             with tracing.request_span(message.method, message.params, message.meta, message.id):
                 if message.method == "tools/call":
                     name = message.params.get("name")

@@ -15,7 +15,6 @@ import pytest
 from engine import AsyncLLM
 from gateway.auth.api_keys import ApiKeys, KeysFileError, parse_keys_file
 from gateway.auth.challenge import AUTH_ERROR_CODE
-from tests.gateway.http.test_serving import kvgate_factory  # noqa: F401 - a fixture
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 
@@ -115,7 +114,7 @@ def test_health_and_metrics_stay_open_and_admin_needs_the_admin_key(
     assert http.post(live.base + "/mcp", headers=bearer("root-key")).status_code != 401
 
 
-def test_sighup_rereads_the_keys_file(kvgate_factory, tmp_path: Path) -> None:  # noqa: F811
+def test_sighup_rereads_the_keys_file(kvgate_factory, tmp_path: Path) -> None:
     path = tmp_path / "keys"
     path.write_text(line("acme", "old-key"))
     kvgate = kvgate_factory("--api-keys-file", str(path))
