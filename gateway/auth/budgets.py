@@ -108,7 +108,7 @@ class Budgets:
         self.tokens_per_min = tokens_per_min
         self.processes = max(1, processes)
         self.timeout_s = timeout_s
-        self._redis = connect(redis_url, timeout_s) if redis_url else None
+        self._redis = connect(redis_url, socket_timeout=timeout_s) if redis_url else None
         self._script = self._redis.register_script(TAKE) if self._redis else None
         self._local = LocalBuckets()
         self._down_since: float | None = None  # monotonic time of the last failed Redis call
