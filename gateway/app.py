@@ -175,6 +175,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         AuthMiddleware,
         authenticator=authenticator,
         budgets=budgets,
+        metrics=metrics,
         server_name=settings.server_name,
     )
     app.state.served = served  # served.current is the catalog being served

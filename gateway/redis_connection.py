@@ -48,7 +48,7 @@ def connect(url: str, **options: Any) -> Any:
     return aioredis.from_url(url, **options)
 
 
-def _sentinel_master(rest: str, tls: bool, options: dict[str, Any]) -> aioredis.Redis:
+def _sentinel_master(rest: str, tls: bool, options: dict[str, Any]) -> Any:
     parts = urlsplit("//" + rest)
     userinfo, _, hosts = parts.netloc.rpartition("@")
     username, _, password = userinfo.partition(":")
@@ -73,5 +73,5 @@ def _sentinel_master(rest: str, tls: bool, options: dict[str, Any]) -> aioredis.
     sentinel_options = {
         k: v for k, v in client.items() if k not in ("db", "retry")
     }  # the same credentials and timeouts for the sentinels themselves
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options, **client)
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options, **client)  # type: ignore[no-untyped-call]
     return sentinel.master_for(unquote(path[0]))

@@ -91,18 +91,22 @@ class Authenticator:
         (lists, reads, ping) takes only a valid credential."""
         return (self.inference_scope,) if method == "tools/call" else ()
 
-    async def authenticate(self, path: str, authorization: str | None) -> Identity | None:
-        """The caller's identity (None when this path needs none); raises Challenge."""
+    async def authenticate(self, path: str, authorization: list[str]) -> Identity | None:
+        """The caller's identity (None when this path needs none); raises Challenge.
+        ``authorization``: every ``Authorization`` header sent (two are ambiguous: 400)."""
         admin = path.startswith("/admin/")
         if path in OPEN_PATHS or path.startswith(METADATA_PATH):
             return None
         if not (self.admin_enabled if admin else self.enabled):
             return None
         required = self.required(path)
-        scheme, _, token = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer":
+        if len(authorization) > 1:
+            raise self.challenge(400, "invalid_request", "More than one Authorization header")
+        scheme, _, token = (authorization[0] if authorization else "").partition(" ")
+        if scheme.lower() != "bearer":  # the scope guidance: what this path, or any call, needs
+            guidance = required or (self.inference_scope,)
             raise self.challenge(
-                401, None, "Authentication required: send Authorization: Bearer <token>", required
+                401, None, "Authentication required: send Authorization: Bearer <token>", guidance
             )
         token = token.strip(" \t")
         if not token or any(c.isspace() or not c.isprintable() for c in token):

@@ -112,7 +112,7 @@ class Budgets:
         self._script = self._redis.register_script(TAKE) if self._redis else None
         self._local = LocalBuckets()
         self._down_since: float | None = None  # monotonic time of the last failed Redis call
-        self._pending: set[asyncio.Task[None]] = set()
+        self._pending: set[asyncio.Task[float]] = set()
 
     def __bool__(self) -> bool:
         return bool(self.requests_per_min or self.tokens_per_min)

@@ -35,6 +35,10 @@ class Challenge(Exception):
         self.scope = scope
         self.resource_metadata = resource_metadata
 
+    @property
+    def reason(self) -> str:
+        return self.error or "unauthenticated"
+
     def www_authenticate(self) -> str:
         """In the order the MCP authorization spec's examples use."""
         params: list[tuple[str, str]] = []
@@ -59,13 +63,12 @@ class Challenge(Exception):
 
     def body(self, path: str, request_id: object = None) -> bytes:
         if path == "/mcp":
-            data = {"reason": self.error or "unauthenticated"}
+            data = {"reason": self.reason}
             error = ProtocolError(AUTH_ERROR_CODE, str(self), data, request_id)  # type: ignore[arg-type]
             return jsonrpc.encode_error(error)
         if path.startswith(OPENAI_PATHS):
             type_ = OPENAI_TYPES.get(self.status, "invalid_request_error")
-            code = self.error or "unauthenticated"
-            return OpenAIError(self.status, str(self), type_, code=code).encode()
+            return OpenAIError(self.status, str(self), type_, code=self.reason).encode()
         return orjson.dumps({"error": str(self)})
 
 

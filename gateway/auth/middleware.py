@@ -20,6 +20,7 @@ from gateway.auth.challenge import Challenge
 from gateway.auth.identity import CURRENT
 from gateway.http import io as http_io
 from gateway.openai.errors import from_refusal
+from gateway.ops.metrics import Metrics
 
 STATE_IDENTITY = "identity"
 STATE_AUTHENTICATOR = "authenticator"
@@ -28,11 +29,17 @@ STATE_BUDGETS = "budgets"
 
 class AuthMiddleware:
     def __init__(
-        self, app: ASGIApp, authenticator: Authenticator, budgets: Budgets, server_name: str
+        self,
+        app: ASGIApp,
+        authenticator: Authenticator,
+        budgets: Budgets,
+        metrics: Metrics,
+        server_name: str,
     ) -> None:
         self.app = app
         self.auth = authenticator
         self.budgets = budgets
+        self.metrics = metrics  # refusals count in kvgate_rejected_requests_total{reason}
         self.server_name = server_name
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -44,21 +51,19 @@ class AuthMiddleware:
             body = orjson.dumps(self.auth.metadata(self.server_name))
             await http_io.send_response(send, 200, body)
             return
-        authorization = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                authorization = value.decode("latin-1")
-                break
+        authorization = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
         try:
             identity = await self.auth.authenticate(path, authorization)
             if identity is not None and path in INFERENCE_PATHS and self.budgets:
                 await self.budgets.admit(identity.tenant)
         except Challenge as challenge:
+            self.metrics.count("kvgate_rejected_requests", reason=challenge.reason)
             await http_io.send_response(
                 send, challenge.status, challenge.body(path), headers=challenge.headers()
             )
             return
         except Refusal as refusal:  # the tenant's budget is spent (OpenAI routes)
+            self.metrics.count("kvgate_rejected_requests", reason=refusal.reason)
             error = from_refusal(refusal)
             await http_io.send_response(send, 429, error.encode(), headers=error.headers())
             return

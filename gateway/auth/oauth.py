@@ -54,16 +54,13 @@ class Jwks:
         self.fetches = 0
 
     async def key(self, kid: str) -> tuple[jwt.PyJWK, str | None] | None:
-        now = time.monotonic()
-        stale = now - self._fetched_at > self.config.ttl_s
-        if kid not in self._keys or stale:
-            await self._refresh(stale)
+        if kid not in self._keys or time.monotonic() - self._fetched_at > self.config.ttl_s:
+            await self._refresh()
         return self._keys.get(kid)
 
-    async def _refresh(self, stale: bool) -> None:
+    async def _refresh(self) -> None:
         async with self._lock:  # concurrent misses share one fetch
-            since = time.monotonic() - self._fetched_at
-            if since < self.config.min_refresh_s and not (stale and since > self.config.ttl_s):
+            if time.monotonic() - self._fetched_at < self.config.min_refresh_s:
                 return
             self._fetched_at = time.monotonic()  # a failed fetch also waits min_refresh_s
             self.fetches += 1

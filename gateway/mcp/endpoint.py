@@ -170,6 +170,7 @@ class McpEndpoint:
                 extra = CLOSE
             await http_io.send_response(send, rejection.status, error, headers=extra)
         except Challenge as challenge:  # a credential without the scope this method needs
+            self._count_rejection(challenge.reason)
             body = challenge.body(MCP_PATH, message and message.id)
             await http_io.send_response(send, challenge.status, body, headers=challenge.headers())
         except (AdmissionRefused, Refusal) as exc:

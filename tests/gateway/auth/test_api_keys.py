@@ -67,7 +67,8 @@ def http() -> Iterator[httpx.Client]:
 
 def test_mcp_refusals_are_json_rpc_with_the_challenge(http: httpx.Client, live: LiveServer) -> None:
     missing = call(http, live.url, "tools/call", GENERATE, name="generate")
-    assert missing.status == 401 and missing.headers["www-authenticate"] == "Bearer"
+    assert missing.status == 401
+    assert missing.headers["www-authenticate"] == 'Bearer scope="kvgate:infer"'
     assert missing.error["code"] == AUTH_ERROR_CODE
     wrong = call(http, live.url, "tools/list", headers=bearer("nope"))
     assert wrong.status == 401
@@ -106,6 +107,11 @@ def test_health_and_metrics_stay_open_and_admin_needs_the_admin_key(
 ) -> None:
     for path in ("/healthz", "/readyz", "/metrics"):
         assert http.get(live.base + path).status_code == 200
+    http.get(live.base + "/v1/models")
+    http.get(live.base + "/v1/models", headers=bearer("nope"))
+    metrics = http.get(live.base + "/metrics").text
+    assert 'kvgate_rejected_requests_total{reason="invalid_token"}' in metrics
+    assert 'kvgate_rejected_requests_total{reason="unauthenticated"}' in metrics
     reload = live.base + "/admin/catalog/reload"
     tenant = http.post(reload, headers=bearer("acme-key"))
     assert tenant.status_code == 403

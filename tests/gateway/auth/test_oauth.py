@@ -73,7 +73,7 @@ def test_missing_token_is_401_pointing_at_the_metadata(
 ) -> None:
     refused = mcp(http, live, None)
     assert refused.status == 401
-    assert challenge(refused) == f'Bearer resource_metadata="{METADATA}"'
+    assert challenge(refused) == f'Bearer resource_metadata="{METADATA}", scope="kvgate:infer"'
     assert refused.error["code"] == AUTH_ERROR_CODE and "id" not in refused.body
     openai = http.post(live.base + "/v1/completions", json={"prompt": "hi"})
     assert openai.status_code == 401
@@ -86,7 +86,7 @@ def test_missing_token_is_401_pointing_at_the_metadata(
 
 
 def test_malformed_authorization_is_400_invalid_request(
-    http: httpx.Client, live: LiveServer
+    http: httpx.Client, live: LiveServer, issuer: Issuer
 ) -> None:
     refused = call(
         http,
@@ -107,6 +107,12 @@ def test_malformed_authorization_is_400_invalid_request(
         headers={"Authorization": "Basic eA=="},
     )
     assert basic.status == 401 and challenge(basic).startswith("Bearer resource_metadata=")
+    twice = httpx.post(
+        live.url,
+        content=b"{}",
+        headers=[("Authorization", f"Bearer {issuer.token()}"), ("Authorization", "Bearer x")],
+    )
+    assert twice.status_code == 400 and "More than one" in twice.json()["error"]["message"]
 
 
 def invalid(exchange: Any, description: str) -> None:
