@@ -206,7 +206,7 @@ def serve(settings: Settings) -> None:
         logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
         try:
             app = create_app(settings, engine)
-        except CatalogConfigError as exc:
+        except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
             sys.exit(f"kvgate: {exc}")
         serve_app(
             app,

@@ -49,6 +49,14 @@ class Authenticator:
         if settings.oauth_issuer:
             if not (settings.oauth_jwks_url and settings.oauth_resource):
                 raise ValueError("oauth_issuer needs oauth_jwks_url and oauth_resource")
+            jwks = urlsplit(settings.oauth_jwks_url)
+            if jwks.scheme != "https" and (jwks.hostname or "") not in LOOPBACK_NAMES:
+                raise ValueError(
+                    "oauth_jwks_url must be https (keys fetched in clear can be forged)"
+                )
+            resource = urlsplit(settings.oauth_resource)
+            if not (resource.scheme and resource.netloc) or resource.fragment:
+                raise ValueError("oauth_resource must be an absolute URI without a fragment")
             config = OAuthConfig(
                 issuer=settings.oauth_issuer,
                 jwks_url=settings.oauth_jwks_url,

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +16,9 @@ import pytest
 
 from engine import AsyncLLM
 from gateway.auth.api_keys import ApiKeys, KeysFileError, parse_keys_file
+from gateway.auth.authenticator import Authenticator
 from gateway.auth.challenge import AUTH_ERROR_CODE
+from gateway.settings import Settings
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 
@@ -134,3 +138,31 @@ def test_sighup_rereads_the_keys_file(kvgate_factory, tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "SIGHUP did not re-read the keys file"
         time.sleep(0.1)
     assert httpx.get(url, headers=bearer("old-key")).status_code == 401
+
+
+def test_a_bad_keys_file_or_oauth_setting_stops_startup_with_its_reason(tmp_path: Path) -> None:
+    bad = tmp_path / "keys"
+    bad.write_text("acme: not-a-digest\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--port", "0", "--api-keys-file", str(bad)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "keys line 1" in done.stderr.splitlines()[-1]
+    with pytest.raises(ValueError, match="must be https"):
+        Authenticator(
+            Settings(
+                oauth_issuer="https://idp.example.com",
+                oauth_jwks_url="http://idp.example.com/jwks.json",
+                oauth_resource="https://gw.example.com/mcp",
+            )
+        )
+    with pytest.raises(ValueError, match="absolute URI"):
+        Authenticator(
+            Settings(
+                oauth_issuer="https://idp.example.com",
+                oauth_jwks_url="https://idp.example.com/jwks.json",
+                oauth_resource="gw.example.com/mcp",
+            )
+        )
