@@ -147,20 +147,22 @@ class Budgets:
 
     async def _metered(self, tenant: str, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
         owed = 0
-        async for item in items:
-            if hasattr(item, "token_ids"):
-                owed += len(item.token_ids)
-                if owed >= CHARGE_EVERY:
-                    self.charge(tenant, owed)
+        try:
+            async for item in items:
+                if hasattr(item, "token_ids"):  # a delta
+                    owed += len(item.token_ids)
+                    if owed >= CHARGE_EVERY:
+                        self.charge(tenant, owed)
+                        owed = 0
+                elif hasattr(item, "prompt_tokens"):  # the end: debited before the answer goes
+                    cost = owed + item.prompt_tokens
                     owed = 0
-            elif hasattr(item, "prompt_tokens"):  # the end: debited before the answer goes out
-                take = self._take(
-                    tenant, "tokens", self.tokens_per_min, owed + item.prompt_tokens, NO_NEED
-                )
-                await self._run([take])
-                owed = 0
-            yield item
-        self.charge(tenant, owed)
+                    await self._run(
+                        [self._take(tenant, "tokens", self.tokens_per_min, cost, NO_NEED)]
+                    )
+                yield item
+        finally:
+            self.charge(tenant, owed)  # what a call cut short (client gone, deadline) produced
 
     async def close(self) -> None:
         if self._pending:
