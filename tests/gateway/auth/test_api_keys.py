@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 
 from engine import AsyncLLM
@@ -166,3 +167,11 @@ def test_a_bad_keys_file_or_oauth_setting_stops_startup_with_its_reason(tmp_path
                 oauth_resource="gw.example.com/mcp",
             )
         )
+
+
+def test_the_official_openai_client_sends_the_key(live: LiveServer) -> None:
+    with openai.OpenAI(base_url=live.base + "/v1", api_key="nope", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError, match="not valid"):
+            wrong.models.list()
+    with openai.OpenAI(base_url=live.base + "/v1", api_key="acme-key", max_retries=0) as right:
+        assert right.models.list().data
