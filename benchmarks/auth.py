@@ -1,7 +1,8 @@
 """What authentication costs per request: ``Authenticator.authenticate`` (what the middleware
 runs before every endpoint) with auth off, an API key among 100 tenants, and JWT access
-tokens (RS256, ES256) verified against a JWKS already fetched — microseconds per call, and the
-ratio to the auth-off baseline measured in the same run.
+tokens (RS256, ES256; reused, so remembered after one check, or new on every call) verified
+against a JWKS already fetched — microseconds per call, and the ratio to the auth-off
+baseline measured in the same run.
 
     flock /tmp/kvgate-bench.lock python -m benchmarks.auth [--calls 20000]
 """
@@ -20,14 +21,18 @@ from gateway.settings import Settings
 from tests.gateway.auth.issuer import ISSUER, RESOURCE, Issuer
 
 
-async def per_call_us(auth: Authenticator, header: list[str], calls: int) -> float:
+async def per_call_us(auth: Authenticator, headers: list[list[str]], calls: int) -> float:
+    """Calls cycle through ``headers`` (one header: a client reusing its credential)."""
     path = "/v1/completions"
-    for _ in range(100):  # warm: the JWKS fetch, caches
-        await auth.authenticate(path, header)
+    await auth.authenticate(path, headers[0])  # warm: the JWKS fetch
     started = time.perf_counter()
-    for _ in range(calls):
-        await auth.authenticate(path, header)
+    for i in range(calls):
+        await auth.authenticate(path, headers[i % len(headers)])
     return (time.perf_counter() - started) / calls * 1e6
+
+
+def tokens(issuer: Issuer, kid: str, n: int) -> list[list[str]]:
+    return [[f"Bearer {issuer.token(kid, jti=str(i))}"] for i in range(n)]
 
 
 async def main(calls: int) -> None:
@@ -50,13 +55,16 @@ async def main(calls: int) -> None:
                     oauth_resource=RESOURCE,
                 )
             )
+            fresh = min(calls, 2000)  # every call a token never seen: a signature check each
             cases = [
-                ("auth off", off, []),
-                ("API key (100 tenants)", on, ["Bearer key-99"]),
-                ("JWT RS256", on, [f"Bearer {issuer.token('rsa-1')}"]),
-                ("JWT ES256", on, [f"Bearer {issuer.token('ec-1')}"]),
+                ("auth off", off, [[]], calls),
+                ("API key (100 tenants)", on, [["Bearer key-99"]], calls),
+                ("JWT RS256 reused", on, [[f"Bearer {issuer.token('rsa-1')}"]], calls),
+                ("JWT ES256 reused", on, [[f"Bearer {issuer.token('ec-1')}"]], calls),
+                ("JWT RS256 new each", on, tokens(issuer, "rsa-1", fresh), fresh),
+                ("JWT ES256 new each", on, tokens(issuer, "ec-1", fresh), fresh),
             ]
-            results = [(name, await per_call_us(a, h, calls)) for name, a, h in cases]
+            results = [(name, await per_call_us(a, h, n)) for name, a, h, n in cases]
     finally:
         issuer.close()
     base = results[0][1]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import logging
+import re
 from urllib.parse import urlsplit
 
 from gateway.auth.api_keys import ApiKeys
@@ -22,6 +23,7 @@ from gateway.http.security import LOOPBACK_NAMES
 from gateway.settings import Settings
 
 log = logging.getLogger("kvgate.auth")
+B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 section 2.1: a bearer token
 OPEN_PATHS = frozenset(("/healthz", "/readyz", "/metrics"))
 METADATA_PATH = "/.well-known/oauth-protected-resource"
 INFERENCE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"))
@@ -117,7 +119,7 @@ class Authenticator:
                 401, None, "Authentication required: send Authorization: Bearer <token>", guidance
             )
         token = token.strip(" \t")
-        if not token or any(c.isspace() or not c.isprintable() for c in token):
+        if not B64TOKEN.fullmatch(token):
             raise self.challenge(400, "invalid_request", "Malformed Authorization header")
         identity = await self._identify(token)
         if admin and not identity.admin:

@@ -12,8 +12,10 @@ the issuer.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +27,7 @@ from gateway.auth.identity import Identity
 log = logging.getLogger("kvgate.auth")
 ALGORITHMS = ("RS256", "RS384", "RS512", "PS256", "PS384", "PS512", "ES256", "ES384", "EdDSA")
 MAX_JWKS_BYTES = 256 * 1024
+MAX_VERIFIED = 4096  # verified tokens remembered
 
 
 class InvalidToken(Exception):
@@ -89,12 +92,34 @@ class Jwks:
 
 
 class TokenValidator:
+    """Verifies tokens; a verified one is remembered (by digest, ``MAX_VERIFIED`` at most)
+    until it expires or the JWKS is re-fetched (a key withdrawn ends its tokens), so a client
+    reusing its token pays for one signature check, not one per request."""
+
     def __init__(self, config: OAuthConfig) -> None:
         self.config = config
         self.jwks = Jwks(config)
+        self._verified: OrderedDict[bytes, tuple[Identity, float]] = OrderedDict()
+        self._verified_for = 0  # the JWKS fetch count the remembered tokens were checked under
 
     async def identity(self, token: str) -> Identity:
         """The token's identity, or InvalidToken saying what is wrong with it."""
+        digest = hashlib.sha256(token.encode()).digest()
+        if self._verified_for != self.jwks.fetches:
+            self._verified.clear()
+            self._verified_for = self.jwks.fetches
+        known = self._verified.get(digest)
+        if known is not None and time.time() < known[1] + self.config.leeway_s:
+            self._verified.move_to_end(digest)
+            return known[0]
+        identity, expires = await self._verify(token)
+        if self._verified_for == self.jwks.fetches:  # not checked against a JWKS since replaced
+            self._verified[digest] = (identity, expires)
+            if len(self._verified) > MAX_VERIFIED:
+                self._verified.popitem(last=False)
+        return identity
+
+    async def _verify(self, token: str) -> tuple[Identity, float]:
         try:
             header = jwt.get_unverified_header(token)
         except jwt.PyJWTError:
@@ -137,7 +162,7 @@ class TokenValidator:
         tenant = claims[self.config.tenant_claim]
         if not isinstance(tenant, str) or not tenant:
             raise InvalidToken(f"The token's {self.config.tenant_claim!r} claim is not a string")
-        return Identity("jwt:" + tenant, _scopes(claims))
+        return Identity("jwt:" + tenant, _scopes(claims)), float(claims["exp"])
 
 
 def _scopes(claims: dict[str, Any]) -> frozenset[str]:

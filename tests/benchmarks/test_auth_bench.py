@@ -13,6 +13,8 @@ async def test_every_case_is_reported(capsys: pytest.CaptureFixture[str]) -> Non
     assert [line.split("  ")[0] for line in lines[1:]] == [
         "auth off",
         "API key (100 tenants)",
-        "JWT RS256",
-        "JWT ES256",
+        "JWT RS256 reused",
+        "JWT ES256 reused",
+        "JWT RS256 new each",
+        "JWT ES256 new each",
     ]

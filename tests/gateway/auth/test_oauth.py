@@ -200,3 +200,18 @@ def test_insufficient_scope_is_403_with_every_needed_scope(
         headers={"Authorization": f"Bearer {issuer.token(scope='kvgate:admin')}"},
     )
     assert reload.status_code == 200 and reload.json()["changed"] is False
+
+
+def test_a_withdrawn_key_ends_its_remembered_tokens(
+    http: httpx.Client, live: LiveServer, issuer: Issuer
+) -> None:
+    issuer.add_key("ec-3", "ES256")
+    time.sleep(1.1)  # past the refresh bound, so the unknown kid fetches the JWKS
+    token = issuer.token("ec-3")
+    assert mcp(http, live, token).status == 200
+    assert mcp(http, live, token).status == 200  # remembered: no second signature check
+    issuer.published.remove("ec-3")  # the issuer withdraws the key
+    time.sleep(1.1)
+    issuer.add_key("ec-4", "ES256")
+    assert mcp(http, live, issuer.token("ec-4")).status == 200  # this re-fetches the JWKS
+    invalid(mcp(http, live, token), "not in the issuer's JWKS")
