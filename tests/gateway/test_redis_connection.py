@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import ipaddress
 import shutil
 import socket
@@ -14,18 +15,21 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from engine import AsyncLLM
 from gateway.admission import Refusal
 from gateway.auth import budgets as budgets_module
 from gateway.auth.budgets import Budgets
 from gateway.redis_connection import connect
-from tests.gateway.live_server import free_port
+from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.redis_fixtures import requires_redis_server
+from tests.gateway.wire import call
 
 REDIS_CLI = shutil.which("redis-cli")
 
@@ -179,11 +183,8 @@ async def test_tls_with_a_private_ca_and_an_acl_user(tmp_path: Path, servers: li
             await budgets.close()
 
 
-@requires_redis_server
-async def test_sentinel_failover_under_load_loses_no_call(
-    tmp_path: Path, servers: list[Server], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(budgets_module, "PROBE_EVERY_S", 0.1)
+def sentinel_pair(tmp_path: Path, servers: list[Server]) -> tuple[Server, Server, str]:
+    """A master, its replica and two Sentinels watching them; returns the Sentinel URL."""
     master = Server(tmp_path).start()
     replica = Server(tmp_path, "--replicaof", "127.0.0.1", str(master.port)).start()
     servers += [master, replica]
@@ -202,7 +203,24 @@ async def test_sentinel_failover_under_load_loses_no_call(
         servers.append(sentinel.start())
         sentinel_ports.append(port)
     hosts = ",".join(f"127.0.0.1:{p}" for p in sentinel_ports)
-    budgets = Budgets(100_000, 0, f"redis+sentinel://{hosts}/kv")
+    return master, replica, f"redis+sentinel://{hosts}/kv"
+
+
+async def is_master(server: Server) -> bool:
+    client = connect(f"redis://127.0.0.1:{server.port}/0")
+    try:
+        return (await client.execute_command("ROLE"))[0] in (b"master", "master")
+    finally:
+        await client.aclose()
+
+
+@requires_redis_server
+async def test_sentinel_failover_under_load_loses_no_call(
+    tmp_path: Path, servers: list[Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(budgets_module, "PROBE_EVERY_S", 0.1)
+    master, replica, url = sentinel_pair(tmp_path, servers)
+    budgets = Budgets(100_000, 0, url)
     try:
         assert await admits(budgets, "acme", 5) == 5 and not budgets.degraded
         await asyncio.sleep(0.5)  # the replica has synced
@@ -214,18 +232,47 @@ async def test_sentinel_failover_under_load_loses_no_call(
             except Exception:  # noqa: BLE001 - any failure at all counts
                 failed += 1
             calls += 1
-            if not budgets.degraded and time.monotonic() - started > 1:
-                replica_client = connect(f"redis://127.0.0.1:{replica.port}/0")
-                role = (await replica_client.execute_command("ROLE"))[0]
-                await replica_client.aclose()
-                if role in (b"master", "master"):
-                    break
+            promoted = time.monotonic() - started > 1 and await is_master(replica)
+            if promoted and not budgets.degraded:
+                break
             await asyncio.sleep(0.01)
         assert failed == 0 and calls > 10
-        assert role in (b"master", "master"), "Sentinel did not promote the replica in 15 s"
+        assert promoted, "Sentinel did not promote the replica in 15 s"
         assert not budgets.degraded  # budgets are shared again, on the new master
     finally:
         await budgets.close()
+
+
+@requires_redis_server
+def test_a_gateway_on_sentinel_answers_every_request_through_a_failover(
+    engine: AsyncLLM, tmp_path: Path, servers: list[Server]
+) -> None:
+    master, replica, url = sentinel_pair(tmp_path, servers)
+    keys = tmp_path / "keys"
+    keys.write_text(f"acme: {hashlib.sha256(b'acme-key').hexdigest()}\n")
+    auth = {"Authorization": "Bearer acme-key"}
+    settings = {"redis_url": url, "api_keys_file": str(keys), "budget_requests_per_min": 100_000}
+    with LiveServer(engine, **settings) as live, httpx.Client(timeout=30) as http:
+        body = {"prompt": "hi", "max_tokens": 1}
+        assert http.post(live.base + "/v1/completions", json=body, headers=auth).status_code == 200
+        assert call(http, live.url, "tools/list", headers=auth).status == 200
+        assert not live.app.state.discovery_cache.degraded  # it reached Redis via Sentinel
+        time.sleep(0.5)  # the replica has synced
+        master.kill()
+        started, statuses = time.monotonic(), []
+        promoted = False
+        while time.monotonic() - started < 15 and not promoted:
+            statuses.append(
+                http.post(live.base + "/v1/completions", json=body, headers=auth).status_code
+            )
+            statuses.append(call(http, live.url, "tools/list", headers=auth).status)
+            promoted = time.monotonic() - started > 1 and asyncio.run(is_master(replica))
+        deadline = time.monotonic() + 10
+        while live.app.state.discovery_cache.degraded:  # the cache finds the new master too
+            assert time.monotonic() < deadline, "the discovery cache did not follow the failover"
+            statuses.append(call(http, live.url, "tools/list", headers=auth).status)
+            time.sleep(0.1)
+    assert promoted and len(statuses) > 10 and set(statuses) == {200}
 
 
 def cluster_port() -> int:
