@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from engine import AdmissionRefused
+from gateway.auth.identity import current as current_identity
 
 CLIENT_RETRY_AFTER_S = 1.0
 LISTEN_RETRY_AFTER_S = 5.0
@@ -30,7 +31,12 @@ class Refusal(Exception):
 
 
 def client_key(authorization: str | None, cache_key: object) -> str | None:
-    """Whose call this is: the bearer API key (hashed, never kept), else the ``cache_key``."""
+    """Whose call this is: the authenticated tenant when authentication is on (so neither a
+    new ``cache_key`` nor another tenant's key string moves a call to another counter); with
+    it off, the bearer string (hashed, never kept), else the ``cache_key``."""
+    identity = current_identity()
+    if identity is not None:
+        return "tenant:" + identity.tenant
     auth = authorization or ""
     if auth[:7].lower() == "bearer " and auth[7:].strip():
         return "key:" + hashlib.sha256(auth[7:].strip().encode()).hexdigest()[:32]

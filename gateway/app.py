@@ -23,6 +23,9 @@ from starlette.routing import Route
 
 from gateway.admin import admin_routes
 from gateway.admission import ConcurrencyLimit
+from gateway.auth.authenticator import Authenticator
+from gateway.auth.budgets import Budgets
+from gateway.auth.middleware import AuthMiddleware
 from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
@@ -92,6 +95,13 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     served = CatalogHolder(catalog)
     reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
     generations = Generations(engine)
+    authenticator = Authenticator(settings)
+    budgets = Budgets(
+        settings.budget_requests_per_min,
+        settings.budget_tokens_per_min,
+        settings.redis_url,
+        settings.budget_processes,
+    )
     clients = ConcurrencyLimit(settings.max_concurrency_per_client)  # both front doors count
     endpoint = McpEndpoint(
         settings, served, ToolRunner(generations), cache, metrics, reloader.versions, clients
@@ -133,7 +143,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         reloader.start()
         await cache.start()
         await cache.publish_version(catalog.version)
-        remove_sighup = _on_sighup(loop, reloader)
+        remove_sighup = _on_sighup(loop, reloader, authenticator.api_keys.reload)
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter GC pauses, better p99
         try:
@@ -142,6 +152,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             remove_sighup()
             await reloader.close()
             await cache.close()
+            await budgets.close()
             generations.close()
 
     def begin_drain() -> None:
@@ -158,7 +169,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             Route("/healthz", healthz),
             Route("/readyz", readyz),
             Route("/metrics", prometheus),
-            *admin_routes(settings.admin_api_key, reloader),
+            *admin_routes(authenticator.admin_enabled, reloader),
         ],
         lifespan=lifespan,
         middleware=[  # /healthz, /readyz, /metrics and /admin/* follow the Origin/Host rules too
@@ -168,6 +179,13 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
                 self_guarded=[MCP_PATH, *openai.routes],
             )
         ],
+    )
+    app.add_middleware(
+        AuthMiddleware,
+        authenticator=authenticator,
+        budgets=budgets,
+        metrics=metrics,
+        server_name=settings.server_name,
     )
     app.state.served = served  # served.current is the catalog being served
     app.state.mcp = endpoint
@@ -180,8 +198,11 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     return app
 
 
-def _on_sighup(loop: asyncio.AbstractEventLoop, reloader: CatalogReloader) -> Callable[[], None]:
-    """SIGHUP re-reads the catalog config (main thread only: signals go there); returns the undo."""
+def _on_sighup(
+    loop: asyncio.AbstractEventLoop, reloader: CatalogReloader, also: Callable[[], None]
+) -> Callable[[], None]:
+    """SIGHUP re-reads the catalog config and runs ``also`` (the API keys file) — main thread
+    only: signals go there; returns the undo."""
     if threading.current_thread() is not threading.main_thread():
         return lambda: None
     pending: set[asyncio.Task[None]] = set()
@@ -199,6 +220,7 @@ def _on_sighup(loop: asyncio.AbstractEventLoop, reloader: CatalogReloader) -> Ca
         log.info("SIGHUP: catalog %s", "now " + result.version if result.changed else "unchanged")
 
     def schedule() -> None:
+        also()
         task = loop.create_task(reload())
         pending.add(task)
         task.add_done_callback(pending.discard)

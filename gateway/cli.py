@@ -46,6 +46,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file: instructions, resources, prompts (re-read on SIGHUP and admin reload)",
     )
     serve.add_argument("--admin-api-key", help="enable /admin/* for 'Authorization: Bearer KEY'")
+    auth = serve.add_argument_group("authentication", "API keys and OAuth 2.1 access tokens")
+    auth.add_argument("--api-key", help="require 'Authorization: Bearer KEY' (tenant 'default')")
+    auth.add_argument("--api-keys-file", help="'tenant: sha256-hex-of-key' lines (SIGHUP re-reads)")
+    auth.add_argument("--oauth-issuer", help="accept JWT access tokens from this issuer")
+    auth.add_argument("--oauth-jwks-url", help="the issuer's JWKS URL")
+    auth.add_argument("--oauth-resource", help="this server's canonical URI (the token audience)")
+    auth.add_argument("--oauth-tenant-claim", help="claim naming the tenant (default sub)")
+    auth.add_argument(
+        "--budget-requests-per-min", type=int, help="inference calls per tenant per minute"
+    )
+    auth.add_argument("--budget-tokens-per-min", type=int, help="tokens per tenant per minute")
+    auth.add_argument(
+        "--budget-processes", type=int, help="gateway processes sharing the budget (Redis down)"
+    )
     serve.add_argument(
         "--drain-timeout",
         type=float,
@@ -127,6 +141,15 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_body_bytes",
         "catalog_config",
         "admin_api_key",
+        "api_key",
+        "api_keys_file",
+        "oauth_issuer",
+        "oauth_jwks_url",
+        "oauth_resource",
+        "oauth_tenant_claim",
+        "budget_requests_per_min",
+        "budget_tokens_per_min",
+        "budget_processes",
         "drain_timeout_s",
         "log_format",
         "max_waiting",
@@ -192,7 +215,7 @@ def serve(settings: Settings) -> None:
         logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
         try:
             app = create_app(settings, engine)
-        except CatalogConfigError as exc:
+        except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
             sys.exit(f"kvgate: {exc}")
         serve_app(
             app,

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from engine import OutputKind, RequestOutput, RequestStream, SamplingParams
+from gateway.auth.budgets import metered
+from gateway.auth.identity import tenant_salt
 from gateway.ops import tracing
 
 # Prompts above this many characters are prepared off the event loop (templating and
@@ -104,10 +106,11 @@ class Generations:
         """Prepare and admit ``request``. Raises ValueError (bad input: the message says what
         to change) or ``engine.AdmissionRefused``, both before anything is queued."""
         prompt = await self.off_loop(_chars(request), self._prompt, request)
+        salt = tenant_salt(request.cache_salt)  # the caller's tenant: never another's blocks
         stream = self.engine.submit(
-            prompt, request.params, request.cache_key, request.cache_salt, OutputKind.DELTA
+            prompt, request.params, request.cache_key, salt, OutputKind.DELTA
         )
-        return self._run(stream, request)
+        return metered(self._run(stream, request))  # tokens count against the tenant's budget
 
     def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
         """``SamplingParams`` from a request's fields; the model's generation_config.json

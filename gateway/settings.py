@@ -35,6 +35,21 @@ class Settings:
         None  # JSON file: instructions, resources, prompts (re-read on SIGHUP)
     )
     admin_api_key: str | None = None  # enables /admin/* for "Authorization: Bearer <key>"
+    # Authentication (gateway.auth): off unless keys or an OAuth issuer are configured.
+    api_key: str | None = None  # one key for tenant "default" (like vLLM's --api-key)
+    api_keys_file: str | None = None  # "tenant: sha256-hex-of-key" lines, re-read on SIGHUP
+    oauth_issuer: str | None = None  # accept JWT access tokens from this authorization server
+    oauth_jwks_url: str | None = None  # its signing keys
+    oauth_resource: str | None = None  # this server's canonical URI: the audience tokens name
+    oauth_tenant_claim: str = "sub"  # the claim naming the tenant
+    oauth_leeway_s: float = 30.0  # clock skew allowed on exp/nbf
+    oauth_jwks_min_refresh_s: float = 10.0  # an unknown kid re-fetches the JWKS at most this often
+    oauth_inference_scope: str = "kvgate:infer"  # tools/call, completions, tokenize
+    oauth_admin_scope: str = "kvgate:admin"  # /admin/*
+    # Per-tenant budgets (authenticated tenants only), shared through redis_url when set.
+    budget_requests_per_min: int = 0  # inference calls per tenant per minute; 0 = off
+    budget_tokens_per_min: int = 0  # prompt + completion tokens per tenant per minute; 0 = off
+    budget_processes: int = 1  # gateway processes: each enforces budget/N while Redis is down
     drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may still run
     log_format: str = "text"  # text | json
     # Admission and abuse limits (0 = off where it says so).

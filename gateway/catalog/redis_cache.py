@@ -32,13 +32,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-import redis.asyncio as aioredis
 from redis.asyncio.client import PubSub
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.catalog.discovery_cache import KEY_PREFIX, DiscoveryCache
+from gateway.redis_connection import connect
 
 VERSION_KEY = f"{KEY_PREFIX}:version"
 EVENTS_CHANNEL = f"{KEY_PREFIX}:events"
@@ -63,7 +63,7 @@ class RedisDiscoveryCache(DiscoveryCache):
         **options: Any,
     ) -> None:
         super().__init__(**options)
-        self._redis = aioredis.from_url(
+        self._redis = connect(
             redis_url,
             socket_timeout=self.timeout_s,
             socket_connect_timeout=self.timeout_s,

@@ -35,6 +35,8 @@ from gateway.admission import (
     engine_refused,
     listen_limited,
 )
+from gateway.auth.challenge import Challenge
+from gateway.auth.middleware import authorize_call
 from gateway.catalog.catalog import Catalog, CatalogHolder
 from gateway.catalog.discovery_cache import DiscoveryCache
 from gateway.http import io as http_io
@@ -75,6 +77,7 @@ T = TypeVar("T")
 
 ALLOW_POST = [(b"allow", b"POST")]
 CLOSE = [(b"connection", b"close")]
+MCP_PATH = "/mcp"
 LISTEN_KEY = "listen"  # every listen stream counts against one server-wide cap  # to send a stream's last event to a reader that may have stalled
 ACCEPTABLE = ("application/json", "text/event-stream", "*/*", "application/*", "text/*")
 REFUSAL_CODES = frozenset((SERVER_OVERLOADED, RATE_LIMITED, REQUEST_TIMEOUT))
@@ -114,7 +117,12 @@ class McpEndpoint:
         self.metrics = metrics
         self.versions = versions
         self.origins = OriginPolicy(settings.host, settings.allowed_origins)
-        self.clients = clients or ConcurrencyLimit(settings.max_concurrency_per_client)
+        # "is None", not "or": an empty ConcurrencyLimit is falsy (len 0) and would not be shared
+        self.clients = (
+            clients
+            if clients is not None
+            else ConcurrencyLimit(settings.max_concurrency_per_client)
+        )
         self.listens = ConcurrencyLimit(settings.max_listen_streams)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -143,6 +151,7 @@ class McpEndpoint:
             else:
                 check_legacy_meta(message, headers.get("mcp-protocol-version"))
             check_method(message.method, era)
+            await authorize_call(scope, message.method, message.params.get("name"))
             with tracing.request_span(message.method, message.params, message.meta, message.id):
                 if message.method == "tools/call":
                     name = message.params.get("name")
@@ -166,6 +175,10 @@ class McpEndpoint:
             if rejection.status in (408, 413):  # the rest of the body may still come: hang up
                 extra = CLOSE
             await http_io.send_response(send, rejection.status, error, headers=extra)
+        except Challenge as challenge:  # a credential without the scope this method needs
+            self._count_rejection(challenge.reason)
+            body = challenge.body(MCP_PATH, message and message.id)
+            await http_io.send_response(send, challenge.status, body, headers=challenge.headers())
         except (AdmissionRefused, Refusal) as exc:
             outcome = "rejected"
             error = _refusal_error(

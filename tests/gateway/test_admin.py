@@ -26,7 +26,8 @@ def test_reload_needs_the_key_and_reports_versions(engine: Any, tmp_path) -> Non
         served = live.app.state.served.current.version
         for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret"}):
             refused = httpx.post(url, headers=headers)
-            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+            assert refused.status_code == 401
+            assert refused.headers["www-authenticate"].startswith("Bearer")
         assert httpx.get(url, headers={"Authorization": "Bearer s3cret"}).status_code == 405
         auth = {"Authorization": "Bearer s3cret"}
         unchanged = httpx.post(url, headers=auth).json()
