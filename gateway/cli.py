@@ -30,6 +30,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--max-model-len", type=int, help="context length served (default: the model's own)"
     )
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
+    serve.add_argument(
+        "--routing",
+        choices=("prefix", "round_robin", "random"),
+        help="replica and upstream choice (default prefix; the others are baselines)",
+    )
     serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
     serve.add_argument(
         "--kv-cache-memory", help="KV cache size, e.g. 256MiB (default: share of free)"
@@ -148,6 +153,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "served_model_name",
         "max_model_len",
         "replicas",
+        "routing",
         "kv_cache_dtype",
         "kv_cache_memory",
         "redis_url",
@@ -202,6 +208,7 @@ def serve(settings: Settings) -> None:
             EngineConfig(
                 model=settings.model,
                 replicas=settings.replicas,
+                routing=settings.routing,
                 kv_cache_dtype=settings.kv_cache_dtype,
                 kv_cache_memory=settings.kv_cache_memory,
                 **engine_limits(settings),

@@ -21,6 +21,7 @@ class Settings:
     )
     max_model_len: int = 0  # 0 = the model's own context length
     replicas: int = 1
+    routing: str = "prefix"  # prefix | round_robin | random: engine replicas and upstreams alike
     kv_cache_dtype: str = "auto"
     kv_cache_memory: str | None = None  # bytes or "256MiB"; None = a share of free memory
     redis_url: str | None = None

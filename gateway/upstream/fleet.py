@@ -88,7 +88,7 @@ class Fleet:
         for i in down:  # did not answer at startup: out until a check passes
             for _ in range(settings.upstream_unhealthy_after):
                 self.upstreams[i].breaker.failure("connect")
-        self.router = UpstreamRouter(len(self.upstreams))
+        self.router = UpstreamRouter(len(self.upstreams), settings.routing)
         self.prefix_keys = PrefixKeys(tokenizer)
         self.metrics = Metrics()  # replaced by the app's in open()
         self._checker: asyncio.Task[None] | None = None
@@ -167,19 +167,9 @@ class Fleet:
 
     async def open(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self._ttft = Histogram(
-            "kvgate_upstream_ttft_seconds",
-            "Time to the first streamed text from an upstream.",
-            ["upstream"],
-            buckets=LATENCY_BUCKETS,
-            registry=metrics.registry,
-        )
-        self._latency = Histogram(
-            "kvgate_upstream_request_duration_seconds",
-            "Upstream call latency, until its last chunk.",
-            ["upstream"],
-            buckets=LATENCY_BUCKETS,
-            registry=metrics.registry,
+        self._ttft = _histogram(metrics, "ttft_seconds", "Time to an upstream's first text.")
+        self._latency = _histogram(
+            metrics, "request_duration_seconds", "Upstream call latency, to its last chunk."
         )
         metrics.registry.register(_HealthCollector(self.upstreams))
         if self.settings.upstream_health_interval_s > 0:
@@ -412,3 +402,13 @@ class _HealthCollector(Collector):
         for u in self._upstreams:
             family.add_metric([str(u.index), u.url], float(u.breaker.available()))
         yield family
+
+
+def _histogram(metrics: Metrics, name: str, documentation: str) -> Histogram:
+    return Histogram(
+        f"kvgate_upstream_{name}",
+        documentation,
+        ["upstream"],
+        buckets=LATENCY_BUCKETS,
+        registry=metrics.registry,
+    )

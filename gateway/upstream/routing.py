@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from engine.block_hash import BLOCK_SIZE, block_hashes
 from engine.errors import EngineUnavailable
-from engine.router import KEY_BLOCKS, PrefixRouter
+from engine.router import KEY_BLOCKS, PrefixRouter, make_router
 from engine.tokenizer import Tokenizer
 from gateway.generation import GenerationRequest
 
@@ -67,11 +67,13 @@ def _text_hashes(text: str) -> list[bytes]:
 
 class UpstreamRouter:
     """``choose`` → (upstream index, reason): ``key``, ``prefix``, ``overflow`` (the key's own
-    upstream was at its load bound), or ``least_loaded`` (no key and no full chunk)."""
+    upstream was at its load bound), or ``least_loaded`` (no key and no full chunk); the
+    baseline policies (``round_robin``, ``random``) give their own name as the reason."""
 
-    def __init__(self, num_upstreams: int) -> None:
+    def __init__(self, num_upstreams: int, policy: str = "prefix") -> None:
         self.num = num_upstreams
-        self._router = PrefixRouter(num_upstreams)
+        self.policy = policy
+        self._router = make_router(policy, num_upstreams)
 
     def choose(
         self,
@@ -83,6 +85,8 @@ class UpstreamRouter:
         if not any(available):
             raise EngineUnavailable(f"no healthy upstream (all {self.num} are down or excluded)")
         pick = self._router.choose(hashes, cache_key, 0, loads, available)
+        if not isinstance(self._router, PrefixRouter):
+            return pick, self.policy
         if cache_key is None and not hashes:
             return pick, "least_loaded"
         # With no load anywhere every upstream has room: that choice is the key's own.

@@ -138,6 +138,12 @@ def test_routing_reasons_and_the_next_choice_on_failure() -> None:
     assert router.choose([], None, [3, 1, 2], up) == (1, "least_loaded")
     with pytest.raises(Exception, match="no healthy upstream"):
         router.choose([], "k", [0, 0, 0], [False] * 3)
+    turns = UpstreamRouter(3, "round_robin")
+    assert [turns.choose([], "k", [0, 0, 0], up) for _ in range(3)] == [
+        (0, "round_robin"),
+        (1, "round_robin"),
+        (2, "round_robin"),
+    ]
 
 
 def test_prefix_keys_chunk_text_or_tokens(tmp_path) -> None:
