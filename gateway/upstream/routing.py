@@ -5,7 +5,8 @@ blocks of 16 token ids when the gateway has the model's tokenizer, else fixed 64
 chunks of the prompt text (a conversation rendered as ``role: content`` lines), the approach
 of the Gateway API Inference Extension's prefix scorer. Everything is sha256, so every gateway
 process routes a key to the same upstream while none is over its bound. Load is this gateway's
-own in-flight calls per upstream.
+own in-flight calls per upstream, and bounded loads apply once the key's own upstream holds
+``AFFINITY_SLACK`` of them.
 """
 
 from __future__ import annotations
@@ -20,6 +21,11 @@ from engine.tokenizer import Tokenizer
 from gateway.generation import GenerationRequest
 
 CHUNK_CHARS = 64
+# A key stays on its own upstream while this gateway has fewer calls than this in flight
+# there: an engine server batches a few requests at no cost, and at low concurrency the
+# bound ceil(1.25 (total + 1) / n) would be 1 or 2, moving keys off their cache (and, since
+# each gateway sees only its own calls, differently in different gateways).
+AFFINITY_SLACK = 4
 ROOT = hashlib.sha256(b"kvgate-fleet-prefix").digest()
 
 
@@ -84,13 +90,14 @@ class UpstreamRouter:
     ) -> tuple[int, str]:
         if not any(available):
             raise EngineUnavailable(f"no healthy upstream (all {self.num} are down or excluded)")
-        pick = self._router.choose(hashes, cache_key, 0, loads, available)
         if not isinstance(self._router, PrefixRouter):
-            return pick, self.policy
+            return self._router.choose(hashes, cache_key, 0, loads, available), self.policy
         if cache_key is None and not hashes:
-            return pick, "least_loaded"
+            return self._router.choose(hashes, None, 0, loads, available), "least_loaded"
         # With no load anywhere every upstream has room: that choice is the key's own.
         own = self._router.choose(hashes, cache_key, 0, [0] * self.num, available)
-        if pick != own:
-            return pick, "overflow"
-        return pick, "key" if cache_key is not None else "prefix"
+        if loads[own] >= AFFINITY_SLACK:
+            pick = self._router.choose(hashes, cache_key, 0, loads, available)
+            if pick != own:
+                return pick, "overflow"
+        return own, "key" if cache_key is not None else "prefix"

@@ -101,16 +101,16 @@ def test_every_gateway_routes_a_key_to_the_same_upstream(
 def test_a_hot_key_overflows_to_the_next_upstream(gateways: list[Process]) -> None:
     g = gateways[0]
     (key,) = owned_by(g.base, 0)
-    with ThreadPoolExecutor(6) as pool:
+    with ThreadPoolExecutor(8) as pool:
         calls = [
             pool.submit(generate, g.base, 60, cache_key=key, prompt="hi", max_tokens=400)
-            for _ in range(6)
+            for _ in range(8)
         ]
         replicas = [c.result()["structuredContent"]["replica"] for c in calls]
     counts = {r: replicas.count(r) for r in set(replicas)}
-    # Bounded load (c = 1.25): six at once cannot all sit on one upstream; the key's own
-    # upstream keeps its share, the rest go to its next one on the ring.
-    assert len(counts) >= 2 and counts.get(0, 0) >= 2 and max(counts.values()) <= 4, replicas
+    # Bounded load: the key's own upstream keeps AFFINITY_SLACK (4) calls, then the bound
+    # ceil(1.25 (total + 1) / 3) sends the rest to its next upstream on the ring.
+    assert len(counts) >= 2 and counts.get(0, 0) >= 4 and max(counts.values()) <= 5, replicas
     assert 'reason="overflow"' in g.metrics()
 
 
@@ -168,7 +168,6 @@ def test_sigkill_mid_run_fails_only_the_streams_it_held_then_recovers(
             assert final["structuredContent"]["replica"] != 2
     assert failed >= 1
     assert states(g)[2] != "healthy" and g.ready()  # still ready on the other two
-    assert "kvgate_upstream_retries_total" in g.metrics()
     # Restarted on the same port, it is routed to again once a health check passes.
     victim.start().wait_ready()
     wait_for(lambda: states(g)[2] == "healthy", 10, "the restarted upstream stayed out")

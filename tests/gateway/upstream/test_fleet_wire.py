@@ -18,7 +18,7 @@ from gateway.generation import GenerationRequest
 from gateway.settings import Settings
 from gateway.upstream import Fleet, FleetConfigError
 from gateway.upstream.health import Breaker
-from gateway.upstream.routing import CHUNK_CHARS, PrefixKeys, UpstreamRouter
+from gateway.upstream.routing import AFFINITY_SLACK, CHUNK_CHARS, PrefixKeys, UpstreamRouter
 from gateway.upstream.wire import request_body
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.openai.test_endpoint import engine_text
@@ -130,7 +130,9 @@ def test_routing_reasons_and_the_next_choice_on_failure() -> None:
     own, reason = router.choose([], "k", [0, 0, 0], up)
     assert reason == "key"
     loads = [0, 0, 0]
-    loads[own] = 5  # far over the bound: the key overflows
+    loads[own] = AFFINITY_SLACK - 1  # a few calls in flight: the key stays
+    assert router.choose([], "k", loads, up) == (own, "key")
+    loads[own] = AFFINITY_SLACK  # over the bound now (c = 1.25): the key overflows
     other, reason = router.choose([], "k", loads, up)
     assert other != own and reason == "overflow"
     excluded = [r != own for r in range(3)]  # the key's upstream failed: the next one
