@@ -82,6 +82,18 @@ def prefix_counters(upstreams: list[Server]) -> tuple[float, float]:
     return hits, queries
 
 
+def gateway_events(gateways: list[Server]) -> str:
+    """Routing reasons and upstream errors the gateways counted, e.g. ``key=70 overflow=2``."""
+    counts: dict[str, float] = {}
+    for g in gateways:
+        for line in httpx.get(g.base + "/metrics", timeout=5).text.splitlines():
+            for family, label in (("routing", "reason"), ("errors", "kind")):
+                if line.startswith(f"kvgate_upstream_{family}_total{{"):
+                    name = line.split(f'{label}="', 1)[1].split('"', 1)[0]
+                    counts[name] = counts.get(name, 0) + float(line.rsplit(" ", 1)[1])
+    return "(" + " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items())) + ")"
+
+
 async def call(http: httpx.AsyncClient, url: str, prompt: str, key: str, tokens: int) -> dict:
     content, headers = request(prompt, tokens, key)
     response = await http.post(url, content=content, headers=headers)
@@ -148,6 +160,7 @@ async def run_policy(
             )
             result.wall_s = time.perf_counter() - began
             hits1, queries1 = prefix_counters(upstreams)
+            result.name += " " + gateway_events(gateways)
     finally:
         for g in gateways:
             g.stop()

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from engine import AsyncLLM, SamplingParams
@@ -21,8 +22,9 @@ from gateway.upstream.health import Breaker
 from gateway.upstream.routing import AFFINITY_SLACK, CHUNK_CHARS, PrefixKeys, UpstreamRouter
 from gateway.upstream.wire import request_body
 from tests.gateway.live_server import LiveServer, free_port
+from tests.gateway.mcp.test_streaming import wait_idle
 from tests.gateway.openai.test_endpoint import engine_text
-from tests.gateway.upstream.processes import generate
+from tests.gateway.upstream.processes import generate, tool_call
 from tests.gateway.wire import modern_headers, modern_meta
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
@@ -185,3 +187,16 @@ def test_the_upstream_body_carries_only_what_was_set() -> None:
     assert "top_p" not in body and body["stream"] is True
     with pytest.raises(ValueError, match="logprobs"):
         request_body(GenerationRequest(SamplingParams(logprobs=2), prompt="hi"), "m")
+
+
+def test_a_client_gone_closes_the_upstream_stream(
+    fleet_server: LiveServer, engine: AsyncLLM
+) -> None:
+    arguments = {"prompt": "A long story begins", "max_tokens": 3000, "temperature": 0}
+    body = orjson.dumps(tool_call(arguments, progress=True))
+    headers = modern_headers("tools/call", "generate")
+    with httpx.stream("POST", fleet_server.url, content=body, headers=headers) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data:"))
+        assert "notifications/progress" in first
+        assert engine.stats().num_running == 1  # running upstream, on the session engine
+    wait_idle(engine, 2.0)  # the upstream saw its connection drop and aborted the request
