@@ -189,7 +189,7 @@ class Fleet:
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = _Call(self, request, hashes, path, body, headers)
         await call.connect()
-        return call.relay()
+        return _Relay(call)
 
     async def tokenize(self, text: str) -> list[int]:
         if self._tokenizer is not None:
@@ -385,6 +385,26 @@ class _Call:
         self.upstream.in_flight -= 1
         response, self.upstream, self.response = self.response, None, None
         await response.aclose()
+
+
+class _Relay:
+    """A call's items; ``aclose`` releases its upstream even when it was never iterated (an
+    async generator that never started would skip its ``finally``)."""
+
+    def __init__(self, call: _Call) -> None:
+        self._call = call
+        self._items = call.relay()
+
+    def __aiter__(self) -> _Relay:
+        return self
+
+    async def __anext__(self) -> TextDelta | Completion:
+        return await anext(self._items)
+
+    async def aclose(self) -> None:
+        await self._items.aclose()
+        if self._call.upstream is not None:
+            await self._call._close()
 
 
 class _HealthCollector(Collector):

@@ -200,3 +200,19 @@ def test_a_client_gone_closes_the_upstream_stream(
         assert "notifications/progress" in first
         assert engine.stats().num_running == 1  # running upstream, on the session engine
     wait_idle(engine, 2.0)  # the upstream saw its connection drop and aborted the request
+
+
+def test_a_call_closed_before_it_is_read_releases_its_upstream(
+    fleet_server: LiveServer, engine: AsyncLLM
+) -> None:
+    fleet = fleet_server.app.state.openai.generations.backend
+
+    async def start_and_drop() -> None:
+        request = GenerationRequest(SamplingParams(max_tokens=3000), prompt="A long story")
+        stream = await fleet.start(request)
+        assert fleet.upstreams[0].in_flight == 1
+        await stream.aclose()  # never iterated (a refused sibling choice, a client gone)
+
+    fleet_server.run(start_and_drop())
+    assert fleet.upstreams[0].in_flight == 0
+    wait_idle(engine, 2.0)  # the upstream request was aborted too
