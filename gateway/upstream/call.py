@@ -9,7 +9,7 @@ the stream, one after is ``UpstreamError``. ``Relay.aclose`` always releases the
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import httpx
@@ -86,7 +86,7 @@ class Call:
         self.retries -= 1
         self.fleet.metrics.count("kvgate_upstream_retries", upstream=str(upstream.index))
 
-    async def relay(self) -> AsyncIterator[TextDelta | Completion]:
+    async def relay(self) -> AsyncGenerator[TextDelta | Completion]:
         sent = 0
         try:
             while True:
