@@ -4,6 +4,7 @@ it cannot serve, and the pure pieces (breaker, routing reasons, prefix keys) beh
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import httpx
@@ -23,11 +24,20 @@ from gateway.upstream.routing import AFFINITY_SLACK, CHUNK_CHARS, PrefixKeys, Up
 from gateway.upstream.wire import request_body
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.mcp.test_streaming import wait_idle
-from tests.gateway.openai.test_endpoint import engine_text
 from tests.gateway.upstream.processes import generate, tool_call
 from tests.gateway.wire import modern_headers, modern_meta
 
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
+
+
+def engine_text(engine: AsyncLLM, prompt: list[int], max_tokens: int) -> str:
+    """What the upstream's engine itself generates, greedy."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+    async def run() -> str:
+        return [o async for o in engine.generate(prompt, params)][-1].text
+
+    return asyncio.run(run())
 
 
 @pytest.fixture(scope="module")
