@@ -30,7 +30,7 @@ from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
 from gateway.catalog.reload import CatalogReloader
-from gateway.generation import Generations
+from gateway.generation import Backend, EngineBackend, Generations
 from gateway.http.security import HostOriginGuard, OriginPolicy
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.tool_runner import ToolRunner
@@ -40,18 +40,6 @@ from gateway.settings import Settings
 
 MCP_PATH = "/mcp"
 log = logging.getLogger(__name__)
-
-
-def model_facts(engine: Any, settings: Settings) -> ModelFacts:
-    stats = engine.stats()
-    return ModelFacts(
-        name=engine.model_name,
-        max_model_len=engine.max_model_len,
-        block_size=stats.block_size,
-        num_blocks=stats.num_blocks,
-        kv_cache_dtype=stats.cache_dtype,
-        replicas=len(stats.per_replica) or settings.replicas,
-    )
 
 
 def build_catalog(facts: ModelFacts, settings: Settings) -> Catalog:
@@ -82,9 +70,13 @@ def make_discovery_cache(
     return RedisDiscoveryCache(redis_url, **options)  # type: ignore[arg-type]
 
 
-def create_app(settings: Settings, engine: Any) -> Starlette:
-    metrics = Metrics(engine.stats, engine.model_name)
-    facts = model_facts(engine, settings)
+def create_app(
+    settings: Settings, engine: Any = None, *, backend: Backend | None = None
+) -> Starlette:
+    """The app over the embedded ``engine``, or over another ``backend`` (a fleet)."""
+    backend = backend if backend is not None else EngineBackend(engine)
+    metrics = Metrics(backend.stats, backend.model_name)
+    facts = backend.facts(settings.replicas)
     catalog = build_catalog(facts, settings)
 
     def on_cache_event(event: str) -> None:
@@ -94,7 +86,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     cache = make_discovery_cache(settings.redis_url, on_event=on_cache_event)
     served = CatalogHolder(catalog)
     reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
-    generations = Generations(engine)
+    generations = Generations(backend)
     authenticator = Authenticator(settings)
     budgets = Budgets(
         settings.budget_requests_per_min,
@@ -109,8 +101,8 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
     openai = OpenAIEndpoint(
         settings,
         generations,
-        settings.served_model_name or engine.model_name,
-        engine.max_model_len,
+        settings.served_model_name or backend.model_name,
+        backend.max_model_len,
         metrics,
         clients,
     )
@@ -125,12 +117,10 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
-        """Ready while every replica steps (a stuck one makes the pod unready, so a load
-        balancer steers new traffic elsewhere while the router here skips that replica)."""
-        ready = engine.is_ready() and not app.state.draining
-        return JSONResponse(
-            {"ready": ready, "replicas": engine.replicas_ready()}, status_code=200 if ready else 503
-        )
+        """The backend's readiness (every replica stepping; a fleet: some upstream healthy)."""
+        ready, details = backend.readiness()
+        ready = ready and not app.state.draining
+        return JSONResponse({"ready": ready, **details}, status_code=200 if ready else 503)
 
     async def prometheus(request: Request) -> Response:
         body, content_type = metrics.render()
@@ -141,6 +131,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
         nonlocal loop
         loop = asyncio.get_running_loop()
         reloader.start()
+        await backend.open(metrics)
         await cache.start()
         await cache.publish_version(catalog.version)
         remove_sighup = _on_sighup(loop, reloader, authenticator.api_keys.reload)
@@ -153,7 +144,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             await reloader.close()
             await cache.close()
             await budgets.close()
-            generations.close()
+            await backend.aclose()
 
     def begin_drain() -> None:
         """Not ready from now on, and listen streams end (they would hold the drain open).
@@ -167,6 +158,7 @@ def create_app(settings: Settings, engine: Any) -> Starlette:
             Route(MCP_PATH, endpoint),
             *(Route(path, openai, methods=[method]) for path, (method, _) in openai.routes.items()),
             Route("/healthz", healthz),
+            Route("/health", healthz),  # vLLM's path, so fleet health checks find either
             Route("/readyz", readyz),
             Route("/metrics", prometheus),
             *admin_routes(authenticator.admin_enabled, reloader),

@@ -34,6 +34,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--threads", type=int, help="CPU compute threads (default: leave the HTTP loop a core)"
     )
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
+    serve.add_argument(
+        "--routing",
+        choices=("prefix", "round_robin", "random"),
+        help="replica and upstream choice (default prefix; the others are baselines)",
+    )
     serve.add_argument("--kv-cache-dtype", help="auto | float32 | bfloat16 | fp8")
     serve.add_argument(
         "--kv-cache-memory", help="KV cache size, e.g. 256MiB (default: share of free)"
@@ -67,6 +72,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds in-flight requests get after SIGTERM (default 30)",
     )
     serve.add_argument("--log-format", choices=("text", "json"), help="log lines (default text)")
+    fleet = serve.add_argument_group(
+        "fleet", "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine"
+    )
+    fleet.add_argument(
+        "--upstream",
+        action="append",
+        help="an upstream's base URL, e.g. http://10.0.0.5:8000 (repeat for each)",
+    )
+    fleet.add_argument("--tokenizer", help="tokenizer folder for token-aligned prefix hashes")
+    fleet.add_argument("--upstream-health-path", help="active health check path (default /health)")
+    fleet.add_argument(
+        "--upstream-health-interval",
+        type=float,
+        dest="upstream_health_interval_s",
+        help="seconds between health checks; 0 = passive only (default 2)",
+    )
+    fleet.add_argument(
+        "--upstream-health-timeout",
+        type=float,
+        dest="upstream_health_timeout_s",
+        help="seconds a health check may take (default 1)",
+    )
+    fleet.add_argument(
+        "--upstream-unhealthy-after",
+        type=int,
+        help="consecutive failures that take an upstream out (default 2)",
+    )
+    fleet.add_argument("--upstream-connect-timeout", type=float, dest="upstream_connect_timeout_s")
+    fleet.add_argument(
+        "--upstream-read-timeout",
+        type=float,
+        dest="upstream_read_timeout_s",
+        help="longest silence between stream chunks (default 60)",
+    )
     limits = serve.add_argument_group("limits", "admission control and abuse limits")
     limits.add_argument(
         "--max-waiting",
@@ -134,6 +173,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "dtype",
         "threads",
         "replicas",
+        "routing",
         "kv_cache_dtype",
         "kv_cache_memory",
         "redis_url",
@@ -163,6 +203,14 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_header_bytes",
         "max_json_depth",
         "max_listen_streams",
+        "upstream",
+        "tokenizer",
+        "upstream_health_path",
+        "upstream_health_interval_s",
+        "upstream_health_timeout_s",
+        "upstream_unhealthy_after",
+        "upstream_connect_timeout_s",
+        "upstream_read_timeout_s",
     )
     return Settings.from_env(**{name: getattr(args, name) for name in names})
 
@@ -179,11 +227,11 @@ def engine_limits(settings: Settings) -> dict[str, Any]:
 
 
 def serve(settings: Settings) -> None:
+    if settings.upstream:
+        serve_fleet(settings)
+        return
     from engine import AsyncLLM, EngineConfig
     from engine.config import serving_threads
-    from gateway.app import create_app
-    from gateway.catalog.config import CatalogConfigError
-    from gateway.http.serving import http_protocol, serve_app
 
     try:
         engine = AsyncLLM(
@@ -192,6 +240,7 @@ def serve(settings: Settings) -> None:
                 dtype=settings.dtype,
                 threads=settings.threads or serving_threads(),
                 replicas=settings.replicas,
+                routing=settings.routing,
                 kv_cache_dtype=settings.kv_cache_dtype,
                 kv_cache_memory=settings.kv_cache_memory,
                 **engine_limits(settings),
@@ -211,23 +260,49 @@ def serve(settings: Settings) -> None:
             stats.block_size,
             stats.cache_dtype,
         )
-        base = f"http://{settings.host}:{settings.port}"
-        logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
-        try:
-            app = create_app(settings, engine)
-        except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
-            sys.exit(f"kvgate: {exc}")
-        serve_app(
-            app,
-            settings.host,
-            settings.port,
-            settings.drain_timeout_s,
-            uvicorn_logging=settings.log_format == "text",
-            http=http_protocol(settings),
-        )
-        logger.info("stopped")
+        run_app(settings, engine=engine)
     finally:
         engine.shutdown()
+
+
+def serve_fleet(settings: Settings) -> None:
+    """Fleet mode: no embedded engine; calls go to the upstreams (a model mismatch among
+    them, or none answering, is a startup error)."""
+    from gateway.upstream import Fleet, FleetConfigError
+
+    try:
+        fleet = Fleet.connect(settings)
+    except FleetConfigError as exc:
+        sys.exit(f"kvgate: {exc}")
+    logger.info(
+        "fleet mode: model %s on %d upstream(s): %s",
+        fleet.model_name,
+        len(settings.upstream),
+        ", ".join(settings.upstream),
+    )
+    run_app(settings, backend=fleet)
+
+
+def run_app(settings: Settings, **backend: Any) -> None:
+    from gateway.app import create_app
+    from gateway.catalog.config import CatalogConfigError
+    from gateway.http.serving import http_protocol, serve_app
+
+    base = f"http://{settings.host}:{settings.port}"
+    logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
+    try:
+        app = create_app(settings, **backend)
+    except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
+        sys.exit(f"kvgate: {exc}")
+    serve_app(
+        app,
+        settings.host,
+        settings.port,
+        settings.drain_timeout_s,
+        uvicorn_logging=settings.log_format == "text",
+        http=http_protocol(settings),
+    )
+    logger.info("stopped")
 
 
 def main(argv: list[str] | None = None) -> None:

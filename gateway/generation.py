@@ -1,27 +1,33 @@
 """One home for generation requests, whatever front door they came through.
 
-A front door (the MCP tools today, the OpenAI API next) builds a ``GenerationRequest`` —
-a prompt or a conversation, sampling params, a cache key and tenant salt — and ``start``s it:
-the prompt is rendered and tokenized (in a worker thread when it is large, so a 1 MiB body
-never stalls other clients' streams), then the engine admits it or refuses at once. What
-comes back is one async iterator shape for every front door: ``TextDelta`` items as text
-arrives, then one ``Completion``. Closing it (``aclosing``, a cancelled task, a client gone)
-aborts the request at the next step boundary and frees its KV blocks.
+A front door (the MCP tools, the OpenAI API) builds a ``GenerationRequest`` — a prompt or a
+conversation, sampling params, a cache key and tenant salt — and ``start``s it on the
+``Generations`` the app holds. Where it runs is a ``Backend``: the embedded engine
+(``EngineBackend``, below) or a fleet of engine servers (``gateway.upstream.Fleet``). Either
+prepares the request (templating and tokenizing in a worker thread when it is large, so a 1 MiB
+body never stalls other clients' streams), then admits it or refuses at once. What comes back
+is one async iterator shape for every front door: ``TextDelta`` items as text arrives, then
+one ``Completion``. Closing it (``aclosing``, a cancelled task, a client gone) aborts the
+request (at the next step boundary, or by closing the upstream stream) and frees its blocks.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from engine import OutputKind, RequestOutput, RequestStream, SamplingParams
+from engine.stats import EngineStats
+from engine.tokenizer import Tokenizer
 from gateway.auth.budgets import metered
 from gateway.auth.identity import tenant_salt
+from gateway.catalog.catalog import ModelFacts
 from gateway.ops import tracing
+from gateway.ops.metrics import Metrics
 
 # Prompts above this many characters are prepared off the event loop (templating and
 # tokenizing ~1 MiB takes seconds; a few KiB take microseconds, less than a thread hop).
@@ -30,12 +36,19 @@ PREPARE_WORKERS = 2  # bounded: a flood of huge bodies queues here, not in more 
 
 
 class Engine(Protocol):
-    """The part of ``engine.AsyncLLM`` generation uses."""
+    """The part of ``engine.AsyncLLM`` the embedded backend uses."""
 
     model_name: str
+    max_model_len: int
+
+    def stats(self) -> EngineStats: ...
+
+    def is_ready(self) -> bool: ...
+
+    def replicas_ready(self) -> list[bool]: ...
 
     @property
-    def tokenizer(self) -> Any: ...
+    def tokenizer(self) -> Tokenizer: ...
 
     @property
     def default_sampling_fields(self) -> dict[str, Any]: ...
@@ -92,32 +105,17 @@ class Completion:
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
-    replica: int
+    replica: int  # the engine replica, or the upstream's index in the configured order
+    upstream: str | None = None  # the upstream's URL in fleet mode
 
 
-class Generations:
-    """Starts generation requests on the engine; owns the worker threads that prepare them."""
+class OffLoop:
+    """Runs preparation work here when it is small, else on a bounded pool of worker threads."""
 
-    def __init__(self, engine: Engine) -> None:
-        self.engine = engine
+    def __init__(self) -> None:
         self._workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kvgate-prepare")
 
-    async def start(self, request: GenerationRequest) -> AsyncIterator[TextDelta | Completion]:
-        """Prepare and admit ``request``. Raises ValueError (bad input: the message says what
-        to change) or ``engine.AdmissionRefused``, both before anything is queued."""
-        prompt = await self.off_loop(_chars(request), self._prompt, request)
-        salt = tenant_salt(request.cache_salt)  # the caller's tenant: never another's blocks
-        stream = self.engine.submit(
-            prompt, request.params, request.cache_key, salt, OutputKind.DELTA
-        )
-        return metered(self._run(stream, request))  # tokens count against the tenant's budget
-
-    def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
-        """``SamplingParams`` from a request's fields; the model's generation_config.json
-        defaults fill those it leaves unset (ValueError naming a bad field)."""
-        return SamplingParams.from_dict(fields, defaults=self.engine.default_sampling_fields)
-
-    async def off_loop(self, size: int, work: Any, *args: Any) -> Any:
+    async def run(self, size: int, work: Any, *args: Any) -> Any:
         """``work(*args)`` here when ``size`` is small, else on a worker thread."""
         if size <= OFF_LOOP_CHARS:
             return work(*args)
@@ -125,6 +123,130 @@ class Generations:
 
     def close(self) -> None:
         self._workers.shutdown(wait=False, cancel_futures=True)
+
+
+Stream = AsyncIterator[TextDelta | Completion]
+
+
+class Backend(Protocol):
+    """Where generation requests run. ``start`` raises ValueError (bad input: the message
+    says what to change) or ``engine.AdmissionRefused``, both before anything is queued."""
+
+    model_name: str
+    max_model_len: int
+    off_loop: OffLoop
+
+    @property
+    def tokenizer(self) -> Tokenizer | None: ...  # None: a fleet without --tokenizer
+
+    @property
+    def default_sampling_fields(self) -> dict[str, Any]: ...
+
+    async def start(self, request: GenerationRequest) -> Stream: ...
+
+    async def tokenize(self, text: str) -> list[int]: ...
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready or not, and the details ``/readyz`` shows (replicas or upstreams)."""
+        ...
+
+    def facts(self, replicas: int) -> ModelFacts: ...
+
+    @property
+    def stats(self) -> Callable[[], EngineStats] | None:
+        """Engine figures for the ``vllm:*`` gauges (None: there is no local engine)."""
+        ...
+
+    async def open(self, metrics: Metrics) -> None:
+        """Start background work (health checks); count into the app's ``metrics``."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+class Generations:
+    """What the front doors hold: starts requests on the backend, builds their sampling
+    params, and lends its worker threads for other heavy preparation (tokenizing)."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.model_name = backend.model_name
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.backend.tokenizer
+
+    async def start(self, request: GenerationRequest) -> Stream:
+        """Prepare and admit ``request`` (ValueError or ``AdmissionRefused`` if not), salted
+        with the caller's tenant (never another tenant's cached blocks) and metered against
+        its budget as tokens are produced."""
+        salted = replace(request, cache_salt=tenant_salt(request.cache_salt))
+        return metered(await self.backend.start(salted))
+
+    async def tokenize(self, text: str) -> list[int]:
+        return await self.backend.tokenize(text)
+
+    def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
+        """``SamplingParams`` from a request's fields; the model's generation_config.json
+        defaults fill those it leaves unset (ValueError naming a bad field)."""
+        return SamplingParams.from_dict(fields, defaults=self.backend.default_sampling_fields)
+
+    async def off_loop(self, size: int, work: Any, *args: Any) -> Any:
+        return await self.backend.off_loop.run(size, work, *args)
+
+
+class EngineBackend:
+    """The embedded engine (``engine.AsyncLLM``) as a backend."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.model_name = engine.model_name
+        self.max_model_len: int = engine.max_model_len
+        self.off_loop = OffLoop()
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        return self.engine.tokenizer
+
+    @property
+    def default_sampling_fields(self) -> dict[str, Any]:
+        return self.engine.default_sampling_fields
+
+    @property
+    def stats(self) -> Callable[[], EngineStats]:
+        return self.engine.stats
+
+    def facts(self, replicas: int) -> ModelFacts:
+        stats = self.engine.stats()
+        return ModelFacts(
+            name=self.model_name,
+            max_model_len=self.max_model_len,
+            block_size=stats.block_size,
+            num_blocks=stats.num_blocks,
+            kv_cache_dtype=stats.cache_dtype,
+            replicas=len(stats.per_replica) or replicas,
+        )
+
+    def readiness(self) -> tuple[bool, dict[str, Any]]:
+        """Ready while every replica steps (a stuck one makes the pod unready, so a load
+        balancer steers new traffic elsewhere while the router here skips that replica)."""
+        return self.engine.is_ready(), {"replicas": self.engine.replicas_ready()}
+
+    async def open(self, metrics: Metrics) -> None:
+        return None  # the engine's lifetime belongs to whoever built it
+
+    async def aclose(self) -> None:
+        self.off_loop.close()
+
+    async def start(self, request: GenerationRequest) -> Stream:
+        prompt = await self.off_loop.run(prompt_chars(request), self._prompt, request)
+        stream = self.engine.submit(
+            prompt, request.params, request.cache_key, request.cache_salt, OutputKind.DELTA
+        )
+        return self._run(stream, request)
+
+    async def tokenize(self, text: str) -> list[int]:
+        return list(await self.off_loop.run(len(text), self.engine.tokenizer.encode, text))
 
     def _prompt(self, request: GenerationRequest) -> str | list[int]:
         if request.messages is None:
@@ -194,7 +316,7 @@ class Generations:
         )
 
 
-def _chars(request: GenerationRequest) -> int:
+def prompt_chars(request: GenerationRequest) -> int:
     """A cheap size estimate of what preparing the request will chew through."""
     if request.messages is not None:
         return sum(len(str(m.get("content", ""))) for m in request.messages)

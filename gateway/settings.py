@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "KVGATE_"
+LISTS = ("allowed_origins", "upstream")  # comma lists in the environment
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Settings:
     dtype: str = "auto"  # auto: bf16 where the CPU computes it natively (or on GPU), else fp32
     threads: int = 0  # CPU compute threads; 0 = all usable cores but one for the event loop (> 2)
     replicas: int = 1
+    routing: str = "prefix"  # prefix | round_robin | random: engine replicas and upstreams alike
     kv_cache_dtype: str = "auto"
     kv_cache_memory: str | None = None  # bytes or "256MiB"; None = a share of free memory
     redis_url: str | None = None
@@ -64,6 +66,17 @@ class Settings:
     max_header_bytes: int = 32 * 1024  # request line plus headers; beyond -> 431
     max_json_depth: int = 64  # nesting of arrays/objects in a body; beyond -> -32600
     max_listen_streams: int = 1024  # open subscriptions/listen streams; beyond -> 503
+    # Fleet mode: upstream engine servers (vLLM, SGLang, kvgate) instead of an embedded engine.
+    upstream: tuple[str, ...] = ()  # base URLs; KVGATE_UPSTREAM takes a comma list
+    tokenizer: str | None = None  # a tokenizer folder for token-aligned prefix hashes
+    upstream_health_path: str = "/health"  # vLLM's and kvgate's liveness path
+    upstream_health_interval_s: float = 2.0  # active checks; 0 = passive only
+    upstream_health_timeout_s: float = 1.0
+    upstream_unhealthy_after: int = 2  # consecutive failures (passive or active) open the breaker
+    upstream_healthy_after: int = 1  # consecutive successful checks close it again
+    upstream_cooldown_s: float = 5.0  # an open breaker lets one trial call through after this
+    upstream_connect_timeout_s: float = 2.0
+    upstream_read_timeout_s: float = 60.0  # the longest silence between stream chunks
     instructions: str = field(
         default=(
             "LLM inference as tools: `generate` continues a prompt, `chat` answers a "
@@ -82,14 +95,17 @@ class Settings:
             if raw is not None and raw != "":
                 values[spec.name] = _convert(spec.name, raw, cls)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        if isinstance(values.get("allowed_origins"), str):
-            values["allowed_origins"] = _split(values["allowed_origins"])
+        for name in LISTS:
+            if isinstance(values.get(name), str):
+                values[name] = _split(values[name])
+            elif isinstance(values.get(name), list):
+                values[name] = tuple(part.rstrip("/") for part in values[name])
         return cls(**values)
 
 
 def _convert(name: str, raw: str, cls: type[Settings]) -> Any:
     default = cls.__dataclass_fields__[name].default
-    if name == "allowed_origins":
+    if name in LISTS:
         return _split(raw)
     if isinstance(default, bool):
         return raw.lower() in ("1", "true", "yes", "on")

@@ -147,7 +147,12 @@ def _completion_output(kind: str) -> dict[str, Any]:
             "completion_tokens": {**count, "description": "Tokens generated."},
             "cached_tokens": {**count, "description": "Prompt tokens served from the KV cache."},
             "model": {"type": "string", "description": "The model that answered."},
-            "replica": {**count, "description": "The engine replica that answered."},
+            "replica": {
+                **count,
+                "description": "The engine replica that answered (fleet mode: the upstream's "
+                "index in the configured order).",
+            },
+            "upstream": {"type": "string", "description": "Fleet mode: the upstream's URL."},
         },
         "required": [
             "text",

@@ -36,7 +36,7 @@ def tool_error(text: str) -> dict[str, Any]:
 class ToolRunner:
     def __init__(self, generations: Generations) -> None:
         self.generations = generations
-        self.model_name = generations.engine.model_name
+        self.model_name = generations.model_name
 
     async def start(
         self, spec: ToolSpec, arguments: Mapping[str, Any], size: int = 0
@@ -53,7 +53,7 @@ class ToolRunner:
         arguments = validator.with_integers(arguments)
         if spec.name == "tokenize":
             text = arguments["text"]
-            return _only(await self.generations.off_loop(len(text), self._tokenize, text))
+            return _only(self._tokenized(await self.generations.tokenize(text)))
         try:
             params = self.generations.sampling_params(
                 {
@@ -98,14 +98,15 @@ class ToolRunner:
             "model": self.model_name,
             "replica": done.replica,
         }
+        if done.upstream is not None:
+            structured["upstream"] = done.upstream
         return {
             "content": [{"type": "text", "text": done.text}],
             "structuredContent": structured,
             "isError": False,
         }
 
-    def _tokenize(self, text: str) -> dict[str, Any]:
-        ids = list(self.generations.engine.tokenizer.encode(text))
+    def _tokenized(self, ids: list[int]) -> dict[str, Any]:
         structured = {"token_ids": ids, "count": len(ids), "model": self.model_name}
         summary = f"{len(ids)} tokens: {ids}"
         return {

@@ -73,7 +73,7 @@ class OpenAIEndpoint:
         self.clients = clients
         self.origins = OriginPolicy(settings.host, settings.allowed_origins)
         self.created = int(time.time())
-        self.token_text = TokenText(generations.engine.tokenizer)
+        self.token_text = TokenText(generations.tokenizer)
         self.routes: dict[str, tuple[str, Callable[..., Awaitable[str]]]] = {
             "/v1/models": ("GET", self._models),
             "/v1/completions": ("POST", self._completions),
@@ -202,23 +202,23 @@ class OpenAIEndpoint:
         self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         parse.check_model(body, self.model)
-        engine = self.generations.engine
+        tokenizer = self.generations.tokenizer
+        if tokenizer is None:
+            raise OpenAIError(501, "/tokenize needs --tokenizer in fleet mode", code="unsupported")
         special = _flag(body, "add_special_tokens", default=True)
         if "messages" in body:
             messages = parse.chat_messages(body)
             ids = await self.generations.off_loop(
-                len(str(messages)), engine.apply_chat_template, messages
+                len(str(messages)), tokenizer.encode_chat, messages
             )
         elif isinstance(body.get("prompt"), str):
             prompt = body["prompt"]
-            ids = await self.generations.off_loop(
-                len(prompt), engine.tokenizer.encode, prompt, special
-            )
+            ids = await self.generations.off_loop(len(prompt), tokenizer.encode, prompt, special)
         else:
             raise bad_request("'prompt' (a string) or 'messages' is required", "prompt")
         strs = None
         if _flag(body, "return_token_strs"):
-            strs = [engine.tokenizer.backend.id_to_token(i) for i in ids]
+            strs = [tokenizer.backend.id_to_token(i) for i in ids]
         result = {
             "count": len(ids),
             "max_model_len": self.max_model_len,
@@ -233,7 +233,12 @@ class OpenAIEndpoint:
     ) -> str:
         parse.check_model(body, self.model)
         tokens = body.get("tokens")
-        vocab = self.generations.engine.tokenizer.vocab_size
+        tokenizer = self.generations.tokenizer
+        if tokenizer is None:
+            raise OpenAIError(
+                501, "/detokenize needs --tokenizer in fleet mode", code="unsupported"
+            )
+        vocab = tokenizer.vocab_size
         if not (
             isinstance(tokens, list)
             and all(
@@ -241,7 +246,7 @@ class OpenAIEndpoint:
             )
         ):
             raise bad_request(f"'tokens' must be a list of token ids in [0, {vocab})", "tokens")
-        text = self.generations.engine.tokenizer.decode(tokens)
+        text = tokenizer.decode(tokens)
         await _send_json(send, {"prompt": text})
         return "ok"
 
@@ -394,7 +399,10 @@ class _Completions(_Answer):
         prompt = self.prompts[index // self.sampling.n]
         if isinstance(prompt, str):
             return prompt
-        return self.endpoint.generations.engine.tokenizer.decode(prompt)
+        tokenizer = self.endpoint.generations.tokenizer
+        if tokenizer is None:
+            raise bad_request("'echo' of token ids needs --tokenizer in fleet mode", "echo")
+        return tokenizer.decode(prompt)
 
     def _logprobs(self, ids: list[int], entries: list[dict[int, float]], offset: int) -> Any:
         if self.top is None:

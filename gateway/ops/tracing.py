@@ -82,6 +82,12 @@ def annotate(target: Span | None, **attributes: Any) -> None:
         target.set_attributes(attributes)
 
 
+def inject(headers: dict[str, str]) -> None:
+    """Add the current trace context (``traceparent``, ``tracestate``) to outgoing headers."""
+    if enabled():
+        propagate.inject(headers)
+
+
 def current_ids() -> dict[str, str]:
     """The current trace and span ids (hex), for log lines; empty outside a span."""
     if trace is None:

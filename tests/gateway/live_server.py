@@ -27,10 +27,10 @@ def free_port() -> int:
 
 
 class LiveServer:
-    def __init__(self, engine: Any, **settings: Any) -> None:
+    def __init__(self, engine: Any, backend: Any = None, **settings: Any) -> None:
         self.port = free_port()
         self.settings = Settings(port=self.port, **settings)
-        self.app = create_app(self.settings, engine)
+        self.app = create_app(self.settings, engine, backend=backend)
         self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.base = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(

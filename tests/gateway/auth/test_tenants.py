@@ -77,4 +77,4 @@ def test_a_new_cache_key_does_not_escape_the_tenant_limit(live: LiveServer) -> N
                 headers=GLOBEX,
             )
             assert other.status_code == 200
-    wait_idle(live.app.state.openai.generations.engine, 5.0)
+    wait_idle(live.app.state.openai.generations.backend.engine, 5.0)

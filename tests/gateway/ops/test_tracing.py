@@ -106,3 +106,12 @@ def test_log_ids_inside_a_span(exporter) -> None:
     with tracing.request_span("ping", {}, {"traceparent": TRACEPARENT}, 7):
         ids = tracing.current_ids()
     assert ids["trace_id"] == TRACE_ID and len(ids["span_id"]) == 16
+
+
+def test_inject_forwards_the_calls_trace_context(exporter: InMemorySpanExporter) -> None:
+    """What fleet mode sends upstream as ``traceparent``: the call's trace, a new parent."""
+    with tracing.request_span("tools/call", {"name": "generate"}, {"traceparent": TRACEPARENT}, 1):
+        headers: dict[str, str] = {}
+        tracing.inject(headers)
+    version, trace_id, parent_id, _ = headers["traceparent"].split("-")
+    assert (version, trace_id) == ("00", TRACE_ID) and parent_id != PARENT_ID

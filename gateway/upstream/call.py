@@ -1,0 +1,187 @@
+"""One fleet call: its attempts on upstreams, and its stream relayed as ``TextDelta``s and a
+``Completion``.
+
+``connect`` opens the stream on the best untried upstream, trying the next choice on the ring
+once when one fails; a failure before anything was yielded is retried the same way from inside
+the stream, one after is ``UpstreamError``. ``Relay.aclose`` always releases the upstream.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from engine import AdmissionRefused, EngineOverloaded, EngineUnavailable
+from gateway.generation import Completion, GenerationRequest, TextDelta
+from gateway.upstream import wire
+from gateway.upstream.upstream import Upstream, UpstreamFailure, failure_of
+
+if TYPE_CHECKING:
+    from gateway.upstream.fleet import Fleet
+
+RETRIES = 1
+
+
+class UpstreamError(RuntimeError):
+    """An upstream failed a call after it had begun streaming to its client."""
+
+
+class Call:
+    """One call's attempts: the upstreams tried, the one streaming now, the retry left."""
+
+    def __init__(
+        self,
+        fleet: Fleet,
+        request: GenerationRequest,
+        hashes: list[bytes],
+        path: str,
+        body: dict[str, Any],
+        headers: dict[str, str],
+    ) -> None:
+        self.fleet, self.request, self.hashes = fleet, request, hashes
+        self.path, self.body, self.headers = path, body, headers
+        self.tried: set[int] = set()
+        self.retries = RETRIES
+        self.upstream: Upstream | None = None
+        self.response: httpx.Response | None = None
+        self.started = 0.0
+        self.last: UpstreamFailure | None = None
+
+    async def connect(self) -> None:
+        """Open the stream on the best untried upstream; on failure try the next once.
+        Raises AdmissionRefused when none can take it, ValueError for a 4xx."""
+        fleet = self.fleet
+        while True:
+            try:
+                upstream, _ = fleet.choose(self.hashes, self.request.cache_key, self.tried)
+            except EngineUnavailable:
+                if self.last is not None and self.last.kind == "overloaded":  # pass it on
+                    raise EngineOverloaded(str(self.last), self.last.retry_after_s) from None
+                raise
+            self.tried.add(upstream.index)
+            upstream.in_flight += 1
+            fleet.metrics.count("kvgate_upstream_requests", upstream=str(upstream.index))
+            self.started = time.perf_counter()
+            try:
+                self.response = await upstream.open_stream(self.path, self.body, self.headers)
+            except UpstreamFailure as failure:
+                upstream.in_flight -= 1
+                self._retry_or_refuse(upstream, failure)
+                continue
+            except BaseException:
+                upstream.in_flight -= 1
+                raise
+            self.upstream = upstream
+            return
+
+    def _retry_or_refuse(self, upstream: Upstream, failure: UpstreamFailure) -> None:
+        self.fleet.failed(upstream, failure)
+        self.last = failure
+        if self.retries == 0:
+            refusal = EngineOverloaded if failure.kind == "overloaded" else EngineUnavailable
+            raise refusal(str(failure), failure.retry_after_s)
+        self.retries -= 1
+        self.fleet.metrics.count("kvgate_upstream_retries", upstream=str(upstream.index))
+
+    async def relay(self) -> AsyncGenerator[TextDelta | Completion]:
+        sent = 0
+        try:
+            while True:
+                try:
+                    async for item in self._items():
+                        if isinstance(item, TextDelta):
+                            sent += 1
+                        yield item
+                    return
+                except UpstreamFailure as failure:
+                    upstream = await self._release()
+                    if sent:
+                        self.fleet.failed(upstream, failure)
+                        raise UpstreamError(f"{failure} after {sent} chunks") from None
+                    try:
+                        self._retry_or_refuse(upstream, failure)
+                        await self.connect()
+                    except (AdmissionRefused, ValueError) as exc:
+                        raise UpstreamError(str(exc)) from None
+        finally:
+            if self.upstream is not None:
+                await self._close()
+
+    async def _items(self) -> AsyncIterator[TextDelta | Completion]:
+        """The current upstream's stream as deltas then one Completion (UpstreamFailure if it
+        breaks, stalls past the read timeout, reports an error or ends early)."""
+        assert self.response is not None and self.upstream is not None
+        upstream, text, count, finish, usage = self.upstream, [], 0, None, None
+        label = str(upstream.index)
+        try:
+            async for line in self.response.aiter_lines():
+                chunk = wire.parse_line(line)
+                if chunk is None:
+                    continue
+                if chunk.done:
+                    break
+                usage = chunk.usage or usage
+                finish = chunk.finish_reason or finish
+                if chunk.text:
+                    if not count:
+                        self.fleet.ttft.labels(label).observe(time.perf_counter() - self.started)
+                    count += 1
+                    text.append(chunk.text)
+                    yield TextDelta(chunk.text, count, [], None)
+        except httpx.TransportError as exc:
+            raise failure_of(exc, upstream.url) from None
+        except wire.StreamError as exc:
+            raise UpstreamFailure("stream_error", f"upstream {upstream.url}: {exc}") from None
+        if finish is None:
+            raise UpstreamFailure("reset", f"upstream {upstream.url} ended the stream early")
+        upstream.breaker.success()
+        self.fleet.latency.labels(label).observe(time.perf_counter() - self.started)
+        usage = usage or {}
+        yield Completion(
+            text="".join(text),
+            finish_reason=finish,
+            prompt_tokens=int(usage.get("prompt_tokens") or 0),
+            completion_tokens=int(usage.get("completion_tokens") or count),
+            cached_tokens=wire.cached_tokens(usage),
+            replica=upstream.index,
+            upstream=upstream.url,
+        )
+
+    async def _release(self) -> Upstream:
+        upstream, response = self.upstream, self.response
+        assert upstream is not None and response is not None
+        upstream.in_flight -= 1
+        self.upstream = self.response = None
+        await response.aclose()
+        return upstream
+
+    async def _close(self) -> None:
+        """The call is done or abandoned: closing the response drops the connection when the
+        stream is unfinished, which aborts the request upstream."""
+        assert self.upstream is not None and self.response is not None
+        self.upstream.in_flight -= 1
+        response, self.upstream, self.response = self.response, None, None
+        await response.aclose()
+
+
+class Relay:
+    """A call's items; ``aclose`` releases its upstream even when it was never iterated (an
+    async generator that never started would skip its ``finally``)."""
+
+    def __init__(self, call: Call) -> None:
+        self._call = call
+        self._items = call.relay()
+
+    def __aiter__(self) -> Relay:
+        return self
+
+    async def __anext__(self) -> TextDelta | Completion:
+        return await anext(self._items)
+
+    async def aclose(self) -> None:
+        await self._items.aclose()
+        if self._call.upstream is not None:
+            await self._call._close()

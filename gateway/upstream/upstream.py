@@ -1,0 +1,121 @@
+"""One upstream engine server: its pooled HTTP/1.1 client, breaker and in-flight count.
+
+``open_stream`` sends a streamed generation and returns the response once the upstream has
+answered 200; anything else is an ``UpstreamFailure`` with its kind (``connect``,
+``timeout``, ``reset``, ``status_5xx``, ``overloaded`` for 429/503) or, for a 4xx, a
+ValueError carrying the upstream's message (the caller's input was at fault; not retried).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.upstream.health import Breaker
+
+OVERLOADED = (429, 503)
+
+
+class UpstreamFailure(Exception):
+    def __init__(self, kind: str, message: str, retry_after_s: float = 1.0) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.retry_after_s = retry_after_s
+
+    @property
+    def breaks(self) -> bool:
+        """Does it count against the upstream's health (an overload answer does not)?"""
+        return self.kind != "overloaded"
+
+
+def failure_of(exc: httpx.TransportError, url: str) -> UpstreamFailure:
+    if isinstance(exc, httpx.TimeoutException):
+        kind = "timeout"
+    elif isinstance(exc, httpx.ConnectError):
+        kind = "connect"
+    else:
+        kind = "reset"
+    return UpstreamFailure(kind, f"upstream {url}: {type(exc).__name__} {exc}".strip())
+
+
+class Upstream:
+    def __init__(
+        self,
+        index: int,
+        url: str,
+        breaker: Breaker,
+        connect_timeout_s: float,
+        read_timeout_s: float,
+    ) -> None:
+        self.index = index
+        self.url = url
+        self.breaker = breaker
+        self.in_flight = 0
+        self.client = httpx.AsyncClient(
+            base_url=url,
+            timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def open_stream(
+        self, path: str, body: dict[str, Any], headers: dict[str, str]
+    ) -> httpx.Response:
+        request = self.client.build_request(
+            "POST",
+            path,
+            content=orjson.dumps(body),
+            headers={"content-type": "application/json", **headers},
+        )
+        try:
+            response = await self.client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise failure_of(exc, self.url) from None
+        if response.status_code == 200:
+            return response
+        try:
+            detail = (await response.aread()).decode(errors="replace")[:500]
+        except httpx.TransportError as exc:
+            raise failure_of(exc, self.url) from None
+        finally:
+            await response.aclose()
+        message = _error_message(detail) or f"HTTP {response.status_code}"
+        if response.status_code in OVERLOADED:
+            raise UpstreamFailure(
+                "overloaded", f"upstream {self.url}: {message}", _retry_after(response)
+            )
+        if response.status_code >= 500:
+            raise UpstreamFailure("status_5xx", f"upstream {self.url}: {message}")
+        raise ValueError(message)
+
+    async def check(self, path: str, timeout_s: float) -> None:
+        """One active health check: any 2xx within ``timeout_s`` passes."""
+        try:
+            response = await self.client.get(path, timeout=timeout_s)
+        except httpx.TransportError as exc:
+            raise failure_of(exc, self.url) from None
+        if not response.is_success:
+            raise UpstreamFailure("status_5xx", f"health check answered {response.status_code}")
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+def _error_message(detail: str) -> str | None:
+    """The message of an OpenAI-shaped error body (``{"error": {"message": …}}``)."""
+    try:
+        body = orjson.loads(detail)
+    except orjson.JSONDecodeError:
+        return detail.strip() or None
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if isinstance(error, dict):
+        return str(error.get("message") or error.get("detail") or error)
+    return str(error)
+
+
+def _retry_after(response: httpx.Response) -> float:
+    try:
+        return max(float(response.headers.get("retry-after", "1")), 0.0)
+    except ValueError:
+        return 1.0

@@ -1,0 +1,120 @@
+"""Real kvgate processes on loopback for the fleet tests: engine upstreams (the tiny model,
+a 16 MiB KV cache) and gateways in fleet mode, each startable again on the same port."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import orjson
+
+from tests.gateway.live_server import free_port
+from tests.gateway.wire import modern_headers, modern_meta
+
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# Fast health checks so a stall is seen within about a second.
+FLEET_FLAGS = (
+    "--upstream-health-interval",
+    "0.25",
+    "--upstream-health-timeout",
+    "0.5",
+    "--upstream-unhealthy-after",
+    "2",
+    "--upstream-read-timeout",
+    "3",
+)
+
+
+class Process:
+    def __init__(self, log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> None:
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.flags, self.env, self.log_dir = flags, env or {}, log_dir
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Process:
+        with (self.log_dir / f"kvgate-{self.port}.log").open("ab") as log:  # the child keeps it
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *self.flags],
+                cwd=REPO_ROOT,
+                env={**os.environ, "KVGATE_KV_CACHE_MEMORY": "16MiB", **self.env},
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        return self
+
+    def wait_ready(self, timeout_s: float = 120) -> Process:
+        deadline = time.monotonic() + timeout_s
+        while not self.ready():
+            assert self.process is not None and self.process.poll() is None, self.log()
+            assert time.monotonic() < deadline, f"{self.base} did not become ready"
+            time.sleep(0.1)
+        return self
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(self.base + "/readyz", timeout=1).status_code == 200
+        except httpx.TransportError:
+            return False
+
+    def signal(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        self.process.send_signal(sig)
+        if sig == signal.SIGKILL:
+            self.process.wait()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.kill()
+            self.process.wait()
+
+    def log(self) -> str:
+        return (self.log_dir / f"kvgate-{self.port}.log").read_text(errors="replace")
+
+    def readyz(self) -> dict[str, Any]:
+        return httpx.get(self.base + "/readyz", timeout=2).json()
+
+    def metrics(self) -> str:
+        return httpx.get(self.base + "/metrics", timeout=2).text
+
+
+def gateway(log_dir: Path, upstreams: list[Process], *flags: str, **env: str) -> Process:
+    urls = [f for u in upstreams for f in ("--upstream", u.base)]
+    return Process(log_dir, *urls, *FLEET_FLAGS, *flags, env=env)
+
+
+def tool_call(arguments: dict[str, Any], name: str = "generate", progress: bool = False) -> dict:
+    meta = modern_meta(progressToken="p") if progress else modern_meta()
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments, "_meta": meta},
+    }
+
+
+def mcp_headers(arguments: dict[str, Any]) -> dict[str, str]:
+    """The modern headers of a generate call (``Mcp-Param-Cache-Key`` mirrors the argument)."""
+    extra = {"Mcp-Param-Cache-Key": arguments["cache_key"]} if "cache_key" in arguments else {}
+    return modern_headers("tools/call", "generate", **extra)
+
+
+def generate(base: str, timeout_s: float = 30, **arguments: Any) -> dict[str, Any]:
+    """A JSON ``tools/call`` of ``generate``: its result (tool errors included)."""
+    arguments = {"max_tokens": 1, "temperature": 0, **arguments}
+    response = httpx.post(
+        base + "/mcp",
+        content=orjson.dumps(tool_call(arguments)),
+        headers=mcp_headers(arguments),
+        timeout=timeout_s,
+    )
+    body = response.json()
+    assert "result" in body, body
+    return body["result"]

@@ -1,0 +1,226 @@
+"""Fleet mode against real upstreams: kvgate engine processes on loopback (no mocked HTTP).
+
+One module-wide fleet of three upstreams; the tests run in file order and the later ones
+break upstreams on purpose (SIGKILL, SIGSTOP), restoring what the next test needs.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import orjson
+import pytest
+
+from tests.gateway.upstream.processes import Process, gateway, generate, mcp_headers, tool_call
+
+# Greedy on the tiny model this never meets end-of-text: max_tokens tokens, a second or more.
+LONG = {"prompt": "A long story", "max_tokens": 1500, "temperature": 0}
+PROMPT = "The quick brown fox jumps over the lazy dog; " * 4  # > 2 chunks of 64 characters
+
+
+@pytest.fixture(scope="module")
+def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("fleet")
+
+
+@pytest.fixture(scope="module")
+def upstreams(log_dir: Path) -> Iterator[list[Process]]:
+    started = [Process(log_dir).start() for _ in range(3)]
+    try:
+        for upstream in started:
+            upstream.wait_ready()
+        yield started
+    finally:
+        for upstream in started:
+            upstream.stop()
+
+
+@pytest.fixture(scope="module")
+def gateways(log_dir: Path, upstreams: list[Process]) -> Iterator[list[Process]]:
+    """Two gateway processes over the same upstreams, with different Python hash seeds."""
+    started = [gateway(log_dir, upstreams, PYTHONHASHSEED=seed).start() for seed in ("1", "2")]
+    try:
+        for g in started:
+            g.wait_ready(60)
+        yield started
+    finally:
+        for g in started:
+            g.stop()
+
+
+def owned_by(base: str, index: int, count: int = 1) -> list[str]:
+    """Cache keys the gateway routes to upstream ``index`` while idle."""
+    keys = []
+    for i in range(200):
+        key = f"session-{i}"
+        if generate(base, cache_key=key, prompt="hi")["structuredContent"]["replica"] == index:
+            keys.append(key)
+            if len(keys) == count:
+                return keys
+    raise AssertionError(f"no key routes to upstream {index}")
+
+
+def wait_for(condition, timeout_s: float, what: str) -> float:
+    started = time.monotonic()
+    while not condition():
+        assert time.monotonic() - started < timeout_s, what
+        time.sleep(0.05)
+    return time.monotonic() - started
+
+
+def states(g: Process) -> list[str]:
+    return [u["state"] for u in g.readyz()["upstreams"]]
+
+
+def test_every_gateway_routes_a_key_to_the_same_upstream(
+    gateways: list[Process], upstreams: list[Process]
+) -> None:
+    picks: dict[str, list[int]] = {}
+    for g in gateways:
+        for key in (f"user-{i}" for i in range(12)):
+            result = generate(g.base, cache_key=key, prompt="hi")["structuredContent"]
+            assert result["upstream"] == upstreams[result["replica"]].base
+            picks.setdefault(key, []).append(result["replica"])
+        for i in range(4):  # no cache_key: the prompt's first chunks are the key
+            result = generate(g.base, prompt=f"{i} {PROMPT}")["structuredContent"]
+            picks.setdefault(f"prompt-{i}", []).append(result["replica"])
+    assert all(a == b for a, b in picks.values()), picks
+    assert len({a for a, _ in picks.values()}) > 1  # the keys spread over the upstreams
+    # The same prompt again lands where its prefix is cached (the upstream says so).
+    again = generate(gateways[1].base, prompt=f"0 {PROMPT}")["structuredContent"]
+    assert again["replica"] == picks["prompt-0"][0] and again["cached_tokens"] > 0
+    assert 'reason="key"' in gateways[0].metrics()
+
+
+def test_a_hot_key_overflows_to_the_next_upstream(gateways: list[Process]) -> None:
+    g = gateways[0]
+    (key,) = owned_by(g.base, 0)
+    with ThreadPoolExecutor(8) as pool:
+        calls = [
+            pool.submit(generate, g.base, 60, cache_key=key, prompt="hi", max_tokens=400)
+            for _ in range(8)
+        ]
+        replicas = [c.result()["structuredContent"]["replica"] for c in calls]
+    counts = {r: replicas.count(r) for r in set(replicas)}
+    # Bounded load: the key's own upstream keeps AFFINITY_SLACK (4) calls, then the bound
+    # ceil(1.25 (total + 1) / 3) sends the rest to its next upstream on the ring.
+    assert len(counts) >= 2 and counts.get(0, 0) >= 4 and max(counts.values()) <= 5, replicas
+    assert 'reason="overflow"' in g.metrics()
+
+
+def stream_until_first_progress(base: str, arguments: dict, events: list, begun: threading.Event):
+    """A streamed generate: every SSE event into ``events``; ``begun`` at the first progress."""
+    body = orjson.dumps(tool_call(arguments, progress=True))
+    with httpx.stream(
+        "POST",
+        base + "/mcp",
+        content=body,
+        headers=mcp_headers(arguments),
+        timeout=30,
+    ) as response:
+        for line in response.iter_lines():
+            if line.startswith("data:"):
+                events.append(orjson.loads(line[5:]))
+                if events[-1].get("method") == "notifications/progress":
+                    begun.set()
+
+
+def test_sigkill_mid_run_fails_only_the_streams_it_held_then_recovers(
+    gateways: list[Process], upstreams: list[Process]
+) -> None:
+    g, victim = gateways[0], upstreams[2]
+    keys = owned_by(g.base, 2, 2)
+    streams = []
+    for key in keys:
+        events: list[dict] = []
+        begun = threading.Event()
+        thread = threading.Thread(
+            target=stream_until_first_progress,
+            args=(g.base, {**LONG, "cache_key": key}, events, begun),
+        )
+        thread.start()
+        streams.append((thread, events, begun))
+    for _, _, begun in streams:
+        assert begun.wait(30)
+    victim.signal(signal.SIGKILL)
+    # Not yet streaming: calls for the dead upstream's keys, sent right after the kill.
+    with ThreadPoolExecutor(6) as pool:
+        later = list(
+            pool.map(lambda k: generate(g.base, cache_key=k, prompt="hi"), [*keys, *keys, *keys])
+        )
+    assert [r["isError"] for r in later] == [False] * 6
+    assert {r["structuredContent"]["replica"] for r in later} <= {0, 1}
+    failed = 0
+    for thread, events, _ in streams:
+        thread.join(30)
+        assert not thread.is_alive()
+        final = events[-1]["result"]  # the stream ended with a result, not a hang
+        if final["isError"]:  # it was on the victim (bounded load may have moved the other)
+            assert "Generation failed" in final["content"][0]["text"]
+            failed += 1
+        else:
+            assert final["structuredContent"]["replica"] != 2
+    assert failed >= 1
+    assert states(g)[2] != "healthy" and g.ready()  # still ready on the other two
+    # Restarted on the same port, it is routed to again once a health check passes.
+    victim.start().wait_ready()
+    wait_for(lambda: states(g)[2] == "healthy", 10, "the restarted upstream stayed out")
+    assert generate(g.base, cache_key=keys[0], prompt="hi")["structuredContent"]["replica"] == 2
+
+
+def test_a_stalled_upstream_is_detected_and_skipped(
+    gateways: list[Process], upstreams: list[Process]
+) -> None:
+    g, stalled = gateways[1], upstreams[1]
+    (key,) = owned_by(g.base, 1)
+    stalled.signal(signal.SIGSTOP)
+    try:
+        # Two failed checks 0.25 s apart, each timing out after 0.5 s.
+        took = wait_for(lambda: states(g)[1] != "healthy", 5, "the stall went unnoticed")
+        assert took < 3
+        started = time.monotonic()
+        result = generate(g.base, cache_key=key, prompt="hi")
+        assert result["structuredContent"]["replica"] != 1
+        assert time.monotonic() - started < 2  # skipped, not waited on
+    finally:
+        stalled.signal(signal.SIGCONT)
+    wait_for(lambda: states(g)[1] == "healthy", 10, "the resumed upstream stayed out")
+    assert generate(g.base, cache_key=key, prompt="hi")["structuredContent"]["replica"] == 1
+
+
+def test_an_upstream_503_is_retried_elsewhere_and_none_left_is_503(
+    log_dir: Path, upstreams: list[Process]
+) -> None:
+    """The 503s come from a real kvgate: a fleet gateway whose only upstream is gone."""
+    lone = upstreams[2]
+    refusing = gateway(log_dir, [lone]).start().wait_ready(60)
+    front = gateway(log_dir, [refusing, upstreams[0]]).start().wait_ready(60)
+    try:
+        (key,) = owned_by(front.base, 0)
+        lone.signal(signal.SIGKILL)
+        wait_for(lambda: not refusing.ready(), 5, "the fleet without upstreams stayed ready")
+        direct = httpx.post(
+            refusing.base + "/v1/completions", json={"prompt": "hi", "max_tokens": 1}, timeout=5
+        )
+        assert direct.status_code == 503 and "retry-after" in direct.headers
+        mcp = httpx.post(
+            refusing.base + "/mcp",
+            content=orjson.dumps(tool_call({"prompt": "hi", "cache_key": key})),
+            headers=mcp_headers({"cache_key": key}),
+            timeout=5,
+        )
+        assert mcp.status_code == 503 and mcp.json()["error"]["code"] == -31000
+        result = generate(front.base, cache_key=key, prompt="hi")
+        assert result["isError"] is False and result["structuredContent"]["replica"] == 1
+        metrics = front.metrics()
+        assert 'kind="overloaded"' in metrics and "kvgate_upstream_retries_total" in metrics
+        assert states(front)[0] == "healthy"  # an overloaded upstream is not a broken one
+    finally:
+        front.stop()
+        refusing.stop()

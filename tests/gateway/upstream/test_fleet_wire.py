@@ -1,0 +1,228 @@
+"""A fleet gateway over a real kvgate upstream served in this process (the session engine):
+both front doors give what the upstream gives when called directly, startup refuses a fleet
+it cannot serve, and the pure pieces (breaker, routing reasons, prefix keys) behave."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+
+import httpx
+import openai
+import orjson
+import pytest
+
+from engine import AsyncLLM, SamplingParams
+from engine.tiny_model import make_tiny_model
+from engine.tokenizer import Tokenizer
+from gateway.cli import main
+from gateway.generation import GenerationRequest
+from gateway.settings import Settings
+from gateway.upstream import Fleet, FleetConfigError
+from gateway.upstream.health import Breaker
+from gateway.upstream.routing import AFFINITY_SLACK, CHUNK_CHARS, PrefixKeys, UpstreamRouter
+from gateway.upstream.wire import request_body
+from tests.gateway.live_server import LiveServer, free_port
+from tests.gateway.mcp.test_streaming import wait_idle
+from tests.gateway.upstream.processes import generate, tool_call
+from tests.gateway.wire import modern_headers, modern_meta
+
+PROMPT = "The quick brown fox jumps over the lazy dog. " * 6
+
+
+def engine_text(engine: AsyncLLM, prompt: list[int], max_tokens: int) -> str:
+    """What the upstream's engine itself generates, greedy."""
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+
+    async def run() -> str:
+        return [o async for o in engine.generate(prompt, params)][-1].text
+
+    return asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def fleet_server(server: LiveServer) -> Iterator[LiveServer]:
+    settings = Settings(upstream=(server.base,), upstream_health_interval_s=0)
+    with LiveServer(None, backend=Fleet.connect(settings)) as live:
+        yield live
+
+
+def test_both_front_doors_relay_what_the_upstream_answers(
+    fleet_server: LiveServer, server: LiveServer, engine: AsyncLLM
+) -> None:
+    direct = generate(server.base, prompt=PROMPT, max_tokens=12)["structuredContent"]
+    relayed = generate(fleet_server.base, prompt=PROMPT, max_tokens=12)["structuredContent"]
+    assert relayed["text"] == direct["text"] and relayed["completion_tokens"] == 12
+    assert (relayed["replica"], relayed["upstream"]) == (0, server.base)
+    assert relayed["cached_tokens"] > 0  # the direct call's prefix, as the upstream reports
+    with openai.OpenAI(base_url=fleet_server.base + "/v1", api_key="x", max_retries=0) as client:
+        model = client.models.list().data[0].id
+        assert model == engine.model_name
+        chunks = list(
+            client.completions.create(
+                model=model,
+                prompt=PROMPT,
+                max_tokens=12,
+                temperature=0,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == direct["text"]
+        assert chunks[-1].usage.completion_tokens == 12
+        messages = [{"role": "user", "content": "Hello there"}]
+        chat = client.chat.completions.create(
+            model=model,
+            messages=messages,
+            max_tokens=6,
+            temperature=0,
+            extra_body={"ignore_eos": True},
+        )
+    prompt = engine.apply_chat_template(messages)
+    assert chat.choices[0].message.content == engine_text(engine, prompt, 6)
+
+
+def test_tokenize_asks_the_upstream_without_a_tokenizer(
+    fleet_server: LiveServer, server: LiveServer, engine: AsyncLLM
+) -> None:
+    response = httpx.post(
+        fleet_server.base + "/mcp",
+        json={
+            "jsonrpc": "2.0",
+            "id": 1,
+            "method": "tools/call",
+            "params": {
+                "name": "tokenize",
+                "arguments": {"text": PROMPT},
+                "_meta": modern_meta(),
+            },
+        },
+        headers=modern_headers("tools/call", "tokenize"),
+    )
+    ids = response.json()["result"]["structuredContent"]["token_ids"]
+    assert ids == engine.tokenizer.encode(PROMPT)
+
+
+def test_startup_refuses_mixed_models_and_no_answering_upstream(
+    server: LiveServer, engine: AsyncLLM
+) -> None:
+    with LiveServer(engine, served_model_name="another-model") as other:
+        with pytest.raises(FleetConfigError, match="different models.*another-model"):
+            Fleet.connect(Settings(upstream=(server.base, other.base)))
+    dead = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(SystemExit, match="no upstream answered GET /v1/models"):
+        main(["serve", "--upstream", dead, "--upstream-connect-timeout", "0.5"])
+
+
+def test_the_environment_takes_a_comma_list_of_upstreams() -> None:
+    settings = Settings.from_env({"KVGATE_UPSTREAM": "http://a:8000/, http://b:8000"})
+    assert settings.upstream == ("http://a:8000", "http://b:8000")
+    flags = Settings.from_env({}, upstream=["http://c:1/", "http://d:2"])
+    assert flags.upstream == ("http://c:1", "http://d:2")
+
+
+def test_the_breaker_opens_after_the_threshold_and_a_check_closes_it() -> None:
+    now = [0.0]
+    breaker = Breaker(unhealthy_after=2, healthy_after=1, cooldown_s=5, clock=lambda: now[0])
+    breaker.failure("connect")
+    assert breaker.available() and breaker.state == "healthy"
+    breaker.failure("timeout")
+    assert not breaker.available() and breaker.state == "unhealthy"
+    now[0] = 5.0
+    assert breaker.available() and breaker.state == "half_open"  # due a trial
+    breaker.failure("connect")  # the trial failed: out for another cooldown
+    assert not breaker.available()
+    breaker.success()
+    assert breaker.available() and breaker.state == "healthy" and breaker.last_error is None
+
+
+def test_routing_reasons_and_the_next_choice_on_failure() -> None:
+    router = UpstreamRouter(3)
+    up = [True, True, True]
+    own, reason = router.choose([], "k", [0, 0, 0], up)
+    assert reason == "key"
+    loads = [0, 0, 0]
+    loads[own] = AFFINITY_SLACK - 1  # a few calls in flight: the key stays
+    assert router.choose([], "k", loads, up) == (own, "key")
+    loads[own] = AFFINITY_SLACK  # over the bound now (c = 1.25): the key overflows
+    other, reason = router.choose([], "k", loads, up)
+    assert other != own and reason == "overflow"
+    excluded = [r != own for r in range(3)]  # the key's upstream failed: the next one
+    assert router.choose([], "k", [0, 0, 0], excluded) == (other, "key")
+    assert router.choose([], None, [3, 1, 2], up) == (1, "least_loaded")
+    with pytest.raises(Exception, match="no healthy upstream"):
+        router.choose([], "k", [0, 0, 0], [False] * 3)
+    turns = UpstreamRouter(3, "round_robin")
+    assert [turns.choose([], "k", [0, 0, 0], up) for _ in range(3)] == [
+        (0, "round_robin"),
+        (1, "round_robin"),
+        (2, "round_robin"),
+    ]
+
+
+def test_prefix_keys_chunk_text_or_tokens(tmp_path) -> None:
+    params = SamplingParams()
+    text = PrefixKeys(None)
+    short = GenerationRequest(params, prompt="x" * (CHUNK_CHARS - 1))
+    assert text(short) == []  # no full chunk: least loaded
+    a = text(GenerationRequest(params, prompt=PROMPT + "one ending"))
+    b = text(GenerationRequest(params, prompt=PROMPT + "another ending, longer"))
+    assert a == b[: len(a)] and len(a) == len(PROMPT) // CHUNK_CHARS
+    chat = GenerationRequest(params, messages=[{"role": "user", "content": PROMPT}])
+    assert text(chat) != a and len(text(chat)) >= 1
+    tokenizer = Tokenizer.from_dir(make_tiny_model(tmp_path / "tiny"))
+    tokens = PrefixKeys(tokenizer)
+    ids = tokenizer.encode(PROMPT)
+    assert tokens(GenerationRequest(params, prompt=PROMPT)) == tokens(
+        GenerationRequest(params, prompt=ids)
+    )
+    assert len(tokens(GenerationRequest(params, prompt=PROMPT))) == min(len(ids) // 16, 8)
+
+
+def test_the_upstream_body_carries_only_what_was_set() -> None:
+    request = GenerationRequest(
+        SamplingParams(max_tokens=7, temperature=0.5, stop=["\n"]),
+        messages=[{"role": "user", "content": "hi"}],
+        cache_key="s1",
+    )
+    path, body = request_body(request, "m")
+    assert path == "/v1/chat/completions"
+    assert {k: body[k] for k in ("model", "max_tokens", "temperature", "stop", "cache_key")} == {
+        "model": "m",
+        "max_tokens": 7,
+        "temperature": 0.5,
+        "stop": ["\n"],
+        "cache_key": "s1",
+    }
+    assert "top_p" not in body and body["stream"] is True
+    with pytest.raises(ValueError, match="logprobs"):
+        request_body(GenerationRequest(SamplingParams(logprobs=2), prompt="hi"), "m")
+
+
+def test_a_client_gone_closes_the_upstream_stream(
+    fleet_server: LiveServer, engine: AsyncLLM
+) -> None:
+    arguments = {"prompt": "A long story begins", "max_tokens": 3000, "temperature": 0}
+    body = orjson.dumps(tool_call(arguments, progress=True))
+    headers = modern_headers("tools/call", "generate")
+    with httpx.stream("POST", fleet_server.url, content=body, headers=headers) as response:
+        first = next(line for line in response.iter_lines() if line.startswith("data:"))
+        assert "notifications/progress" in first
+        assert engine.stats().num_running == 1  # running upstream, on the session engine
+    wait_idle(engine, 2.0)  # the upstream saw its connection drop and aborted the request
+
+
+def test_a_call_closed_before_it_is_read_releases_its_upstream(
+    fleet_server: LiveServer, engine: AsyncLLM
+) -> None:
+    fleet = fleet_server.app.state.openai.generations.backend
+
+    async def start_and_drop() -> None:
+        request = GenerationRequest(SamplingParams(max_tokens=3000), prompt="A long story")
+        stream = await fleet.start(request)
+        assert fleet.upstreams[0].in_flight == 1
+        await stream.aclose()  # never iterated (a refused sibling choice, a client gone)
+
+    fleet_server.run(start_and_drop())
+    assert fleet.upstreams[0].in_flight == 0
+    wait_idle(engine, 2.0)  # the upstream request was aborted too
