@@ -15,16 +15,18 @@ request resumes with its grammar exactly where its tokens are.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import re
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 import jsonschema
 import torch
-import xgrammar as xgr
 
 from engine.sampling_params import StructuredOutputs
 from engine.tokenizer import Tokenizer
@@ -41,11 +43,20 @@ _NATIVE_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")
 _BOUNDED_STRING_FIX = (r"[^\"\\\r\n]", r"[^\0-\x1f\"\\]")
 
 
+@functools.cache
+def _xgr() -> ModuleType:
+    """xgrammar, imported on first use: it pulls in transformers (~1.5 s more than torch), which a server that
+    never sees a constraint should not pay for at startup."""
+    import xgrammar
+
+    return xgrammar
+
+
 class GrammarState:
     """One request's position in its grammar."""
 
-    def __init__(self, compiled: xgr.CompiledGrammar):
-        self.matcher = xgr.GrammarMatcher(compiled)
+    def __init__(self, compiled: Any):
+        self.matcher = _xgr().GrammarMatcher(compiled)
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False when the grammar cannot take it."""
@@ -59,43 +70,54 @@ class GrammarState:
 
 class GrammarCache:
     """Compiles StructuredOutputs for one tokenizer and model vocabulary; compiled grammars
-    are kept (LRU) by the hash of their spec, so a schema sent again is not recompiled."""
+    are kept (LRU) by the hash of their spec, so a schema sent again is not recompiled. The
+    xgrammar tokenizer info is built at the first compile."""
 
     def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int]):
-        vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @functools.cached_property
+    def _compiler(self) -> Any:
+        xgr = _xgr()
+        vocab = self.tokenizer.backend.get_vocab(with_added_tokens=True)
         encoded = [""] * max(len(vocab), max(vocab.values(), default=-1) + 1)
         for text, token_id in vocab.items():
             encoded[token_id] = text
         info = xgr.TokenizerInfo(
             encoded,
-            vocab_type=_vocab_type(tokenizer),
-            vocab_size=vocab_size,
-            stop_token_ids=sorted(set(stop_token_ids)),
+            vocab_type=_vocab_type(self.tokenizer),
+            vocab_size=self.vocab_size,
+            stop_token_ids=self.stop_token_ids,
         )
-        self.vocab_size = vocab_size
-        self._compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-        self._compiled: OrderedDict[str, xgr.CompiledGrammar] = OrderedDict()
-        self._lock = threading.Lock()
+        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     def state(self, spec: StructuredOutputs) -> GrammarState:
         """A fresh grammar state for ``spec``; ValueError naming the field if it is bad."""
         return GrammarState(self.compile(spec))
 
-    def compile(self, spec: StructuredOutputs) -> xgr.CompiledGrammar:
+    def compile(self, spec: StructuredOutputs) -> Any:
         kind, value = spec.kind, spec.value
         key = hashlib.sha256(json.dumps([kind, value], sort_keys=True).encode()).hexdigest()
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
-        compiled = self._compile(kind, value)
+        with self._lock:  # the compiler is built once, under the lock
+            compiler = self._compiler
+        compiled = self._compile(compiler, kind, value)
         with self._lock:
             self._compiled[key] = compiled
             while len(self._compiled) > MAX_CACHED_GRAMMARS:
                 self._compiled.popitem(last=False)
         return compiled
 
-    def _compile(self, kind: str, value: object) -> xgr.CompiledGrammar:
+    @staticmethod
+    def _compile(compiler: Any, kind: str, value: object) -> Any:
+        xgr = _xgr()
         field = f"structured_outputs.{kind}"
         try:
             if kind in ("json", "json_object"):
@@ -108,15 +130,15 @@ class GrammarCache:
                         json.dumps(schema), any_whitespace=False, strict_mode=True
                     )
                 )
-                return self._compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
+                return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
             if kind == "regex":
-                return self._compiler.compile_regex(str(value))
+                return compiler.compile_regex(str(value))
             if kind == "choice":
                 choices = [str(c) for c in value]  # type: ignore[attr-defined]
-                return self._compiler.compile_grammar(
+                return compiler.compile_grammar(
                     "root ::= " + " | ".join(json.dumps(c) for c in choices)
                 )
-            return self._compiler.compile_grammar(str(value))
+            return compiler.compile_grammar(str(value))
         except json.JSONDecodeError as exc:
             raise ValueError(f"{field}: not valid JSON: {exc}") from None
         except RuntimeError as exc:
@@ -129,7 +151,7 @@ def fill_bitmask(grammars: Sequence[GrammarState | None], vocab_size: int) -> to
     rows = [i for i, g in enumerate(grammars) if g is not None]
     if not rows:
         return None
-    bitmask = xgr.allocate_token_bitmask(len(grammars), vocab_size)  # all allowed
+    bitmask = _xgr().allocate_token_bitmask(len(grammars), vocab_size)  # all allowed
     for i in rows:
         grammars[i].matcher.fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
     return bitmask
@@ -137,7 +159,9 @@ def fill_bitmask(grammars: Sequence[GrammarState | None], vocab_size: int) -> to
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     """In place: every disallowed token's logit becomes -inf."""
-    xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), vocab_size=logits.shape[1])
+    _xgr().apply_token_bitmask_inplace(
+        logits, bitmask.to(logits.device), vocab_size=logits.shape[1]
+    )
 
 
 def _check_schema(schema: object, field: str) -> None:
@@ -172,8 +196,9 @@ def _unsupported(node: object, path: str) -> str | None:
     return None
 
 
-def _vocab_type(tokenizer: Tokenizer) -> xgr.VocabType:
+def _vocab_type(tokenizer: Tokenizer) -> Any:
     """How token strings encode bytes: GPT-2 byte-level, SentencePiece byte fallback, or raw."""
+    xgr = _xgr()
     spec = json.loads(tokenizer.backend.to_str())
     decoder = json.dumps(spec.get("decoder"))
     if "ByteLevel" in decoder:
