@@ -10,9 +10,12 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+import torch
 
 from engine import LLM, SamplingParams
+from engine.sampler import processed_logits
 from engine.sampling_params import StructuredOutputs
+from tests.engine.test_sampler import Row
 
 SCHEMAS = [
     {  # nested objects, required, additionalProperties false
@@ -191,3 +194,17 @@ def test_compiled_grammars_are_cached_by_spec(llm: LLM):
     first = cache.compile(StructuredOutputs(json=schema))
     assert cache.compile(StructuredOutputs(json=json.loads(json.dumps(schema)))) is first
     assert cache.compile(StructuredOutputs(regex="a+")) is not first
+
+
+def test_the_batch_bitmask_masks_only_grammar_rows_and_leaves_the_raw_logits(llm: LLM):
+    vocab = llm.core.model_config.vocab_size
+    state = llm.core.grammars.state(StructuredOutputs(choice=["ok", "no"]))
+    rows = [Row(SamplingParams(), grammar=None), Row(SamplingParams(), grammar=state)]
+    logits = torch.randn(2, vocab, generator=torch.Generator().manual_seed(0))
+    raw = logits.clone()
+    processed = processed_logits(logits, rows)
+    assert torch.equal(logits, raw) and torch.equal(processed[0], raw[0])
+    allowed = torch.isfinite(processed[1]).nonzero().flatten().tolist()
+    texts = {llm.tokenizer.decode([t]) for t in allowed}
+    assert allowed and all("ok".startswith(t) or "no".startswith(t) for t in texts), texts
+    assert torch.equal(processed[1, allowed], raw[1, allowed])
