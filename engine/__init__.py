@@ -9,7 +9,7 @@ from engine.config import EngineConfig
 from engine.errors import AdmissionRefused, EngineOverloaded, EngineStepError, EngineUnavailable
 from engine.llm import LLM
 from engine.outputs import OutputKind, RequestOutput
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats, ReplicaStats
 
 __all__ = [
@@ -26,4 +26,5 @@ __all__ = [
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
+    "StructuredOutputs",
 ]

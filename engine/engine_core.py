@@ -44,6 +44,7 @@ from engine.router import make_router
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
 from engine.stats import EngineStats
+from engine.structured import GrammarCache
 from engine.tiny_model import default_model_dir
 
 Prompt = str | Sequence[int]
@@ -121,6 +122,11 @@ class EngineCore:
             functools.partial(root_hash, self.model_id, self.cache_scheme, BLOCK_SIZE)
         )  # thread-safe LRU
         self._counter = itertools.count()
+        self.grammars = GrammarCache(
+            self.tokenizer,
+            mc.vocab_size,
+            sorted(set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)),
+        )
 
     def _num_blocks(self) -> int:
         mc, config = self.model_config, self.config
@@ -164,6 +170,11 @@ class EngineCore:
                 f"prompt: {len(token_ids)} tokens leave no room to generate within "
                 f"max_model_len {self.max_model_len}"
             )
+        grammar = (
+            None
+            if params.structured_outputs is None
+            else self.grammars.state(params.structured_outputs)
+        )
         arrival = next(self._counter)
         generator = None
         if not params.greedy:
@@ -184,6 +195,7 @@ class EngineCore:
             max_model_len=self.max_model_len,
             generator=generator,
             cache_key=cache_key,
+            grammar=grammar,
         )
 
     def _prompt_ids(self, prompt: Prompt) -> list[int]:

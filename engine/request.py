@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.outputs import FinishReason, StepOutput
 from engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from engine.structured import GrammarState
 
 
 class RequestStatus(enum.Enum):
@@ -36,6 +40,7 @@ class Request:
     max_model_len: int
     generator: torch.Generator | None = None
     cache_key: str | None = None
+    grammar: GrammarState | None = None  # structured outputs: advanced with each token
     replica: int = 0
     token_ids: list[int] = field(init=False)
     num_computed: int = 0
@@ -69,11 +74,18 @@ class Request:
     def append_output(self, token_id: int, logprobs: dict[int, float] | None = None) -> None:
         """Take one sampled token and apply the token stop rules, in vLLM's order: stop token
         ids and EOS (only once ``min_tokens`` have been generated), then length (stop strings
-        are the output processor's)."""
+        are the output processor's). A grammar that completes, or that cannot take the token
+        (its mask left nothing the model could sample: the token is dropped), stops it."""
+        if self.grammar is not None and not self.grammar.accept(token_id):
+            self._finish("stop")
+            return
         self.token_ids.append(token_id)
         if self.params.logprobs is not None and logprobs is not None:
             self._new_logprobs.append(logprobs)
         params = self.params
+        if self.grammar is not None and self.grammar.terminated:
+            self._finish("stop")
+            return
         may_stop = len(self.token_ids) - self.num_prompt_tokens >= params.min_tokens
         if may_stop and (
             token_id in params.stop_token_ids

@@ -1,7 +1,7 @@
 """Choose the next token of every sequence in a step from its logits.
 
     logits → min_tokens ban → repetition penalty → frequency/presence penalties
-           → greedy argmax | temperature → top-k → top-p → draw with the row's generator
+           → grammar bitmask (structured outputs) → greedy argmax | temperature → top-k → top-p → draw with the row's generator
 
 Every stage is vectorised over the batch (the per-request loops build index lists, never
 walk the vocabulary), and rows that ask for nothing skip it. Each row draws with its own
@@ -22,6 +22,7 @@ from typing import Protocol
 import torch
 
 from engine.sampling_params import GREEDY_BELOW, SamplingParams
+from engine.structured import GrammarState, apply_bitmask, fill_bitmask
 
 MAX_TEMPERATURE = 1e30  # any finite fp32 divisor keeps -inf bans at -inf; beyond is uniform
 # Repetition penalties are clamped here so realistic logits stay finite in fp32 after it.
@@ -35,6 +36,7 @@ class SamplingRow(Protocol):
     generator: torch.Generator | None
     token_ids: list[int]  # prompt + output so far
     eos_token_ids: frozenset[int]
+    grammar: GrammarState | None  # structured outputs: the tokens it allows next
 
     @property
     def num_prompt_tokens(self) -> int: ...
@@ -76,8 +78,8 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
 
 
 def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """The logits after min_tokens bans and the penalties; ``logits`` itself (no copy) when
-    no row asks for either."""
+    """The logits after min_tokens bans, the penalties and the grammar masks (one bitmask
+    for the batch); ``logits`` itself (no copy) when no row asks for any."""
     vocab = logits.shape[1]
     banned: list[tuple[int, list[int]]] = []
     penalized: list[int] = []
@@ -90,7 +92,8 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
             banned.append((i, [t for t in stops if t < vocab]))
         if p.penalized:
             penalized.append(i)
-    if not banned and not penalized:
+    bitmask = fill_bitmask([row.grammar for row in rows], vocab)
+    if not banned and not penalized and bitmask is None:
         return logits
     out = logits.clone()
     device = logits.device
@@ -100,6 +103,8 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
         out[ban_rows.to(device), ban_ids.to(device)] = float("-inf")
     if penalized:
         _penalize(out, rows, penalized)
+    if bitmask is not None:
+        apply_bitmask(out, bitmask)
     return out
 
 

@@ -8,11 +8,69 @@ vLLM), so one request's arguments can never fail a step that other requests shar
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing by them overflows fp32.
 GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed accepts
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+
+
+@dataclass(frozen=True)
+class StructuredOutputs:
+    """What the output must match (vLLM's ``StructuredOutputsParams``), exactly one of: a
+    JSON Schema (``json``, an object or its JSON text), any JSON object (``json_object``), a
+    regular expression, a list of choices, or an EBNF ``grammar`` (xgrammar's dialect).
+    Shapes are checked here; the engine compiles it and refuses what it cannot enforce."""
+
+    json: dict[str, Any] | str | None = None
+    json_object: bool = False
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs: exactly one of json, json_object, regex, choice, grammar "
+                f"must be given, got {given or 'none'}"
+            )
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise ValueError("structured_outputs.json must be a JSON Schema object or its text")
+        if not isinstance(self.json_object, bool):
+            raise ValueError("structured_outputs.json_object must be a bool")
+        for name in ("regex", "grammar"):
+            value = getattr(self, name)
+            if value is not None and not (isinstance(value, str) and value):
+                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+        if self.choice is not None and not (
+            isinstance(self.choice, (list, tuple))
+            and self.choice
+            and all(isinstance(c, str) and c for c in self.choice)
+        ):
+            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+
+    @classmethod
+    def from_dict(cls, fields: object) -> StructuredOutputs:
+        if isinstance(fields, StructuredOutputs):
+            return fields
+        if not isinstance(fields, dict):
+            raise ValueError("structured_outputs must be an object")
+        unknown = sorted(set(fields) - set(STRUCTURED_KINDS))
+        if unknown:
+            raise ValueError(f"unknown structured_outputs field {unknown[0]!r}")
+        return cls(**fields)
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False))
+
+    @property
+    def value(self) -> object:
+        value = getattr(self, self.kind)
+        return list(value) if isinstance(value, tuple) else value
 
 
 @dataclass
@@ -24,6 +82,8 @@ class SamplingParams:
     follows vLLM and Hugging Face (logits of tokens in the prompt or the output are divided by
     it when positive, multiplied when not; 1 is off). ``min_tokens``: EOS and the stop token
     ids cannot be sampled, and no stop rule ends the request, before that many tokens.
+    ``structured_outputs``: the output is held to it, and the request stops ("stop") as soon
+    as it is complete, whatever ``min_tokens`` and ``ignore_eos`` say.
     """
 
     max_tokens: int = 16
@@ -39,8 +99,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # top-N logprobs per generated token (plus the chosen one)
+    structured_outputs: StructuredOutputs | None = None  # constrained decoding
 
     def __post_init__(self) -> None:
+        if self.structured_outputs is not None:
+            self.structured_outputs = StructuredOutputs.from_dict(self.structured_outputs)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, (list, tuple)):

@@ -88,6 +88,32 @@ _CHAT_OPTIONS = {
 }
 
 
+# Constrained decoding: at most one of these per call; the reply then matches it by
+# construction (the engine masks every token that could break it).
+_STRUCTURED = {
+    "json_schema": {
+        "type": "object",
+        "description": (
+            "A JSON Schema the reply must satisfy; the reply is then compact JSON and "
+            "structuredContent.json holds it parsed. Not supported: not, if/then/else, "
+            "patternProperties, dependent*. Give max_tokens room for the whole value."
+        ),
+    },
+    "regex": {
+        "type": "string",
+        "minLength": 1,
+        "description": "A regular expression the whole reply must match.",
+    },
+    "choice": {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 256,
+        "items": {"type": "string", "minLength": 1},
+        "description": "The reply is exactly one of these strings.",
+    },
+}
+
+
 def _sampling(max_model_len: int) -> dict[str, Any]:
     return {
         "max_tokens": {
@@ -129,6 +155,7 @@ def _sampling(max_model_len: int) -> dict[str, Any]:
             "description": "Strings that end the completion (not included in the text).",
         },
         "cache_key": _CACHE_KEY,
+        **_STRUCTURED,
     }
 
 
@@ -153,6 +180,7 @@ def _completion_output(kind: str) -> dict[str, Any]:
                 "index in the configured order).",
             },
             "upstream": {"type": "string", "description": "Fleet mode: the upstream's URL."},
+            "json": {"description": f"With json_schema: the {kind} parsed (it satisfies it)."},
         },
         "required": [
             "text",

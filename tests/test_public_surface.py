@@ -23,6 +23,7 @@ SURFACES = {
         "RequestOutput",
         "RequestStream",
         "SamplingParams",
+        "StructuredOutputs",
     ],
     "engine.attention": [
         "BACKEND_NAMES",

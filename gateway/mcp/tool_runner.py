@@ -5,11 +5,14 @@ refuses at once); what it returns is the call as an async iterator: zero or more
 ``Progress`` updates (one per chunk of new text), then the ``CallToolResult`` body. The JSON
 path drains it; the SSE path forwards each item. Closing it early (a client gone) aborts the
 request and frees its KV blocks. Anything the caller can fix — bad arguments, a prompt that
-does not fit, bad sampling values — is a tool error (``isError``) whose text says what to change.
+does not fit, bad sampling values, a schema the engine cannot enforce, a JSON reply cut short
+by max_tokens — is a tool error (``isError``) whose text says what to change. With
+``json_schema`` the result's ``structuredContent.json`` holds the reply parsed.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -20,6 +23,8 @@ from gateway.catalog.catalog import ToolSpec
 from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
+# Tool argument -> the engine's structured_outputs field (constrained decoding).
+STRUCTURED_FIELDS = {"json_schema": "json", "regex": "regex", "choice": "choice"}
 DEFAULT_MAX_TOKENS = 64
 
 
@@ -54,11 +59,20 @@ class ToolRunner:
         if spec.name == "tokenize":
             text = arguments["text"]
             return _only(self._tokenized(await self.generations.tokenize(text)))
+        constraint = {v: arguments[k] for k, v in STRUCTURED_FIELDS.items() if k in arguments}
+        if len(constraint) > 1:
+            return _only(
+                tool_error(
+                    f"Invalid arguments for tool '{spec.name}': give at most one of "
+                    f"{', '.join(STRUCTURED_FIELDS)}"
+                )
+            )
         try:
             params = self.generations.sampling_params(
                 {
                     "max_tokens": DEFAULT_MAX_TOKENS,
                     **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
+                    **({"structured_outputs": constraint} if constraint else {}),
                 }
             )
             request = GenerationRequest(
@@ -72,10 +86,10 @@ class ToolRunner:
             generation = await self.generations.start(request)
         except ValueError as exc:
             return _only(tool_error(f"Invalid arguments for tool '{spec.name}': {exc}"))
-        return self._items(generation)
+        return self._items(generation, "json_schema" in arguments)
 
     async def _items(
-        self, generation: AsyncIterator[TextDelta | Completion]
+        self, generation: AsyncIterator[TextDelta | Completion], parse_json: bool
     ) -> AsyncIterator[Progress | dict[str, Any]]:
         try:
             async with aclosing(generation):
@@ -84,12 +98,12 @@ class ToolRunner:
                         if item.text:  # progress is text: a token still held back waits
                             yield Progress(item.tokens, item.text)
                     else:
-                        yield self._result(item)
+                        yield self._result(item, parse_json)
         except (EngineStepError, RuntimeError) as exc:
             yield tool_error(f"Generation failed: {exc}; retry the call")
 
-    def _result(self, done: Completion) -> dict[str, Any]:
-        structured = {
+    def _result(self, done: Completion, parse_json: bool) -> dict[str, Any]:
+        structured: dict[str, Any] = {
             "text": done.text,
             "finish_reason": done.finish_reason,
             "prompt_tokens": done.prompt_tokens,
@@ -100,6 +114,14 @@ class ToolRunner:
         }
         if done.upstream is not None:
             structured["upstream"] = done.upstream
+        if parse_json:
+            try:
+                structured["json"] = json.loads(done.text)
+            except ValueError:  # only a cut-short reply: the grammar allows nothing else
+                return tool_error(
+                    f"The reply stopped ({done.finish_reason}) before its JSON was complete: "
+                    f"raise max_tokens (or drop stop strings). Partial reply: {done.text}"
+                )
         return {
             "content": [{"type": "text", "text": done.text}],
             "structuredContent": structured,

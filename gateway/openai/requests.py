@@ -1,8 +1,9 @@
 """OpenAI request bodies → ``GenerationRequest``s, checked the way vLLM's server checks them.
 
 Known fields of the wrong type or out of range are a 400 naming the field (never a 500);
-unknown fields are ignored, as OpenAI clients send many. Tool calling and structured outputs
-are not served yet: those fields are a 400 that says so.
+unknown fields are ignored, as OpenAI clients send many. Structured outputs are served
+(``response_format`` json_object / json_schema, and vLLM's ``structured_outputs`` extras:
+json, regex, choice, grammar); tool calling is not yet: those fields are a 400 that says so.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from engine import StructuredOutputs
 from gateway.openai.errors import OpenAIError, bad_request
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
-NOT_YET = ("tools", "tool_choice", "functions", "function_call", "response_format")
+NOT_YET = ("tools", "tool_choice", "functions", "function_call")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 _NUMBER = (int, float)
 
@@ -102,6 +105,9 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     elif stop is not None:
         raise bad_request("'stop' must be a string or a list of non-empty strings", "stop")
     fields.update(_logprobs(body, chat))
+    structured = _structured_outputs(body)
+    if structured is not None:
+        fields["structured_outputs"] = structured
     n = _integer(body, "n")
     n = 1 if n is None else n
     _in_range("n", n, 1, MAX_N, f"between 1 and {MAX_N}")
@@ -119,6 +125,57 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
         _get(body, "cache_key", (str,), "a string"),
         _get(body, "cache_salt", (str,), "a string"),
     )
+
+
+def _structured_outputs(body: dict[str, Any]) -> StructuredOutputs | None:
+    """``response_format`` (OpenAI) or ``structured_outputs`` (vLLM), at most one of them.
+    The schema itself is compiled (and refused, naming it) when the request is admitted."""
+    extras = _get(body, "structured_outputs", (dict,), "an object")
+    response_format = _get(body, "response_format", (dict,), "an object")
+    fields: dict[str, Any] | None = None
+    if response_format is not None:
+        kind = response_format.get("type")
+        if kind not in RESPONSE_FORMATS:
+            raise bad_request(
+                f"'response_format.type' must be one of {list(RESPONSE_FORMATS)}, got {kind!r}",
+                "response_format.type",
+            )
+        if kind == "json_object":
+            fields = {"json_object": True}
+        elif kind == "json_schema":
+            fields = {"json": _json_schema(response_format.get("json_schema"))}
+    if extras is not None:
+        if fields is not None:
+            raise bad_request(
+                "give either 'response_format' or 'structured_outputs', not both",
+                "structured_outputs",
+            )
+        fields = extras
+    if fields is None:
+        return None
+    try:
+        return StructuredOutputs.from_dict(fields)
+    except ValueError as exc:
+        raise bad_request(str(exc), "structured_outputs" if extras else "response_format") from None
+
+
+def _json_schema(spec: Any) -> dict[str, Any]:
+    """``response_format.json_schema``: ``{name, description?, schema?, strict?}``. The schema
+    is always enforced (``strict`` or not); a missing one allows any JSON object."""
+    where = "response_format.json_schema"
+    if not isinstance(spec, dict):
+        raise bad_request(f"'{where}' must be an object", where)
+    name = spec.get("name")
+    if not isinstance(name, str) or not name:
+        raise bad_request(f"'{where}.name' must be a non-empty string", f"{where}.name")
+    for key, types, what in (
+        ("schema", (dict,), "an object"),
+        ("strict", (bool,), "a boolean"),
+        ("description", (str,), "a string"),
+    ):
+        _get(spec, key, types, what)
+    schema = spec.get("schema")
+    return {"type": "object"} if schema is None else schema
 
 
 def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:

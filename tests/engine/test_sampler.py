@@ -34,6 +34,7 @@ class Row:
     token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     eos_token_ids: frozenset[int] = frozenset({EOS})
+    grammar: object = None
 
 
 def _logits(rows: int, seed: int = 0) -> torch.Tensor:

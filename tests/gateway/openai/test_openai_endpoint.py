@@ -244,7 +244,7 @@ def test_a_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI, mod
         ({"prompt": []}, 400, "prompt"),
         ({"prompt": "x", "stop": [1]}, 400, "stop"),
         ({"prompt": "x", "tools": [{"type": "function"}]}, 400, "tools"),
-        ({"prompt": "x", "response_format": {"type": "json_object"}}, 400, "response_format"),
+        ({"prompt": "x", "response_format": {"type": "xml"}}, 400, "response_format.type"),
     ],
 )
 def test_bad_completion_requests(server: LiveServer, body: dict, status: int, param: str) -> None:

@@ -50,7 +50,7 @@ fields = {
     "top_p": maybe(st.floats(0.01, 1)),
     "top_k": maybe(st.integers(-1, 50)),
     "n": maybe(st.integers(1, 3)),
-    "seed": maybe(st.integers(0, 2**64)),
+    "seed": maybe(st.integers(0, 2**64 - 1)),  # orjson cannot send 2**64
     "stop": maybe(text) | st.lists(text, max_size=3),
     "logprobs": maybe(st.booleans() | st.integers(0, 21)),
     "top_logprobs": maybe(st.integers(0, 21)),
@@ -66,6 +66,26 @@ fields = {
     "cache_salt": maybe(text),
     "user": maybe(text),
     "tools": st.none() | st.lists(st.just({"type": "function"}), max_size=1),
+    "response_format": maybe(
+        st.sampled_from(
+            [
+                {"type": "text"},
+                {"type": "json_object"},
+                {
+                    "type": "json_schema",
+                    "json_schema": {"name": "n", "schema": {"type": "integer"}},
+                },
+                {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "nope"}}},
+                {"type": "json_schema"},
+            ]
+        )
+    ),
+    "structured_outputs": maybe(
+        st.sampled_from(
+            [{"regex": "[a-c]{1,3}"}, {"choice": ["a", "b"]}, {"json": {"type": "boolean"}}]
+            + [{"regex": "("}, {}, {"grammar": "root ::= x"}]
+        )
+    ),
 }
 bodies = st.fixed_dictionaries({"prompt": maybe(prompts), "messages": maybe(messages)}).flatmap(
     lambda required: st.fixed_dictionaries({}, optional=dict(list(fields.items()))).map(

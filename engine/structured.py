@@ -1,0 +1,212 @@
+"""Constrained decoding: a request's output is held to a JSON Schema, regex, choice list or
+EBNF grammar by masking, each step, every token the grammar cannot take next.
+
+    StructuredOutputs (SamplingParams) ──GrammarCache.compile──> xgrammar CompiledGrammar
+        (cached by (kind, spec hash) on the cache, which is built for one tokenizer)
+    Request.grammar = GrammarState(matcher)         advanced by Request.append_output
+    sampler: fill_bitmask(rows) -> one [B, V/32] int32 bitmask -> apply before temperature
+
+xgrammar (vLLM's default backend) rather than llguidance: both install and run on this CPU,
+but on the tiny model's vocabulary xgrammar filled a JSON-Schema mask in ~0.1 ms per token
+against ~56 ms for llguidance's first-use masks, and it compiles a schema in ~1 ms. Its state
+lives with the request, which keeps its output tokens across preemption, so a preempted
+request resumes with its grammar exactly where its tokens are.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
+
+import jsonschema
+import torch
+
+from engine.sampling_params import StructuredOutputs
+from engine.tokenizer import Tokenizer
+
+MAX_CACHED_GRAMMARS = 256
+# Schema keywords xgrammar would silently ignore: output would then not validate, so they are
+# refused up front (vLLM refuses the same set for its xgrammar backend).
+UNSUPPORTED_KEYWORDS = frozenset(
+    {"not", "if", "then", "else", "dependentSchemas", "dependentRequired", "patternProperties"}
+)
+_NATIVE_PREFIX = re.compile(r"^\[[^\]]*\] \S+:\d+: ")
+# xgrammar 0.2 lets a length-bounded string hold raw control characters, which JSON forbids
+# (strict parsers refuse them): such strings get the character class of its other strings.
+_BOUNDED_STRING_FIX = (r"[^\"\\\r\n]", r"[^\0-\x1f\"\\]")
+
+
+@functools.cache
+def _xgr() -> ModuleType:
+    """xgrammar, imported on first use: it pulls in transformers (~1.5 s more than torch), which a server that
+    never sees a constraint should not pay for at startup."""
+    import xgrammar
+
+    return xgrammar
+
+
+class GrammarState:
+    """One request's position in its grammar."""
+
+    def __init__(self, compiled: Any):
+        self.matcher = _xgr().GrammarMatcher(compiled)
+
+    def accept(self, token_id: int) -> bool:
+        """Advance by one sampled token; False when the grammar cannot take it."""
+        return bool(self.matcher.accept_token(token_id))
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar is complete (its stop token taken): nothing more may follow."""
+        return bool(self.matcher.is_terminated())
+
+
+class GrammarCache:
+    """Compiles StructuredOutputs for one tokenizer and model vocabulary; compiled grammars
+    are kept (LRU) by the hash of their spec, so a schema sent again is not recompiled. The
+    xgrammar tokenizer info is built at the first compile."""
+
+    def __init__(self, tokenizer: Tokenizer, vocab_size: int, stop_token_ids: Sequence[int]):
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.stop_token_ids = sorted(set(stop_token_ids))
+        self._compiled: OrderedDict[str, Any] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @functools.cached_property
+    def _compiler(self) -> Any:
+        xgr = _xgr()
+        vocab = self.tokenizer.backend.get_vocab(with_added_tokens=True)
+        encoded = [""] * max(len(vocab), max(vocab.values(), default=-1) + 1)
+        for text, token_id in vocab.items():
+            encoded[token_id] = text
+        info = xgr.TokenizerInfo(
+            encoded,
+            vocab_type=_vocab_type(self.tokenizer),
+            vocab_size=self.vocab_size,
+            stop_token_ids=self.stop_token_ids,
+        )
+        return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
+
+    def state(self, spec: StructuredOutputs) -> GrammarState:
+        """A fresh grammar state for ``spec``; ValueError naming the field if it is bad."""
+        return GrammarState(self.compile(spec))
+
+    def compile(self, spec: StructuredOutputs) -> Any:
+        kind, value = spec.kind, spec.value
+        key = hashlib.sha256(json.dumps([kind, value], sort_keys=True).encode()).hexdigest()
+        with self._lock:
+            if key in self._compiled:
+                self._compiled.move_to_end(key)
+                return self._compiled[key]
+        with self._lock:  # the compiler is built once, under the lock
+            compiler = self._compiler
+        compiled = self._compile(compiler, kind, value)
+        with self._lock:
+            self._compiled[key] = compiled
+            while len(self._compiled) > MAX_CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        return compiled
+
+    @staticmethod
+    def _compile(compiler: Any, kind: str, value: object) -> Any:
+        xgr = _xgr()
+        field = f"structured_outputs.{kind}"
+        try:
+            if kind in ("json", "json_object"):
+                schema = json.loads(value) if isinstance(value, str) else value
+                if kind == "json_object":
+                    schema = {"type": "object"}  # any object (not any JSON value)
+                _check_schema(schema, field)
+                ebnf = str(
+                    xgr.Grammar.from_json_schema(
+                        json.dumps(schema), any_whitespace=False, strict_mode=True
+                    )
+                )
+                return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
+            if kind == "regex":
+                return compiler.compile_regex(str(value))
+            if kind == "choice":
+                choices = [str(c) for c in value]  # type: ignore[attr-defined]
+                return compiler.compile_grammar(
+                    "root ::= " + " | ".join(json.dumps(c) for c in choices)
+                )
+            return compiler.compile_grammar(str(value))
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{field}: not valid JSON: {exc}") from None
+        except RuntimeError as exc:
+            raise ValueError(f"{field}: {_native_message(exc)}") from None
+
+
+def fill_bitmask(grammars: Sequence[GrammarState | None], vocab_size: int) -> torch.Tensor | None:
+    """One int32 bitmask [B, ceil(V/32)] for the batch (rows without a grammar allow all);
+    None when no row has a grammar."""
+    rows = [i for i, g in enumerate(grammars) if g is not None]
+    if not rows:
+        return None
+    bitmask = _xgr().allocate_token_bitmask(len(grammars), vocab_size)  # all allowed
+    for i in rows:
+        grammars[i].matcher.fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
+    return bitmask
+
+
+def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
+    """In place: every disallowed token's logit becomes -inf."""
+    _xgr().apply_token_bitmask_inplace(
+        logits, bitmask.to(logits.device), vocab_size=logits.shape[1]
+    )
+
+
+def _check_schema(schema: object, field: str) -> None:
+    if not isinstance(schema, (dict, bool)):
+        raise ValueError(f"{field}: a JSON Schema is an object, got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/".join(str(p) for p in exc.absolute_path)
+        raise ValueError(f"{field}{'/' + where if where else ''}: {exc.message}") from None
+    path = _unsupported(schema, "")
+    if path is not None:
+        raise ValueError(f"{field}{path}: not supported in constrained decoding")
+
+
+def _unsupported(node: object, path: str) -> str | None:
+    """The path of the first keyword xgrammar cannot enforce, or None."""
+    if isinstance(node, dict):
+        for key, child in node.items():
+            if key in UNSUPPORTED_KEYWORDS:
+                return f"{path}/{key}"
+            if key in ("const", "enum", "default", "examples"):
+                continue  # values, not schemas
+            found = _unsupported(child, f"{path}/{key}")
+            if found is not None:
+                return found
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            found = _unsupported(child, f"{path}/{i}")
+            if found is not None:
+                return found
+    return None
+
+
+def _vocab_type(tokenizer: Tokenizer) -> Any:
+    """How token strings encode bytes: GPT-2 byte-level, SentencePiece byte fallback, or raw."""
+    xgr = _xgr()
+    spec = json.loads(tokenizer.backend.to_str())
+    decoder = json.dumps(spec.get("decoder"))
+    if "ByteLevel" in decoder:
+        return xgr.VocabType.BYTE_LEVEL
+    if "ByteFallback" in decoder:
+        return xgr.VocabType.BYTE_FALLBACK
+    return xgr.VocabType.RAW
+
+
+def _native_message(exc: RuntimeError) -> str:
+    return _NATIVE_PREFIX.sub("", str(exc).strip()).strip()
