@@ -162,6 +162,7 @@ def main() -> None:
     parser.add_argument("--prompt-words", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--kvgate-flags", default="", help="extra `kvgate serve` flags")
     args = parser.parse_args()
     model_dir = Path(args.model) if args.model else default_model_dir()
     dtype = args.dtype or ("bfloat16" if native_bf16_flags() else "float32")
@@ -173,6 +174,7 @@ def main() -> None:
     kv_base, vllm_base = f"http://127.0.0.1:{kv_port}", f"http://127.0.0.1:{vllm_port}"
     kvgate = [sys.executable, "-m", "gateway", "serve", "--port", str(kv_port)]
     kvgate += ["--model", str(model_dir), "--served-model-name", name, "--max-model-len", "2048"]
+    kvgate += args.kvgate_flags.split()
     kv_env = {**os.environ, "KVGATE_KV_CACHE_MEMORY": "256MiB", "KVGATE_DTYPE": dtype}
     servers = {"kvgate": (kvgate, kv_env, kv_base, 120.0)}
     if args.vllm_python:

@@ -33,6 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--threads", type=int, help="CPU compute threads (default: leave the HTTP loop a core)"
     )
+    serve.add_argument("--max-num-seqs", type=int, help="running requests per replica (64)")
+    serve.add_argument(
+        "--max-num-batched-tokens", type=int, help="tokens computed per replica step (2048)"
+    )
     serve.add_argument("--replicas", type=int, help="engine replicas sharing one KV pool")
     serve.add_argument(
         "--routing",
@@ -172,6 +176,8 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_model_len",
         "dtype",
         "threads",
+        "max_num_seqs",
+        "max_num_batched_tokens",
         "replicas",
         "routing",
         "kv_cache_dtype",
@@ -239,6 +245,8 @@ def serve(settings: Settings) -> None:
                 model=settings.model,
                 dtype=settings.dtype,
                 threads=settings.threads or serving_threads(),
+                max_num_seqs=settings.max_num_seqs,
+                max_num_batched_tokens=settings.max_num_batched_tokens,
                 replicas=settings.replicas,
                 routing=settings.routing,
                 kv_cache_dtype=settings.kv_cache_dtype,

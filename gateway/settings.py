@@ -22,6 +22,8 @@ class Settings:
     max_model_len: int = 0  # 0 = the model's own context length
     dtype: str = "auto"  # auto: bf16 where the CPU computes it natively (or on GPU), else fp32
     threads: int = 0  # CPU compute threads; 0 = all usable cores but one for the event loop (> 2)
+    max_num_seqs: int = 64  # running requests per replica
+    max_num_batched_tokens: int = 2048  # tokens computed per replica step (prefill chunk budget)
     replicas: int = 1
     routing: str = "prefix"  # prefix | round_robin | random: engine replicas and upstreams alike
     kv_cache_dtype: str = "auto"
