@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dtype", help="auto | float32 | bfloat16 (default auto)")
     serve.add_argument(
-        "--threads", type=int, help="CPU compute threads (default: leave the HTTP loop a core)"
+        "--threads", type=int, help="CPU compute threads (default: all cores but one, for HTTP)"
     )
     serve.add_argument("--max-num-seqs", type=int, help="running requests per replica (64)")
     serve.add_argument(
