@@ -8,7 +8,7 @@ import contextlib
 from collections.abc import Awaitable, Iterable, Mapping
 from typing import Any, TypeVar
 
-from starlette.types import Receive, Send
+from starlette.types import Receive, Scope, Send
 
 T = TypeVar("T")
 
@@ -52,6 +52,13 @@ class BodyTooLarge(Exception):
 
 class ClientGone(Exception):
     pass
+
+
+def header_map(scope: Scope) -> dict[str, str]:
+    """A request's headers by name (ASGI servers lower-case names; RFC 9110 5.5: whitespace
+    around a value is not data). Last wins: a repeated header that decides anything is refused
+    before this (``gateway.http.security.repeated``)."""
+    return {k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]}
 
 
 async def read_body(receive: Receive, limit: int, content_length: str | None) -> bytes:
@@ -110,6 +117,13 @@ async def start_stream(send: Send, headers: Iterable[tuple[bytes, bytes]] = ()) 
 
 async def send_chunk(send: Send, chunk: bytes, more: bool = True) -> None:
     await send({"type": "http.response.body", "body": chunk, "more_body": more})
+
+
+async def before(deadline: float, work: Awaitable[T]) -> T:
+    """``work``, or TimeoutError at ``deadline`` (loop time): a call's deadline, on every
+    front door."""
+    async with asyncio.timeout_at(deadline):
+        return await work
 
 
 async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:

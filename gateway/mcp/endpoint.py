@@ -20,9 +20,9 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from contextlib import aclosing
-from typing import Any, TypeVar
+from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -73,7 +73,6 @@ from protocol.results import complete
 from protocol.versions import Era, era_of, negotiate_legacy
 
 logger = logging.getLogger("kvgate.mcp")
-T = TypeVar("T")
 
 ALLOW_POST = [(b"allow", b"POST")]
 CLOSE = [(b"connection", b"close")]
@@ -127,10 +126,7 @@ class McpEndpoint:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
-        # ASGI servers lower-case header names; RFC 9110 5.5: whitespace around a value is not data
-        headers = {
-            k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]
-        }
+        headers = http_io.header_map(scope)
         label, tool, outcome = "invalid", None, "error"
         era, message = Era.LEGACY, None
         catalog = self.served.current  # one catalog for the whole request
@@ -293,7 +289,7 @@ class McpEndpoint:
             try:
                 # Admitted (or refused: then the answer is still a plain 503) before anything
                 # is sent, so an SSE response starts only once the engine has taken the call.
-                start = _before(deadline, self.tools.start(spec, arguments, body_size))
+                start = http_io.before(deadline, self.tools.start(spec, arguments, body_size))
                 items = await http_io.until_disconnect(receive, start)
                 if streaming:
                     shape = functools.partial(_shape, catalog, era=era)
@@ -301,7 +297,9 @@ class McpEndpoint:
                     stream = self._stream(send, events, message.id, deadline, timeout)
                     await http_io.until_disconnect(receive, stream)
                     return "ok"
-                result = await http_io.until_disconnect(receive, _before(deadline, _result(items)))
+                result = await http_io.until_disconnect(
+                    receive, http_io.before(deadline, _result(items))
+                )
             except TimeoutError:
                 raise deadline_exceeded(timeout) from None
         body = jsonrpc.encode_result(message.id, _shape(catalog, result, era))
@@ -357,12 +355,6 @@ class McpEndpoint:
 def _shape(catalog: Catalog, result: dict[str, Any], era: Era) -> dict[str, Any]:
     """Modern results say they are complete and who answered; legacy ones stay as they were."""
     return complete(result, catalog.server_info) if era is Era.MODERN else result
-
-
-async def _before(deadline: float, work: Awaitable[T]) -> T:
-    """``work``, or TimeoutError at ``deadline`` (loop time)."""
-    async with asyncio.timeout_at(deadline):
-        return await work
 
 
 async def _result(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, Any]:

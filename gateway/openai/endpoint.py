@@ -25,7 +25,7 @@ from starlette.types import Receive, Scope, Send
 
 from engine import AdmissionRefused, SamplingParams
 from gateway.admission import ConcurrencyLimit, client_key, client_limited, engine_refused
-from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
+from gateway.generation import Completion, GenerationRequest, Generations, Stream, TextDelta
 from gateway.http import io as http_io
 from gateway.http import security
 from gateway.http.security import OriginPolicy
@@ -46,7 +46,6 @@ from protocol.jsonrpc import nesting_depth
 logger = logging.getLogger("kvgate.openai")
 DONE = b"data: [DONE]\n\n"
 CLOSE = [(b"connection", b"close")]
-Stream = AsyncIterator[TextDelta | Completion]
 
 
 def sse(chunk: dict[str, Any]) -> bytes:
@@ -85,9 +84,7 @@ class OpenAIEndpoint:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
         path = scope["path"]
-        headers = {
-            k.decode("latin-1"): v.decode("latin-1").strip(" \t") for k, v in scope["headers"]
-        }
+        headers = http_io.header_map(scope)
         outcome = "error"
         try:
             method, handler = self.routes[path]
@@ -277,7 +274,9 @@ class OpenAIEndpoint:
             async with AsyncExitStack() as stack:
                 try:
                     start = self._start(requests, sampling.n, stack)
-                    streams = await http_io.until_disconnect(receive, _before(deadline, start))
+                    streams = await http_io.until_disconnect(
+                        receive, http_io.before(deadline, start)
+                    )
                 except TimeoutError:
                     raise deadline_exceeded(timeout) from None
                 if sampling.stream:
@@ -286,7 +285,7 @@ class OpenAIEndpoint:
                     return "ok"
                 try:
                     choices = await http_io.until_disconnect(
-                        receive, _before(deadline, _collect(streams))
+                        receive, http_io.before(deadline, _collect(streams))
                     )
                 except TimeoutError:
                     raise deadline_exceeded(timeout) from None
@@ -486,11 +485,6 @@ def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
     if not isinstance(value, bool):
         raise bad_request(f"'{name}' must be a boolean", name)
     return value
-
-
-async def _before(deadline: float, work: Awaitable[Any]) -> Any:
-    async with asyncio.timeout_at(deadline):
-        return await work
 
 
 async def _prepend(head: TextDelta | Completion, rest: Stream) -> Stream:
