@@ -17,6 +17,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,6 +74,12 @@ def cpu_and_wait(pid: int | str) -> tuple[float, float]:
     return cpu, waited_ns / 1e9
 
 
+def _snapshot(pids: Iterable[int]) -> dict[int, tuple[float, float]]:
+    """``cpu_and_wait`` of each distinct process once (a process watched under two names —
+    the server in the load generator's own process — reads the same at both)."""
+    return {pid: cpu_and_wait(pid) for pid in set(pids)}
+
+
 def percentile(ordered: list[float], fraction: float) -> float:
     """Nearest-rank percentile of an ascending list."""
     return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
@@ -86,8 +93,8 @@ async def run(args: argparse.Namespace, request: bytes) -> dict[str, float]:
         for _ in range(args.concurrency)
     ]
     await asyncio.sleep(args.warmup)
-    watched = {"client": "self"} | ({"server": args.watch_pid} if args.watch_pid else {})
-    before = {name: cpu_and_wait(pid) for name, pid in watched.items()}
+    watched = {"client": os.getpid()} | ({"server": args.watch_pid} if args.watch_pid else {})
+    before = _snapshot(watched.values())
     await asyncio.gather(*tasks)
     elapsed = time.perf_counter() - window.start
     ordered = sorted(window.latencies)
@@ -100,8 +107,9 @@ async def run(args: argparse.Namespace, request: bytes) -> dict[str, float]:
         "p50_ms": percentile(ordered, 0.50) * 1e3,
         "p99_ms": percentile(ordered, 0.99) * 1e3,
     }
+    after = _snapshot(watched.values())
     for name, pid in watched.items():
-        cpu, waited = (a - b for a, b in zip(cpu_and_wait(pid), before[name], strict=True))
+        cpu, waited = (a - b for a, b in zip(after[pid], before[pid], strict=True))
         figures[f"{name}_cpu_frac"] = cpu / elapsed
         figures[f"{name}_wait_frac"] = waited / elapsed
         figures[f"{name}_us_per_request"] = cpu / len(ordered) * 1e6
