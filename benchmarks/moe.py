@@ -3,11 +3,10 @@
     python benchmarks/moe.py [--threads 2] [--repeat 3] [--prompts 8] [--prompt-len 512]
 
 The model is the "bench-moe" tiny-model preset: a Mixtral-shaped checkpoint of ~49M
-parameters (8 experts, top-2, 4 layers, random weights, bf16), built once into the kvgate
-cache directory. Prints output tokens/s of each at batch 8 (8 prompts x 512 tokens -> exactly
+parameters (8 experts, top-2, 4 layers, random weights), built once into the kvgate
+cache directory. Prints output tokens/s of each at batch 8, in the native dtype, (8 prompts x 512 tokens -> exactly
 128 new tokens each, greedy) and their ratio, measured as `benchmarks/engine.py` measures the
-dense model: alternating rounds, fresh prompts each round, the best round reported with the
-process CPU seconds beside it.
+dense model: alternating rounds, fresh prompts each round, the best round reported.
 """
 
 from __future__ import annotations
@@ -23,8 +22,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from benchmarks.engine import Transformers, best, engine_run, random_prompts, timed  # noqa: E402
-from engine import LLM  # noqa: E402
+from benchmarks.engine import Bench, kvgate_runner, transformers_runner  # noqa: E402
+from engine.config import choose_dtype  # noqa: E402
+from engine.model_config import ModelConfig  # noqa: E402
 from engine.tiny_model import CACHE_ENV, make_tiny_model  # noqa: E402
 
 PRESET = "bench-moe"
@@ -40,6 +40,7 @@ def bench_model_dir() -> Path:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--prompts", type=int, default=8)
@@ -47,28 +48,26 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=128)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    choice = choose_dtype(args.dtype, "cpu")
     path = bench_model_dir()
-    llm = LLM(str(path), dtype="bfloat16", kv_cache_memory="512MiB")
-    config = llm.core.model_config
-    engine_run(llm, random_prompts(2, 32, config.vocab_size, seed=98), 4)  # warm up
-    hf = Transformers(path, args.new)
-    params = sum(p.numel() for p in hf.model.parameters())
+    config = ModelConfig.from_dir(path)
+    engines = {
+        "kvgate": kvgate_runner(path, choice.name, args.threads),
+        "transformers": transformers_runner(path, choice.name),
+    }
     print(
-        f"model {path.name} ({config.architecture}, {params / 1e6:.1f}M parameters, "
-        f"{config.num_experts} experts top-{config.num_experts_per_tok}), bf16, "
-        f"{args.threads} threads, best of {args.repeat} rounds"
+        f"model {path.name} ({config.architecture}, {config.num_experts} experts "
+        f"top-{config.num_experts_per_tok}), {choice.name} ({choice.reason}), "
+        f"{args.threads} threads, best of {args.repeat} alternating rounds"
     )
-    ours, theirs = [], []
-    for round_ in range(args.repeat):
-        prompts = random_prompts(args.prompts, args.prompt_len, config.vocab_size, seed=round_)
-        ours.append(timed(lambda p=prompts: engine_run(llm, p, args.new)))
-        theirs.append(timed(lambda p=prompts: hf.run(p)))
+    times = Bench(engines, args.repeat, config.vocab_size).best(
+        0, args.prompts, args.prompt_len, args.new
+    )
     tokens = args.prompts * args.new
-    e, t = best(ours), best(theirs)
     print(f"{args.prompts} prompts x {args.prompt_len} tokens -> {args.new} new tokens each")
-    print(f"  engine        {tokens / e.wall:8.1f} output tok/s  ({e.cpu:.1f} CPU s)")
-    print(f"  transformers  {tokens / t.wall:8.1f} output tok/s  ({t.cpu:.1f} CPU s)")
-    print(f"  ratio         {t.wall / e.wall:8.2f}x  (by CPU time {t.cpu / e.cpu:.2f}x)")
+    for name, wall in times.items():
+        print(f"  {name:13s} {tokens / wall:8.1f} output tok/s")
+    print(f"  ratio         {times['transformers'] / times['kvgate']:8.2f}x")
 
 
 if __name__ == "__main__":

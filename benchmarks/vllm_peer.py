@@ -42,7 +42,9 @@ class VllmPeer:
 
     def __init__(self, python: str, model_dir: Path, dtype: str, threads: int):
         self.process = subprocess.Popen(
-            [python, __file__, str(model_dir), dtype],
+            # -P: the script's folder (benchmarks/, whose openai.py would shadow the `openai`
+            # package vLLM imports) is not put on sys.path.
+            [python, "-P", __file__, str(model_dir), dtype],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,

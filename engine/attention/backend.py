@@ -1,4 +1,5 @@
-"""Choosing the attention implementation: Triton kernels on CUDA, the PyTorch reference on CPU.
+"""Choosing the attention implementation: Triton kernels on CUDA, the PyTorch reference on CPU
+(with its bf16 prefills on SDPA's fused kernel where the CPU has AMX: `CPU_BACKEND`).
 
 A backend is a small object with the two operations a layer needs, ``write_kv`` and
 ``paged_attention``; the engine picks one at startup and calls it for every layer.
@@ -7,6 +8,7 @@ Triton is imported only when the Triton backend is asked for, so the CPU path ne
 
 from __future__ import annotations
 
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ import torch
 
 from engine.attention import torch_backend
 from engine.attention.kv_cache import KVCache
+from engine.config import cpu_flags
 
 BACKEND_NAMES = ("auto", "torch", "triton")
 
@@ -28,6 +31,16 @@ class AttentionBackend:
 
 
 TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.paged_attention)
+FUSED_PREFILL_BACKEND = AttentionBackend(
+    "torch",
+    torch_backend.write_kv,
+    functools.partial(torch_backend.paged_attention, fused_prefill=True),
+)
+
+
+def cpu_backend(flags: frozenset[str]) -> AttentionBackend:
+    """The torch backend for a CPU with ``flags``: bf16 prefills on SDPA where there is AMX."""
+    return FUSED_PREFILL_BACKEND if "amx_bf16" in flags else TORCH_BACKEND
 
 
 def _triton_usable(device: torch.device) -> bool:
@@ -45,7 +58,7 @@ def get_attention_backend(
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        return TORCH_BACKEND
+        return cpu_backend(cpu_flags()) if device.type == "cpu" else TORCH_BACKEND
     if not _triton_usable(device):
         raise ValueError(
             f"attention_backend: triton needs a CUDA device (or TRITON_INTERPRET=1), got {device}"

@@ -8,9 +8,13 @@ rows (several queries) go per sequence, causal with the queries aligned to the e
 context, in tiles of query rows so the masked upper triangle is not computed.
 
 Both are two batched matmuls in the cache dtype around a softmax that accumulates in fp32
-(bf16 serving converts nothing; an fp8 cache is dequantized to fp32). On CPU this is 1.5-2x faster than torch's
-fused SDPA kernel for these shapes. Few, large ops per layer: on a shared CPU every parallel
-region costs.
+(bf16 serving converts nothing; an fp8 cache is dequantized to fp32). On CPUs without AMX this
+is 1.5-2x faster than torch's fused SDPA kernel for these shapes. Few, large ops per layer: on
+a shared CPU every parallel region costs.
+
+With ``fused_prefill`` (the CPU backend sets it where the CPU has AMX tiles for bf16), bf16
+prefills go through ``scaled_dot_product_attention`` instead: its flash kernel runs the tiles'
+matmuls on AMX and never materializes the scores, several times faster than the tiles here.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from engine.attention.kv_cache import FP8_DTYPE, KVCache, quantize_fp8
 from engine.attention.metadata import AttentionMetadata
@@ -212,6 +217,40 @@ def _prefill(
     return out.permute(2, 0, 1, 3).reshape(n_q, num_heads, dim).to(q.dtype)
 
 
+def _prefill_mask(
+    md: AttentionMetadata, seq: _Prefill, window: int | None, device: torch.device
+) -> torch.Tensor | None:
+    """The boolean ``[n_q, seq_len]`` mask of one prefill (True = attend), shared by the
+    step's layers; None when plain causal attention from position 0 is the mask."""
+    n_q = seq.q_end - seq.q_start
+    if n_q == seq.seq_len and window is None:
+        return None
+    key = f"torch_prefill_mask/{seq.q_start}/{window}"
+    if key not in md.derived:
+        keys = torch.arange(seq.seq_len, device=device)[None, :]
+        positions = torch.arange(seq.seq_len - n_q, seq.seq_len, device=device)[:, None]
+        mask = keys <= positions
+        if window is not None:
+            mask &= keys > positions - window
+        md.derived[key] = mask
+    return md.derived[key]
+
+
+def _fused_prefill(
+    q: torch.Tensor, cache: KVCache, md: AttentionMetadata, seq: _Prefill, scale: float,
+    window: int | None,
+) -> torch.Tensor:  # fmt: skip
+    """`_prefill` through torch's fused SDPA kernel (no soft-cap, q in the cache dtype)."""
+    k = _gather(cache.k, None, seq.cache_rows, 1, q.dtype)[:, :, : seq.seq_len]
+    v = _gather(cache.v, None, seq.cache_rows, 1, q.dtype)[:, :, : seq.seq_len]
+    mask = _prefill_mask(md, seq, window, q.device)
+    out = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], k, v, attn_mask=mask, is_causal=mask is None, scale=scale,
+        enable_gqa=True,
+    )  # fmt: skip
+    return out[0].transpose(0, 1)
+
+
 def paged_attention(
     q: torch.Tensor,
     cache: KVCache,
@@ -219,10 +258,13 @@ def paged_attention(
     scale: float,
     window: int | None = None,
     softcap: float | None = None,
+    *,
+    fused_prefill: bool = False,
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype.
     ``window``: each query sees only its last ``window`` keys (itself included);
-    ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask."""
+    ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask;
+    ``fused_prefill``: bf16 prefills through SDPA's fused kernel (see the module notes)."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
     bias = plan.decode_bias
     if window is not None and plan.num_decodes > 0:
@@ -233,8 +275,11 @@ def paged_attention(
     if plan.num_decodes > 0:
         rows = plan.decode_query_rows
         out[rows] = _decode(q[rows], cache, plan, scale, bias, softcap)
+    fused = fused_prefill and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
     for seq in plan.prefills:
-        out[seq.q_start : seq.q_end] = _prefill(
-            q[seq.q_start : seq.q_end], cache, seq, scale, window, softcap
-        )
+        rows = q[seq.q_start : seq.q_end]
+        if fused:
+            out[seq.q_start : seq.q_end] = _fused_prefill(rows, cache, md, seq, scale, window)
+        else:
+            out[seq.q_start : seq.q_end] = _prefill(rows, cache, seq, scale, window, softcap)
     return out

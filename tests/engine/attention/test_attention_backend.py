@@ -3,6 +3,7 @@
 import pytest
 
 from engine.attention import get_attention_backend
+from engine.attention.backend import TORCH_BACKEND, cpu_backend
 
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -12,3 +13,10 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
         get_attention_backend("triton", "cpu")
     with pytest.raises(ValueError, match="attention_backend"):
         get_attention_backend("cudnn", "cpu")
+
+
+def test_cpu_backend_fuses_bf16_prefills_only_where_there_is_amx() -> None:
+    amx = cpu_backend(frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
+    assert amx.paged_attention.keywords == {"fused_prefill": True}
+    assert cpu_backend(frozenset({"avx512_bf16"})) is TORCH_BACKEND
+    assert cpu_backend(frozenset()) is TORCH_BACKEND

@@ -58,3 +58,30 @@ def test_decode_rows_do_not_depend_on_batch_companions() -> None:
     out_crowd = paged_attention(crowd.q, crowd.cache, crowd.md, crowd.scale)[:1]
     out_alone = paged_attention(crowd.q[:1], crowd.cache, alone, crowd.scale)
     torch.testing.assert_close(out_alone, out_crowd, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("window", [None, 9])
+def test_fused_bf16_prefill_matches_dense_and_the_tiled_path(window: int | None) -> None:
+    # Full prompts (plain causal), chunks after a cached prefix (an explicit mask), a decode
+    # row beside them, and a sliding window cutting into the prefix.
+    case = make_case(
+        [40, 70, 25, 33], [40, 21, 1, 5], num_heads=8, kv_heads=2,
+        cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16,
+    )  # fmt: skip
+    fused = paged_attention(case.q, case.cache, case.md, case.scale, window, fused_prefill=True)
+    tiled = paged_attention(case.q, case.cache, case.md, case.scale, window)
+    assert fused.dtype == torch.bfloat16
+    torch.testing.assert_close(
+        fused.double(), expected_output(case, window=window), atol=2e-2, rtol=2e-2
+    )
+    torch.testing.assert_close(fused, tiled, atol=2e-2, rtol=2e-2)
+
+
+def test_fused_prefill_leaves_fp32_and_softcapped_layers_on_the_tiled_path() -> None:
+    case = make_case([30, 12], [30, 4])
+    fused = paged_attention(case.q, case.cache, case.md, case.scale, fused_prefill=True)
+    assert torch.equal(fused, paged_attention(case.q, case.cache, case.md, case.scale))
+    bf16 = make_case([30], [30], cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16)
+    capped = paged_attention(bf16.q, bf16.cache, bf16.md, bf16.scale, softcap=5.0)
+    same = paged_attention(bf16.q, bf16.cache, bf16.md, bf16.scale, softcap=5.0, fused_prefill=True)
+    assert torch.equal(capped, same)
