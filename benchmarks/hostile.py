@@ -3,6 +3,7 @@ three ~1 MiB bodies arrive (issue 16). Loopback only; every loop is bounded.
 
     python -m benchmarks.hostile [--header-mib 64] [--body-kib 1000] [--probe-ms 10]
                                  [--tools generate,chat,tokenize]   ("" for the header alone)
+                                 [--kvgate-flags "--model DIR"]
 
 Starts ``python -m gateway serve`` (the embedded tiny model) on a free port, measures its RSS
 (``/proc/PID/status`` VmRSS, sampled every 10 ms) and ``/healthz`` round trips on a kept-alive
@@ -165,6 +166,7 @@ def main() -> None:
     parser.add_argument("--header-mib", type=int, default=64)
     parser.add_argument("--body-kib", type=int, default=1000)
     parser.add_argument("--probe-ms", type=float, default=10)
+    parser.add_argument("--kvgate-flags", default="", help="extra `kvgate serve` flags")
     parser.add_argument(
         "--tools",
         default="generate,chat,tokenize",
@@ -174,7 +176,7 @@ def main() -> None:
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port)],
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *args.kvgate_flags.split()],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
