@@ -202,9 +202,12 @@ def max_token_bytes(spec: dict[str, Any]) -> int | None:
     ):
         return None
     vocab: dict[str, int] = model.get("vocab") or {}
-    byte_level = any(s.get("type") == "ByteLevel" for s in steps)
-    if byte_level and set(pre_tokenizers.ByteLevel.alphabet()) <= vocab.keys():
-        longest = max(map(len, vocab), default=1)  # each byte-level character is one byte
+    alphabet = set(pre_tokenizers.ByteLevel.alphabet())  # one character per byte
+    byte_level = any(
+        s.get("type") == "ByteLevel" for s in steps + _steps(spec.get("normalizer"), "normalizers")
+    )
+    if byte_level and alphabet <= vocab.keys():
+        longest = max(len(t) if alphabet.issuperset(t) else len(t.encode()) for t in vocab)
     elif model.get("byte_fallback") and all(f"<0x{b:02X}>" in vocab for b in range(256)):
         longest = max((len(t.encode()) for t in vocab), default=1)
     elif model.get("unk_token") is not None and not model.get("fuse_unk"):

@@ -238,6 +238,16 @@ def test_no_floor_when_unknown_characters_fuse(tiny_model_dir: Path) -> None:
     assert max_token_bytes(spec) == max(len(t.encode()) for t in spec["model"]["vocab"])
 
 
+def test_byte_level_as_a_normalizer_counts_one_byte_per_character(tiny_model_dir: Path) -> None:
+    spec = _spec(tiny_model_dir)
+    spec["normalizer"], spec["pre_tokenizer"] = spec["pre_tokenizer"], None
+    spec["normalizer"] |= {"type": "ByteLevel"}
+    assert max_token_bytes(spec) == 12
+    tokenizer = Tokenizer(HFTokenizer.from_str(json.dumps(spec)), {}, None)
+    for text in TEXTS[1:] + ["Größe 你好 😀 " * 100, " clockmaker" * 100]:
+        assert 0 < tokenizer.min_tokens(text) <= len(tokenizer.encode(text))
+
+
 def test_a_shrinking_normalizer_loosens_the_floor_enough(tiny_model_dir: Path) -> None:
     """NFKC maps "𝐜" (4 bytes) to "c" (1 byte): " 𝐜𝐥𝐨𝐜𝐤𝐦𝐚𝐤𝐞𝐫" (41 bytes) is one token,
     more than the longest token's 12 bytes; the floor allows for it, and stays one."""
