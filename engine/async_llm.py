@@ -130,14 +130,21 @@ class AsyncLLM:
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of the conversation with the assistant's turn opened; ``tools``,
-        ``documents`` and ``chat_template_kwargs`` as for ``LLM.chat``."""
-        return self.core.tokenizer.encode_chat(
+        ``documents`` and ``chat_template_kwargs`` as for ``LLM.chat``. A rendered
+        conversation too long to fit is refused as ``encode_prompt`` refuses a prompt."""
+        text = self.core.tokenizer.apply_chat_template(
             list(messages),
             add_generation_prompt=True,
             tools=tools,
             documents=documents,
             chat_template_kwargs=chat_template_kwargs,
         )
+        return self.core.encode_prompt(text, add_special_tokens=False)
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """A prompt's token ids (a worker thread may call it); one whose length alone shows
+        it cannot fit is refused (``engine.errors.TooManyTokens``) without tokenizing it."""
+        return self.core.encode_prompt(text)
 
     def submit(
         self,

@@ -34,7 +34,7 @@ from engine.config import (
     log_dtype_choice,
     log_threads,
 )
-from engine.errors import EngineOverloaded, EngineUnavailable
+from engine.errors import EngineOverloaded, EngineUnavailable, TooManyTokens
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
@@ -162,14 +162,8 @@ class EngineCore:
         if limit is not None and params.max_tokens > limit:
             raise ValueError(f"max_tokens: at most {limit} on this server, got {params.max_tokens}")
         token_ids = self._prompt_ids(prompt)
-        limit = self.config.max_prompt_tokens
-        if limit is not None and len(token_ids) > limit:
-            raise ValueError(f"prompt: {len(token_ids)} tokens, at most {limit} on this server")
-        if len(token_ids) + 1 > self.max_model_len:
-            raise ValueError(
-                f"prompt: {len(token_ids)} tokens leave no room to generate within "
-                f"max_model_len {self.max_model_len}"
-            )
+        if len(token_ids) > self.max_prompt_len:
+            raise self._too_long(str(len(token_ids)), len(token_ids))
         grammar = (
             None
             if params.structured_outputs is None
@@ -198,9 +192,34 @@ class EngineCore:
             grammar=grammar,
         )
 
+    @property
+    def max_prompt_len(self) -> int:
+        """The most prompt tokens a request may have (one more must fit in max_model_len)."""
+        limit = self.config.max_prompt_tokens
+        return min(self.max_model_len - 1, self.max_model_len if limit is None else limit)
+
+    def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """A prompt's token ids; one whose length alone shows it cannot fit is refused
+        (``TooManyTokens``, a ValueError) without tokenizing it."""
+        try:
+            return self.tokenizer.encode(text, add_special_tokens, self.max_prompt_len)
+        except TooManyTokens as exc:
+            raise self._too_long(f"at least {exc.at_least}", exc.at_least) from None
+
+    def _too_long(self, count: str, at_least: int) -> TooManyTokens:
+        limit = self.config.max_prompt_tokens
+        if limit is not None and at_least > limit:
+            message = f"prompt: {count} tokens, at most {limit} on this server"
+        else:
+            message = (
+                f"prompt: {count} tokens leave no room to generate within "
+                f"max_model_len {self.max_model_len}"
+            )
+        return TooManyTokens(message, at_least, self.max_prompt_len)
+
     def _prompt_ids(self, prompt: Prompt) -> list[int]:
         if isinstance(prompt, str):
-            token_ids = self.tokenizer.encode(prompt)
+            token_ids = self.encode_prompt(prompt)
         elif isinstance(prompt, Sequence) and all(
             isinstance(t, int) and not isinstance(t, bool) for t in prompt
         ):

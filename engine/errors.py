@@ -5,6 +5,8 @@ AdmissionRefused        nothing was queued; retry after ``retry_after_s``
   └── EngineUnavailable     every replica is stalled or failed
 EngineStepError         the step computing this request failed; its blocks are freed and
                         the replica keeps serving, so a retry may well succeed
+TooManyTokens           (a ValueError) a prompt or text over a token limit, often found
+                        from its length alone, before tokenizing it
 """
 
 from __future__ import annotations
@@ -28,3 +30,13 @@ class EngineUnavailable(AdmissionRefused):
 
 class EngineStepError(RuntimeError):
     """The engine step that was computing this request raised."""
+
+
+class TooManyTokens(ValueError):
+    """A text (or prompt) has more tokens than a limit allows — counted, or ``at_least`` so
+    many as its byte length shows without tokenizing it (``Tokenizer.min_tokens``)."""
+
+    def __init__(self, message: str, at_least: int, limit: int) -> None:
+        super().__init__(message)
+        self.at_least = at_least
+        self.limit = limit

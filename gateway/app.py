@@ -32,6 +32,7 @@ from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
 from gateway.catalog.reload import CatalogReloader
 from gateway.generation import Backend, EngineBackend, Generations
 from gateway.http.security import HostOriginGuard, OriginPolicy
+from gateway.http.trim import TrimAfterLargeBodies
 from gateway.mcp.endpoint import McpEndpoint
 from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
@@ -172,6 +173,7 @@ def create_app(
             )
         ],
     )
+    app.add_middleware(TrimAfterLargeBodies)
     app.add_middleware(
         AuthMiddleware,
         authenticator=authenticator,

@@ -5,7 +5,9 @@ conversation, sampling params, a cache key and tenant salt — and ``start``s it
 ``Generations`` the app holds. Where it runs is a ``Backend``: the embedded engine
 (``EngineBackend``, below) or a fleet of engine servers (``gateway.upstream.Fleet``). Either
 prepares the request (templating and tokenizing in a worker thread when it is large, so a 1 MiB
-body never stalls other clients' streams), then admits it or refuses at once. What comes back
+body never stalls other clients' streams), then admits it or refuses at once. A prompt, or a
+text to tokenize, whose length alone shows it cannot fit in ``max_model_len`` tokens is
+refused before it is tokenized (``Tokenizer.min_tokens``). What comes back
 is one async iterator shape for every front door: ``TextDelta`` items as text arrives, then
 one ``Completion``. Closing it (``aclosing``, a cancelled task, a client gone) aborts the
 request (at the next step boundary, or by closing the upstream stream) and frees its blocks.
@@ -21,6 +23,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from engine import OutputKind, RequestOutput, RequestStream, SamplingParams
+from engine.errors import TooManyTokens
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 from gateway.auth.budgets import metered
@@ -60,6 +63,8 @@ class Engine(Protocol):
         documents: Sequence[dict[str, Any]] | None = None,
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]: ...
+
+    def encode_prompt(self, text: str) -> list[int]: ...
 
     def submit(
         self,
@@ -246,13 +251,16 @@ class EngineBackend:
         return self._run(stream, request)
 
     async def tokenize(self, text: str) -> list[int]:
-        return list(await self.off_loop.run(len(text), self.engine.tokenizer.encode, text))
+        tokenizer = self.engine.tokenizer
+        return await self.off_loop.run(
+            len(text), encode_within, tokenizer, self.max_model_len, text
+        )
 
     def _prompt(self, request: GenerationRequest) -> str | list[int]:
         if request.messages is None:
             assert request.prompt is not None
             if isinstance(request.prompt, str) and len(request.prompt) > OFF_LOOP_CHARS:
-                return self.engine.tokenizer.encode(request.prompt)  # here, not on the loop
+                return self.engine.encode_prompt(request.prompt)  # here, not on the loop
             return request.prompt
         try:
             return self.engine.apply_chat_template(
@@ -260,6 +268,8 @@ class EngineBackend:
                 tools=request.tools,
                 chat_template_kwargs=request.chat_template_kwargs,
             )
+        except TooManyTokens:
+            raise
         except Exception as exc:  # a template may refuse a conversation it cannot format
             raise ValueError(f"messages: the chat template rejected them ({exc})") from exc
 
@@ -316,8 +326,31 @@ class EngineBackend:
         )
 
 
+def encode_within(
+    tokenizer: Tokenizer,
+    max_model_len: int,
+    text: str | list[dict[str, Any]],
+    add_special_tokens: bool = True,
+) -> list[int]:
+    """Token ids for the tokenize doors (a text, or a conversation rendered by the chat
+    template): one too long to fit in ``max_model_len`` tokens is refused (``TooManyTokens``)
+    without tokenizing it — no such text can be a prompt, and 1 MiB costs ~0.5 s and
+    ~150 MiB of transient memory to tokenize."""
+    try:
+        if isinstance(text, str):
+            return tokenizer.encode(text, add_special_tokens, max_model_len)
+        return tokenizer.encode_chat(text, max_tokens=max_model_len)
+    except TooManyTokens as exc:
+        message = f"{'text' if isinstance(text, str) else 'messages'}: {exc} (max_model_len)"
+        raise TooManyTokens(message, exc.at_least, exc.limit) from None
+
+
 def prompt_chars(request: GenerationRequest) -> int:
     """A cheap size estimate of what preparing the request will chew through."""
     if request.messages is not None:
-        return sum(len(str(m.get("content", ""))) for m in request.messages)
+        return messages_chars(request.messages)
     return len(request.prompt) if isinstance(request.prompt, str) else 0
+
+
+def messages_chars(messages: list[dict[str, Any]]) -> int:
+    return sum(len(str(m.get("content", ""))) for m in messages)

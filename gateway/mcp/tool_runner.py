@@ -57,8 +57,11 @@ class ToolRunner:
             )
         arguments = validator.with_integers(arguments)
         if spec.name == "tokenize":
-            text = arguments["text"]
-            return _only(self._tokenized(await self.generations.tokenize(text)))
+            try:
+                ids = await self.generations.tokenize(arguments["text"])
+            except ValueError as exc:  # too long to fit (TooManyTokens), an upstream's refusal
+                return _only(tool_error(f"Invalid arguments for tool 'tokenize': {exc}"))
+            return _only(self._tokenized(ids))
         constraint = {v: arguments[k] for k, v in STRUCTURED_FIELDS.items() if k in arguments}
         if len(constraint) > 1:
             return _only(

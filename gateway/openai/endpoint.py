@@ -24,8 +24,17 @@ import orjson
 from starlette.types import Receive, Scope, Send
 
 from engine import AdmissionRefused, SamplingParams
+from engine.errors import TooManyTokens
 from gateway.admission import ConcurrencyLimit, client_key, client_limited, engine_refused
-from gateway.generation import Completion, GenerationRequest, Generations, Stream, TextDelta
+from gateway.generation import (
+    Completion,
+    GenerationRequest,
+    Generations,
+    Stream,
+    TextDelta,
+    encode_within,
+    messages_chars,
+)
 from gateway.http import io as http_io
 from gateway.http import security
 from gateway.http.security import OriginPolicy
@@ -203,16 +212,21 @@ class OpenAIEndpoint:
         if tokenizer is None:
             raise OpenAIError(501, "/tokenize needs --tokenizer in fleet mode", code="unsupported")
         special = _flag(body, "add_special_tokens", default=True)
+        text: str | list[dict[str, Any]]
         if "messages" in body:
-            messages = parse.chat_messages(body)
-            ids = await self.generations.off_loop(
-                len(str(messages)), tokenizer.encode_chat, messages
-            )
+            text = parse.chat_messages(body)
+            size = messages_chars(text)
         elif isinstance(body.get("prompt"), str):
-            prompt = body["prompt"]
-            ids = await self.generations.off_loop(len(prompt), tokenizer.encode, prompt, special)
+            text = body["prompt"]
+            size = len(text)
         else:
             raise bad_request("'prompt' (a string) or 'messages' is required", "prompt")
+        try:
+            ids = await self.generations.off_loop(
+                size, encode_within, tokenizer, self.max_model_len, text, special
+            )
+        except TooManyTokens as exc:
+            raise bad_request(str(exc), "messages" if "messages" in body else "prompt") from None
         strs = None
         if _flag(body, "return_token_strs"):
             strs = [tokenizer.backend.id_to_token(i) for i in ids]

@@ -30,6 +30,7 @@ from gateway.generation import (
     GenerationRequest,
     OffLoop,
     Stream,
+    encode_within,
     prompt_chars,
 )
 from gateway.ops import tracing
@@ -186,7 +187,8 @@ class Fleet:
 
     async def tokenize(self, text: str) -> list[int]:
         if self._tokenizer is not None:
-            return list(await self.off_loop.run(len(text), self._tokenizer.encode, text))
+            tokenizer, limit = self._tokenizer, self.max_model_len
+            return await self.off_loop.run(len(text), encode_within, tokenizer, limit, text)
         upstream, _ = self.choose([], None, set())
         try:
             response = await upstream.client.post(

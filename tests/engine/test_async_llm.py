@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, OutputKind, SamplingParams
+from engine.errors import TooManyTokens
+from tests.engine.test_tokenizer import CountingBackend
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 
@@ -208,5 +210,35 @@ async def test_prompt_and_max_tokens_limits_name_the_field(tiny_model_dir: Path)
             await anext(engine.generate([5] * 20, SamplingParams(max_tokens=4)))
         outs = [o async for o in engine.generate([5] * 8, SamplingParams(max_tokens=16))]
         assert outs[-1].finished
+    finally:
+        engine.shutdown()
+
+
+async def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing(tiny_model_dir: Path):
+    """Text over max_prompt_len x 12 bytes (the tiny vocabulary's longest token) cannot fit:
+    submit, encode_prompt and apply_chat_template refuse it with the too-long error before
+    the tokenizer sees it."""
+    engine = AsyncLLM(
+        EngineConfig(
+            model=str(tiny_model_dir), dtype="float32", kv_cache_memory="1MiB", max_model_len=64
+        )
+    )
+    counting = CountingBackend(engine.tokenizer.backend)
+    engine.tokenizer.backend = counting  # type: ignore[assignment]
+    too_long = "word " * 152  # 760 bytes > 63 x 12: at least 64 tokens
+    try:
+        no_room = "prompt: at least 64 tokens leave no room to generate within max_model_len 64"
+        with pytest.raises(TooManyTokens, match=no_room):
+            await anext(engine.generate(too_long, SamplingParams(max_tokens=1)))
+        with pytest.raises(TooManyTokens, match=no_room):
+            engine.encode_prompt(too_long)
+        with pytest.raises(TooManyTokens, match="prompt: at least"):
+            engine.apply_chat_template([{"role": "user", "content": too_long}])
+        assert counting.calls == 0
+        fits_by_bytes = "word " * 100  # under the floor's limit, so it is counted exactly
+        count = len(counting.backend.encode(fits_by_bytes).ids)  # type: ignore[attr-defined]
+        with pytest.raises(TooManyTokens, match=f"prompt: {count} tokens leave no room"):
+            await anext(engine.generate(fits_by_bytes, SamplingParams(max_tokens=1)))
+        assert counting.calls == 1
     finally:
         engine.shutdown()

@@ -1,0 +1,118 @@
+"""A prompt, or a text to tokenize, that cannot fit in max_model_len tokens is refused at
+both front doors before the tokenizer sees it (``gateway.generation``, over the engine's
+``encode_prompt`` and ``Tokenizer.min_tokens``): the MCP tools answer a tool error, the
+OpenAI routes a 400, each saying how many tokens it is at least and what the limit is."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from engine import AsyncLLM
+from tests.engine.test_tokenizer import CountingBackend
+from tests.gateway.live_server import LiveServer
+from tests.gateway.mcp.test_tool_runner import run_tool
+
+# 50,000 bytes: over 4,095 prompt tokens x 12 bytes (the tiny vocabulary's longest token),
+# under the test server's 64 KiB body limit.
+TOO_LONG = "word " * 10_000
+
+
+@pytest.fixture
+def counting(engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingBackend]:
+    assert engine.max_model_len == 4096 and engine.tokenizer.max_token_bytes == 12
+    backend = CountingBackend(engine.tokenizer.backend)
+    monkeypatch.setattr(engine.tokenizer, "backend", backend)
+    yield backend
+    assert engine.stats().num_running == 0 and engine.stats().num_waiting == 0
+
+
+@pytest.fixture(scope="module")
+def http() -> Iterator[httpx.Client]:
+    with httpx.Client(timeout=60) as client:
+        yield client
+
+
+NO_ROOM = "prompt: at least 4167 tokens leave no room to generate within max_model_len 4096"
+
+
+@pytest.mark.parametrize(
+    ("tool", "arguments", "says"),
+    [
+        ("generate", {"prompt": TOO_LONG, "max_tokens": 1}, NO_ROOM),
+        (
+            "chat",  # the rendered conversation is measured: 53 bytes of template more
+            {"messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 1},
+            "prompt: at least 4172 tokens leave no room to generate within max_model_len 4096",
+        ),
+        (
+            "tokenize",
+            {"text": TOO_LONG},
+            "text: at least 4167 tokens (a token stands for at most 12 bytes), more than 4096 "
+            "(max_model_len)",
+        ),
+    ],
+)
+def test_mcp_tools_refuse_it_without_tokenizing(
+    http: httpx.Client,
+    server: LiveServer,
+    counting: CountingBackend,
+    tool: str,
+    arguments: dict[str, Any],
+    says: str,
+) -> None:
+    result = run_tool(http, server, tool, arguments)
+    assert result["isError"] is True
+    assert result["content"][0]["text"] == f"Invalid arguments for tool '{tool}': {says}"
+    assert counting.calls == 0
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param", "says"),
+    [
+        ("/v1/completions", {"prompt": TOO_LONG, "max_tokens": 1}, None, NO_ROOM),
+        (
+            "/v1/chat/completions",
+            {"messages": [{"role": "user", "content": TOO_LONG}], "max_tokens": 1},
+            None,
+            "prompt: at least 4172 tokens",
+        ),
+        ("/tokenize", {"prompt": TOO_LONG}, "prompt", "text: at least 4167 tokens"),
+        (
+            "/tokenize",
+            {"messages": [{"role": "user", "content": TOO_LONG}]},
+            "messages",
+            "messages: at least 4172 tokens",
+        ),
+    ],
+)
+def test_openai_routes_refuse_it_without_tokenizing(
+    http: httpx.Client,
+    server: LiveServer,
+    counting: CountingBackend,
+    path: str,
+    body: dict[str, Any],
+    param: str | None,
+    says: str,
+) -> None:
+    response = http.post(server.base + path, json=body)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert error["message"].startswith(says) and "4096" in error["message"]
+    assert counting.calls == 0
+
+
+def test_a_long_text_that_may_fit_is_tokenized(
+    http: httpx.Client, server: LiveServer, counting: CountingBackend, engine: AsyncLLM
+) -> None:
+    """The floor only refuses what cannot fit: under it, the exact count decides."""
+    text = "word " * 9_000  # 45,000 bytes: at least 3,750 tokens, so it is counted
+    out = http.post(server.base + "/tokenize", json={"prompt": text}).json()
+    assert out["count"] == len(counting.backend.encode(text).ids) > 4096  # type: ignore[attr-defined]
+    assert counting.calls == 1
+    result = run_tool(http, server, "generate", {"prompt": text, "max_tokens": 1})
+    assert result["isError"] is True and f"prompt: {out['count']} tokens" in str(result)
