@@ -34,6 +34,29 @@ def test_packed_linear_is_bit_identical_to_f_linear(rows: int) -> None:
     assert torch.equal(pl.linear(x, packed, bias), F.linear(x, weight, bias))
 
 
+def test_row_counts_are_padded_to_few_sizes_with_little_extra_work() -> None:
+    sizes = {pl.padded_rows(rows) for rows in range(1, 4097)}
+    assert len(sizes) <= 32 + 8 * 7  # oneDNN compiles one kernel per size
+    for rows in range(1, 4097):
+        assert rows <= pl.padded_rows(rows) <= rows * 9 / 8
+
+
+@pytest.mark.parametrize("rows", [33, 300, 547])
+def test_padded_rows_give_each_row_what_it_gets_alone(rows: int) -> None:
+    x, weight = _case(rows, seed=rows)
+    packed, other = pl.pack(weight), torch.randn(rows, 96).to(torch.bfloat16)
+    assert pl.padded_rows(rows) > rows  # the padded path is the one exercised
+    for fused in (
+        lambda x, o: pl.linear(x, packed),
+        lambda x, o: pl.linear_silu(x, packed),
+        lambda x, o: pl.linear_mul(x, packed, o),
+        lambda x, o: pl.linear_add(x, packed, o),
+    ):
+        out = fused(x, other)
+        assert out.shape == (rows, 96) and out.is_contiguous()
+        torch.testing.assert_close(out[-3:], fused(x[-3:], other[-3:]), atol=0.02, rtol=0.02)
+
+
 def test_fused_epilogues_match_the_unfused_ops_within_bf16_rounding() -> None:
     x, weight = _case(17)
     packed, other = pl.pack(weight), torch.randn(17, 96).to(torch.bfloat16)
