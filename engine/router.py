@@ -58,9 +58,12 @@ class PrefixRouter:
         load_factor: float = 1.25,
         virtual_nodes: int = 128,
         prefilling: Prefilling | None = None,
+        names: Sequence[bytes] | None = None,
     ):
         """``prefilling`` maps a block hash to the replica computing it now (only its
-        ``.get`` is used, so a live view of the block pool will do)."""
+        ``.get`` is used, so a live view of the block pool will do). ``names`` place each
+        replica on the ring (default: its index): members named by address (upstreams) keep
+        their points when others join or leave, so only the keys of those move."""
         if num_replicas < 1:
             raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
         if load_factor < 1.0:
@@ -70,9 +73,13 @@ class PrefixRouter:
         self.num_replicas = num_replicas
         self.load_factor = load_factor
         self.prefilling = prefilling
+        if names is None:
+            names = [r.to_bytes(4, "little") for r in range(num_replicas)]
+        if len(names) != num_replicas or len(set(names)) != num_replicas:
+            raise ValueError(f"names must be {num_replicas} distinct names, got {list(names)}")
         ring = sorted(
-            (_position(b"replica", r.to_bytes(4, "little"), v.to_bytes(4, "little")), r)
-            for r in range(num_replicas)
+            (_position(b"replica", name, v.to_bytes(4, "little")), r)
+            for r, name in enumerate(names)
             for v in range(virtual_nodes)
         )
         self._points = [point for point, _ in ring]
@@ -180,10 +187,11 @@ def make_router(
     seed: int = 0,
     load_factor: float = 1.25,
     prefilling: Prefilling | None = None,
+    names: Sequence[bytes] | None = None,
 ) -> PrefixRouter | _BlindRouter:
     """The router for a policy name (`EngineConfig.routing`, `--routing`)."""
     if policy == "prefix":
-        return PrefixRouter(num_replicas, load_factor, prefilling=prefilling)
+        return PrefixRouter(num_replicas, load_factor, prefilling=prefilling, names=names)
     if policy == "round_robin":
         return RoundRobinRouter()
     if policy == "random":

@@ -84,6 +84,23 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         help="an upstream's base URL, e.g. http://10.0.0.5:8000 (repeat for each)",
     )
+    fleet.add_argument(
+        "--upstream-dns",
+        action="append",
+        help="HOST:PORT resolving to many upstreams, e.g. a Kubernetes headless Service",
+    )
+    fleet.add_argument(
+        "--upstream-refresh",
+        type=float,
+        dest="upstream_refresh_s",
+        help="seconds between re-resolving --upstream-dns (default 10)",
+    )
+    fleet.add_argument(
+        "--upstream-scrape-interval",
+        type=float,
+        dest="upstream_scrape_interval_s",
+        help="seconds between reads of each upstream's /metrics load; 0 = off (default 2)",
+    )
     fleet.add_argument("--tokenizer", help="tokenizer folder for token-aligned prefix hashes")
     fleet.add_argument("--upstream-health-path", help="active health check path (default /health)")
     fleet.add_argument(
@@ -210,6 +227,9 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "max_json_depth",
         "max_listen_streams",
         "upstream",
+        "upstream_dns",
+        "upstream_refresh_s",
+        "upstream_scrape_interval_s",
         "tokenizer",
         "upstream_health_path",
         "upstream_health_interval_s",
@@ -233,7 +253,7 @@ def engine_limits(settings: Settings) -> dict[str, Any]:
 
 
 def serve(settings: Settings) -> None:
-    if settings.upstream:
+    if settings.upstream or settings.upstream_dns:
         serve_fleet(settings)
         return
     from engine import AsyncLLM, EngineConfig
@@ -285,8 +305,8 @@ def serve_fleet(settings: Settings) -> None:
     logger.info(
         "fleet mode: model %s on %d upstream(s): %s",
         fleet.model_name,
-        len(settings.upstream),
-        ", ".join(settings.upstream),
+        len(fleet.upstreams),
+        ", ".join(u.url for u in fleet.upstreams),
     )
     run_app(settings, backend=fleet)
 

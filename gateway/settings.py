@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 ENV_PREFIX = "KVGATE_"
-LISTS = ("allowed_origins", "upstream")  # comma lists in the environment
+LISTS = ("allowed_origins", "upstream", "upstream_dns")  # comma lists in the environment
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,9 @@ class Settings:
     max_listen_streams: int = 1024  # open subscriptions/listen streams; beyond -> 503
     # Fleet mode: upstream engine servers (vLLM, SGLang, kvgate) instead of an embedded engine.
     upstream: tuple[str, ...] = ()  # base URLs; KVGATE_UPSTREAM takes a comma list
+    upstream_dns: tuple[str, ...] = ()  # HOST:PORT names resolving to many upstreams
+    upstream_refresh_s: float = 10.0  # re-resolve the upstream_dns names this often
+    upstream_scrape_interval_s: float = 2.0  # read each upstream's /metrics load; 0 = off
     tokenizer: str | None = None  # a tokenizer folder for token-aligned prefix hashes
     upstream_health_path: str = "/health"  # vLLM's and kvgate's liveness path
     upstream_health_interval_s: float = 2.0  # active checks; 0 = passive only

@@ -50,6 +50,7 @@ from gateway.openai.responses import (
 )
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
+from gateway.upstream.call import UpstreamError
 from protocol.jsonrpc import nesting_depth
 
 logger = logging.getLogger("kvgate.openai")
@@ -303,6 +304,8 @@ class OpenAIEndpoint:
                     )
                 except TimeoutError:
                     raise deadline_exceeded(timeout) from None
+                except UpstreamError as exc:  # fleet mode: the upstream broke off the call
+                    raise OpenAIError(502, f"Upstream failed: {exc}", code="bad_gateway") from None
                 await _send_json(send, answer.body(choices))
                 return "ok"
 

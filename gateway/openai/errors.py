@@ -18,6 +18,7 @@ TYPES = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    502: "server_error",
     503: "server_error",
     504: "timeout_error",
 }

@@ -125,12 +125,12 @@ class Call:
                     break
                 usage = chunk.usage or usage
                 finish = chunk.finish_reason or finish
-                if chunk.text:
+                if chunk.text or chunk.logprobs:
                     if not count:
                         self.fleet.ttft.labels(label).observe(time.perf_counter() - self.started)
-                    count += 1
+                    count += max(1, len(chunk.logprobs))
                     text.append(chunk.text)
-                    yield TextDelta(chunk.text, count, [], None)
+                    yield self._delta(chunk, count)
         except httpx.TransportError as exc:
             raise failure_of(exc, upstream.url) from None
         except wire.StreamError as exc:
@@ -149,6 +149,13 @@ class Call:
             replica=upstream.index,
             upstream=upstream.url,
         )
+
+    def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
+        token_ids = self.fleet.token_ids
+        if not chunk.logprobs or token_ids is None or self.request.params.logprobs is None:
+            return TextDelta(chunk.text, count, [], None)
+        ids, entries = token_ids.entries(chunk.logprobs)
+        return TextDelta(chunk.text, count, ids, entries)
 
     async def _release(self) -> Upstream:
         upstream, response = self.upstream, self.response

@@ -9,13 +9,22 @@ bounds every silence). With no upstream available a call is refused like a full 
 (−31000 / 503 + Retry-After); an upstream's own 429/503 is passed on the same way when no
 other upstream can take the call. Closing a call's stream closes the upstream connection,
 which makes vLLM and kvgate abort the request.
+
+Members: the ``--upstream`` URLs and the addresses of the ``--upstream-dns`` names, re-resolved
+every ``--upstream-refresh`` seconds (``members``). A new address joins the ring once its
+``/v1/models`` names the fleet's model; one gone from the answer leaves it at once, its
+client closed when its last call ends. Each upstream keeps the index it was first given
+(``replica`` in results, the ``upstream`` metric label). Every ``--upstream-scrape-interval``
+seconds each member's ``/metrics`` is read for its queue, batch and KV usage (``scrape``),
+which routing weighs with this gateway's own in-flight calls (``routing.Load``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import asdict
 from typing import Any
 
 import httpx
@@ -36,15 +45,17 @@ from gateway.generation import (
 from gateway.ops import tracing
 from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
 from gateway.settings import Settings
-from gateway.upstream import wire
+from gateway.upstream import scrape, wire
 from gateway.upstream.call import Call, Relay
 from gateway.upstream.health import Breaker
+from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.routing import PrefixKeys, UpstreamRouter
 from gateway.upstream.upstream import Upstream, UpstreamFailure, failure_of
 
 logger = logging.getLogger("kvgate.fleet")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call is noise
 DEFAULT_MAX_MODEL_LEN = 32_768  # when an upstream's /v1/models does not say
+SCRAPES_FRESH = 3  # a scrape older than this many intervals is no longer routed on
 
 
 class FleetConfigError(Exception):
@@ -57,57 +68,68 @@ class Fleet:
         settings: Settings,
         model_name: str,
         max_model_len: int,
+        urls: list[str],
         tokenizer: Tokenizer | None = None,
-        down: frozenset[int] = frozenset(),
+        down: frozenset[str] = frozenset(),
+        resolve: Resolver = system_resolver,
+        resolved: dict[DnsTarget, list[str]] | None = None,
     ) -> None:
         self.settings = settings
         self.model_name = model_name
         self.max_model_len = max_model_len
         self._tokenizer = tokenizer
+        self._resolve = resolve
+        self._resolved = dict(resolved or {})
         self.off_loop = OffLoop()
-        self.upstreams = [
-            Upstream(
-                i,
-                url,
-                Breaker(
-                    settings.upstream_unhealthy_after,
-                    settings.upstream_healthy_after,
-                    settings.upstream_cooldown_s,
-                ),
-                settings.upstream_connect_timeout_s,
-                settings.upstream_read_timeout_s,
-            )
-            for i, url in enumerate(settings.upstream)
-        ]
-        for i in down:  # did not answer at startup: out until a check passes
-            for _ in range(settings.upstream_unhealthy_after):
-                self.upstreams[i].breaker.failure("connect")
-        self.router = UpstreamRouter(len(self.upstreams), settings.routing)
-        self.prefix_keys = PrefixKeys(tokenizer)
         self.metrics = Metrics()  # replaced by the app's in open()
-        self._checker: asyncio.Task[None] | None = None
+        self._indices: dict[str, int] = {}
+        self.upstreams: list[Upstream] = []
+        self._draining: list[Upstream] = []
+        self._set_members(urls)
+        for upstream in self.upstreams:
+            if upstream.url in down:  # did not answer at startup: out until a check passes
+                for _ in range(settings.upstream_unhealthy_after):
+                    upstream.breaker.failure("connect")
+        self.prefix_keys = PrefixKeys(tokenizer)
+        self.token_ids = wire.TokenIds(tokenizer) if tokenizer is not None else None
+        self._tasks: list[asyncio.Task[None]] = []
 
     @classmethod
-    def connect(cls, settings: Settings) -> Fleet:
-        """Read every upstream's ``/v1/models`` (FleetConfigError: none answers, or they
-        serve different models); load ``--tokenizer`` (or ``--model``) when given."""
-        models: dict[str, tuple[str, int]] = {}
-        down: set[int] = set()
-        for i, url in enumerate(settings.upstream):
+    def connect(cls, settings: Settings, resolve: Resolver = system_resolver) -> Fleet:
+        """Resolve the ``--upstream-dns`` names and read every upstream's ``/v1/models``
+        (FleetConfigError: a bad flag, none answers, or they serve different models); load
+        ``--tokenizer`` (or ``--model``) when given."""
+        try:
+            targets = [DnsTarget.parse(spec) for spec in settings.upstream_dns]
+        except ValueError as exc:
+            raise FleetConfigError(str(exc)) from None
+        if targets and not settings.upstream_refresh_s > 0:
+            raise FleetConfigError(
+                f"--upstream-refresh must be > 0 seconds, got {settings.upstream_refresh_s}"
+            )
+        resolved: dict[DnsTarget, list[str]] = {}
+        for target in targets:
             try:
-                response = httpx.get(
-                    url + "/v1/models", timeout=settings.upstream_connect_timeout_s
+                resolved[target] = target.urls(resolve)
+            except OSError as exc:
+                logger.warning("upstream-dns %s: %s; retrying every refresh", target.host, exc)
+        urls = _union(settings.upstream, resolved)
+        if not urls:
+            raise FleetConfigError(
+                "no upstream: give --upstream URL or an --upstream-dns name that resolves"
+            )
+        models: dict[str, tuple[str, int]] = {}
+        down: set[str] = set()
+        for url in urls:
+            try:
+                models[url] = _served_model(
+                    httpx.get(url + "/v1/models", timeout=settings.upstream_connect_timeout_s)
                 )
-                response.raise_for_status()
-                entry = response.json()["data"][0]
-                models[url] = (entry["id"], int(entry.get("max_model_len") or 0))
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
                 logger.warning("upstream %s: /v1/models failed (%s); starting it as down", url, exc)
-                down.add(i)
+                down.add(url)
         if not models:
-            raise FleetConfigError(
-                f"no upstream answered GET /v1/models: {', '.join(settings.upstream)}"
-            )
+            raise FleetConfigError(f"no upstream answered GET /v1/models: {', '.join(urls)}")
         names = {name for name, _ in models.values()}
         if len(names) > 1:
             served = ", ".join(f"{url} serves {name!r}" for url, (name, _) in models.items())
@@ -124,8 +146,11 @@ class Fleet:
             settings,
             names.pop(),
             min(lengths) if lengths else DEFAULT_MAX_MODEL_LEN,
+            urls,
             tokenizer,
             frozenset(down),
+            resolve,
+            resolved,
         )
 
     # -- Backend -----------------------------------------------------------------------------
@@ -150,10 +175,12 @@ class Fleet:
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         states = [
             {
+                "index": u.index,
                 "url": u.url,
                 "state": u.breaker.state,
                 "in_flight": u.in_flight,
                 "last_error": u.breaker.last_error,
+                "scraped": None if u.scraped is None else asdict(u.scraped),
             }
             for u in self.upstreams
         ]
@@ -165,18 +192,29 @@ class Fleet:
         self.latency = _histogram(
             metrics, "request_duration_seconds", "Upstream call latency, to its last chunk."
         )
-        metrics.registry.register(_HealthCollector(self.upstreams))
-        if self.settings.upstream_health_interval_s > 0:
-            self._checker = asyncio.create_task(self._check_forever())
+        metrics.registry.register(_HealthCollector(self))
+        settings = self.settings
+        for interval, work in (
+            (settings.upstream_health_interval_s, self._check_all),
+            (settings.upstream_scrape_interval_s, self._scrape_all),
+            (settings.upstream_refresh_s if settings.upstream_dns else 0, self.refresh),
+        ):
+            if interval > 0:
+                self._tasks.append(asyncio.create_task(_every(interval, work)))
 
     async def aclose(self) -> None:
-        if self._checker is not None:
-            self._checker.cancel()
-            await asyncio.gather(self._checker, return_exceptions=True)
-        await asyncio.gather(*(u.aclose() for u in self.upstreams))
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*(u.aclose() for u in [*self.upstreams, *self._draining]))
         self.off_loop.close()
 
     async def start(self, request: GenerationRequest) -> Stream:
+        if request.params.logprobs is not None and self.token_ids is None:
+            raise ValueError(
+                "logprobs: in fleet mode they need --tokenizer (or --model), to map the "
+                "upstream's tokens to ids"
+            )
         path, body = wire.request_body(request, self.model_name)
         hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
         headers: dict[str, str] = {}
@@ -207,12 +245,13 @@ class Fleet:
     def choose(
         self, hashes: list[bytes], cache_key: str | None, tried: set[int]
     ) -> tuple[Upstream, str]:
-        available = [u.breaker.available() and u.index not in tried for u in self.upstreams]
-        index, reason = self.router.choose(
-            hashes, cache_key, [u.in_flight for u in self.upstreams], available
-        )
-        upstream = self.upstreams[index]
-        self.metrics.count("kvgate_upstream_routing", upstream=str(index), reason=reason)
+        members = self.upstreams
+        available = [u.breaker.available() and u.index not in tried for u in members]
+        max_age = SCRAPES_FRESH * self.settings.upstream_scrape_interval_s
+        loads = [u.load(max_age) for u in members]
+        position, reason = self.router.choose(hashes, cache_key, loads, available)
+        upstream = members[position]
+        self.metrics.count("kvgate_upstream_routing", upstream=str(upstream.index), reason=reason)
         return upstream, reason
 
     def failed(self, upstream: Upstream, failure: UpstreamFailure) -> None:
@@ -225,11 +264,8 @@ class Fleet:
             "kvgate_upstream_errors", upstream=str(upstream.index), kind=failure.kind
         )
 
-    async def _check_forever(self) -> None:
-        settings = self.settings
-        while True:
-            await asyncio.gather(*(self._check(u) for u in self.upstreams))
-            await asyncio.sleep(settings.upstream_health_interval_s)
+    async def _check_all(self) -> None:
+        await asyncio.gather(*(self._check(u) for u in self.upstreams))
 
     async def _check(self, upstream: Upstream) -> None:
         settings = self.settings
@@ -243,12 +279,139 @@ class Fleet:
         if not was and upstream.breaker.healthy:
             logger.info("upstream %s is back", upstream.url)
 
+    # -- scraped load ------------------------------------------------------------------------
+
+    async def _scrape_all(self) -> None:
+        await asyncio.gather(*(self._scrape(u) for u in self.upstreams))
+
+    async def _scrape(self, upstream: Upstream) -> None:
+        """Its ``/metrics`` load figures; a failed or invalid scrape leaves it with none (so
+        it is routed on this gateway's in-flight count alone) and is counted."""
+        label = str(upstream.index)
+        try:
+            text = await upstream.get_text("/metrics", self.settings.upstream_health_timeout_s)
+            scraped, invalid = scrape.parse(text)
+        except UpstreamFailure:
+            upstream.observe(None)
+            self.metrics.count("kvgate_upstream_scrape_errors", upstream=label, kind="http")
+            return
+        except scrape.ScrapeError as exc:
+            upstream.observe(None)
+            logger.warning("upstream %s: /metrics: %s", upstream.url, exc)
+            self.metrics.count("kvgate_upstream_scrape_errors", upstream=label, kind="parse")
+            return
+        if invalid:
+            self.metrics.count("kvgate_upstream_scrape_errors", upstream=label, kind="invalid")
+        upstream.observe(scraped)
+
+    # -- membership --------------------------------------------------------------------------
+
+    def _set_members(self, urls: list[str]) -> None:
+        """The ring's members become ``urls``: new ones get the next index (or the one they
+        had before), departed ones drain."""
+        known = {u.url: u for u in self.upstreams}
+        members = []
+        for url in urls:
+            upstream = known.pop(url, None)
+            if upstream is None:
+                index = self._indices.setdefault(url, len(self._indices))
+                upstream = self._upstream(index, url)
+                if self.upstreams:
+                    logger.info("upstream %s joined (index %d)", url, index)
+                    self._membership("joined")
+            members.append(upstream)
+        for upstream in known.values():
+            logger.info("upstream %s left", upstream.url)
+            self._membership("left")
+            self._draining.append(upstream)
+        self.upstreams = sorted(members, key=lambda u: u.index)
+        self.router = UpstreamRouter([u.url for u in self.upstreams], self.settings.routing)
+
+    def _upstream(self, index: int, url: str) -> Upstream:
+        settings = self.settings
+        breaker = Breaker(
+            settings.upstream_unhealthy_after,
+            settings.upstream_healthy_after,
+            settings.upstream_cooldown_s,
+        )
+        return Upstream(
+            index,
+            url,
+            breaker,
+            settings.upstream_connect_timeout_s,
+            settings.upstream_read_timeout_s,
+        )
+
+    def _membership(self, event: str) -> None:
+        self.metrics.count("kvgate_upstream_membership", event=event)
+
+    async def refresh(self) -> None:
+        """Re-resolve the ``--upstream-dns`` names: addresses that appeared join once they
+        serve the fleet's model, those gone leave. A name that fails keeps what it had."""
+        for spec in self.settings.upstream_dns:
+            target = DnsTarget.parse(spec)
+            try:
+                self._resolved[target] = await asyncio.to_thread(target.urls, self._resolve)
+            except OSError as exc:
+                logger.warning(
+                    "upstream-dns %s: %s; keeping its %d upstream(s)",
+                    target.host,
+                    exc,
+                    len(self._resolved.get(target, ())),
+                )
+                self.metrics.count("kvgate_upstream_dns_errors")
+        wanted = _union(self.settings.upstream, self._resolved)
+        current = {u.url for u in self.upstreams}
+        joining = [url for url in wanted if url not in current]
+        verdicts = await asyncio.gather(*(self._serves_our_model(url) for url in joining))
+        admitted = {url for url, ok in zip(joining, verdicts, strict=True) if ok}
+        self._set_members([url for url in wanted if url in current or url in admitted])
+        drained = [u for u in self._draining if u.in_flight == 0]
+        self._draining = [u for u in self._draining if u.in_flight > 0]
+        await asyncio.gather(*(u.aclose() for u in drained))
+
+    async def _serves_our_model(self, url: str) -> bool:
+        """May a new address join: does its ``/v1/models`` name the fleet's model?"""
+        timeout = self.settings.upstream_connect_timeout_s
+        try:
+            async with httpx.AsyncClient(timeout=timeout) as client:
+                name, _ = _served_model(await client.get(url + "/v1/models"))
+        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+            logger.info("upstream %s is not serving yet (%s)", url, exc)
+            return False
+        if name != self.model_name:
+            logger.warning("upstream %s serves %r, not %r: not joined", url, name, self.model_name)
+            self._membership("refused")
+            return False
+        return True
+
+
+async def _every(interval_s: float, work: Callable[[], Awaitable[None]]) -> None:
+    while True:
+        try:
+            await work()
+        except Exception:  # noqa: BLE001 - one bad round must not end the loop
+            logger.exception("fleet background work failed")
+        await asyncio.sleep(interval_s)
+
+
+def _union(static: tuple[str, ...], resolved: dict[DnsTarget, list[str]]) -> list[str]:
+    """Every member URL once: the configured ones first, then the resolved ones."""
+    return list(dict.fromkeys([*static, *(url for urls in resolved.values() for url in urls)]))
+
+
+def _served_model(response: httpx.Response) -> tuple[str, int]:
+    """(model id, max_model_len or 0) from a ``/v1/models`` answer."""
+    response.raise_for_status()
+    entry = response.json()["data"][0]
+    return str(entry["id"]), int(entry.get("max_model_len") or 0)
+
 
 class _HealthCollector(Collector):
     """``kvgate_upstream_healthy{upstream, url}``: 1 while routable, read at scrape time."""
 
-    def __init__(self, upstreams: list[Upstream]) -> None:
-        self._upstreams = upstreams
+    def __init__(self, fleet: Fleet) -> None:
+        self._fleet = fleet
 
     def collect(self) -> Iterator[Metric]:
         family = GaugeMetricFamily(
@@ -256,7 +419,7 @@ class _HealthCollector(Collector):
             "1 while the upstream is routable (breaker closed or due a trial).",
             labels=["upstream", "url"],
         )
-        for u in self._upstreams:
+        for u in self._fleet.upstreams:
             family.add_metric([str(u.index), u.url], float(u.breaker.available()))
         yield family
 

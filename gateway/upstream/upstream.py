@@ -1,4 +1,5 @@
-"""One upstream engine server: its pooled HTTP/1.1 client, breaker and in-flight count.
+"""One upstream engine server: its pooled HTTP/1.1 client, breaker, in-flight count and
+last scraped load figures.
 
 ``open_stream`` sends a streamed generation and returns the response once the upstream has
 answered 200; anything else is an ``UpstreamFailure`` with its kind (``connect``,
@@ -8,12 +9,15 @@ ValueError carrying the upstream's message (the caller's input was at fault; not
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
 import orjson
 
 from gateway.upstream.health import Breaker
+from gateway.upstream.routing import Load
+from gateway.upstream.scrape import Scraped
 
 OVERLOADED = (429, 503)
 
@@ -53,6 +57,9 @@ class Upstream:
         self.url = url
         self.breaker = breaker
         self.in_flight = 0
+        self.scraped: Scraped | None = None
+        self._queued = 0.0  # the waiting figure of the scrape before the last
+        self._scraped_at = 0.0
         self.client = httpx.AsyncClient(
             base_url=url,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
@@ -89,14 +96,37 @@ class Upstream:
             raise UpstreamFailure("status_5xx", f"upstream {self.url}: {message}")
         raise ValueError(message)
 
-    async def check(self, path: str, timeout_s: float) -> None:
-        """One active health check: any 2xx within ``timeout_s`` passes."""
+    def observe(self, scraped: Scraped | None) -> None:
+        """A scrape's figures (None: it had none, or failed)."""
+        self._queued = self.scraped.waiting if self.scraped is not None else 0.0
+        self.scraped, self._scraped_at = scraped, time.monotonic()
+
+    def load(self, max_age_s: float) -> Load:
+        """This gateway's calls here, refined by the last scrape unless it is older than
+        ``max_age_s`` (a stale figure is no figure)."""
+        scraped = self.scraped
+        if scraped is None or time.monotonic() - self._scraped_at > max_age_s:
+            return Load(self.in_flight)
+        return Load(
+            self.in_flight,
+            min(scraped.waiting, self._queued),
+            scraped.running,
+            scraped.kv_usage,
+        )
+
+    async def get_text(self, path: str, timeout_s: float) -> str:
+        """A GET's body (UpstreamFailure on a transport error or a non-2xx answer)."""
         try:
             response = await self.client.get(path, timeout=timeout_s)
         except httpx.TransportError as exc:
             raise failure_of(exc, self.url) from None
         if not response.is_success:
-            raise UpstreamFailure("status_5xx", f"health check answered {response.status_code}")
+            raise UpstreamFailure("status_5xx", f"{path} answered {response.status_code}")
+        return response.text
+
+    async def check(self, path: str, timeout_s: float) -> None:
+        """One active health check: any 2xx within ``timeout_s`` passes."""
+        await self.get_text(path, timeout_s)
 
     async def aclose(self) -> None:
         await self.client.aclose()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import openai
@@ -20,7 +21,15 @@ from gateway.generation import GenerationRequest
 from gateway.settings import Settings
 from gateway.upstream import Fleet, FleetConfigError
 from gateway.upstream.health import Breaker
-from gateway.upstream.routing import AFFINITY_SLACK, CHUNK_CHARS, PrefixKeys, UpstreamRouter
+from gateway.upstream.routing import (
+    AFFINITY_SLACK,
+    CHUNK_CHARS,
+    KV_FULL,
+    QUEUE_SLACK,
+    Load,
+    PrefixKeys,
+    UpstreamRouter,
+)
 from gateway.upstream.wire import request_body
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.mcp.test_streaming import wait_idle
@@ -136,28 +145,60 @@ def test_the_breaker_opens_after_the_threshold_and_a_check_closes_it() -> None:
     assert breaker.available() and breaker.state == "healthy" and breaker.last_error is None
 
 
+URLS = ["http://10.0.0.1:8000", "http://10.0.0.2:8000", "http://10.0.0.3:8000"]
+
+
 def test_routing_reasons_and_the_next_choice_on_failure() -> None:
-    router = UpstreamRouter(3)
+    router = UpstreamRouter(URLS)
     up = [True, True, True]
-    own, reason = router.choose([], "k", [0, 0, 0], up)
+    idle = [Load(0)] * 3
+    own, reason = router.choose([], "k", idle, up)
     assert reason == "key"
-    loads = [0, 0, 0]
-    loads[own] = AFFINITY_SLACK - 1  # a few calls in flight: the key stays
-    assert router.choose([], "k", loads, up) == (own, "key")
-    loads[own] = AFFINITY_SLACK  # over the bound now (c = 1.25): the key overflows
-    other, reason = router.choose([], "k", loads, up)
-    assert other != own and reason == "overflow"
+
+    def with_own(load: Load) -> list[Load]:
+        return [load if r == own else Load(0) for r in range(3)]
+
+    # Calls in flight, a batch running, a queue within one step: no pressure, the key stays.
+    calm = Load(AFFINITY_SLACK - 1, waiting=QUEUE_SLACK - 1, running=40, kv_usage=0.5)
+    assert router.choose([], "k", with_own(calm), up) == (own, "key")
+    for pressed in (
+        Load(AFFINITY_SLACK),  # this gateway's burst
+        Load(0, waiting=QUEUE_SLACK, running=8),  # a queue the upstream reported twice
+        Load(1, kv_usage=KV_FULL),  # a full KV cache
+    ):
+        other, reason = router.choose([], "k", with_own(pressed), up)
+        assert other != own and reason == "overflow", pressed
+    # Pressed but not over the bound (the others are as loaded): it stays.
+    assert router.choose([], "k", [Load(0, waiting=8, running=8)] * 3, up) == (own, "key")
     excluded = [r != own for r in range(3)]  # the key's upstream failed: the next one
-    assert router.choose([], "k", [0, 0, 0], excluded) == (other, "key")
-    assert router.choose([], None, [3, 1, 2], up) == (1, "least_loaded")
+    assert router.choose([], "k", idle, excluded) == (other, "key")
+    assert router.choose([], None, [Load(3), Load(1), Load(2)], up) == (1, "least_loaded")
     with pytest.raises(Exception, match="no healthy upstream"):
-        router.choose([], "k", [0, 0, 0], [False] * 3)
-    turns = UpstreamRouter(3, "round_robin")
-    assert [turns.choose([], "k", [0, 0, 0], up) for _ in range(3)] == [
+        router.choose([], "k", idle, [False] * 3)
+    turns = UpstreamRouter(URLS, "round_robin")
+    assert [turns.choose([], "k", idle, up) for _ in range(3)] == [
         (0, "round_robin"),
         (1, "round_robin"),
         (2, "round_robin"),
     ]
+
+
+def test_the_ring_is_placed_by_url_so_order_and_joins_move_little() -> None:
+    keys = [f"session-{i}" for i in range(300)]
+
+    def owners(urls: list[str]) -> dict[str, str]:
+        router = UpstreamRouter(urls)
+        idle, up = [Load(0)] * len(urls), [True] * len(urls)
+        return {k: urls[router.choose([], k, idle, up)[0]] for k in keys}
+
+    before = owners(URLS)
+    assert owners(URLS[::-1]) == before  # another listing or resolving order: the same
+    joined = owners([*URLS, "http://10.0.0.4:8000"])
+    moved = [k for k in keys if joined[k] != before[k]]
+    assert all(joined[k] == "http://10.0.0.4:8000" for k in moved)  # only onto the new one
+    assert 0.1 < len(moved) / len(keys) < 0.4  # about a quarter of the keys
+    left = owners(URLS[1:])
+    assert all(left[k] == before[k] for k in keys if before[k] != URLS[0])
 
 
 def test_prefix_keys_chunk_text_or_tokens(tmp_path) -> None:
@@ -194,9 +235,15 @@ def test_the_upstream_body_carries_only_what_was_set() -> None:
         "stop": ["\n"],
         "cache_key": "s1",
     }
-    assert "top_p" not in body and body["stream"] is True
-    with pytest.raises(ValueError, match="logprobs"):
-        request_body(GenerationRequest(SamplingParams(logprobs=2), prompt="hi"), "m")
+    assert "top_p" not in body and body["stream"] is True and "logprobs" not in body
+    _, chat = request_body(replace(request, params=SamplingParams(logprobs=2)), "m")
+    assert (chat["logprobs"], chat["top_logprobs"], chat["return_tokens_as_token_ids"]) == (
+        True,
+        2,
+        True,
+    )
+    path, text = request_body(GenerationRequest(SamplingParams(logprobs=0), prompt="hi"), "m")
+    assert (path, text["logprobs"]) == ("/v1/completions", 0)
 
 
 def test_a_client_gone_closes_the_upstream_stream(
