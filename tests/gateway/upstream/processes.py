@@ -32,16 +32,33 @@ FLEET_FLAGS = (
 
 
 class Process:
-    def __init__(self, log_dir: Path, *flags: str, env: dict[str, str] | None = None) -> None:
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
+    def __init__(
+        self,
+        log_dir: Path,
+        *flags: str,
+        env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
+        port: int | None = None,
+    ) -> None:
+        self.host, self.port = host, port or free_port()
+        self.base = f"http://{host}:{self.port}"
         self.flags, self.env, self.log_dir = flags, env or {}, log_dir
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Process:
-        with (self.log_dir / f"kvgate-{self.port}.log").open("ab") as log:  # the child keeps it
+        with self._log_path.open("ab") as log:  # the child keeps it
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "gateway", "serve", "--port", str(self.port), *self.flags],
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "serve",
+                    "--host",
+                    self.host,
+                    "--port",
+                    str(self.port),
+                    *self.flags,
+                ],
                 cwd=REPO_ROOT,
                 env={**os.environ, "KVGATE_KV_CACHE_MEMORY": "16MiB", **self.env},
                 stdout=subprocess.DEVNULL,
@@ -75,8 +92,12 @@ class Process:
             self.process.kill()
             self.process.wait()
 
+    @property
+    def _log_path(self) -> Path:
+        return self.log_dir / f"kvgate-{self.host}-{self.port}.log"
+
     def log(self) -> str:
-        return (self.log_dir / f"kvgate-{self.port}.log").read_text(errors="replace")
+        return self._log_path.read_text(errors="replace")
 
     def readyz(self) -> dict[str, Any]:
         return httpx.get(self.base + "/readyz", timeout=2).json()

@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from engine import AsyncLLM, SamplingParams
-from engine.tiny_model import make_tiny_model
+from engine.tiny_model import default_model_dir, make_tiny_model
 from engine.tokenizer import Tokenizer
 from gateway.cli import main
 from gateway.generation import GenerationRequest
@@ -273,3 +273,56 @@ def test_a_call_closed_before_it_is_read_releases_its_upstream(
     fleet_server.run(start_and_drop())
     assert fleet.upstreams[0].in_flight == 0
     wait_idle(engine, 2.0)  # the upstream request was aborted too
+
+
+def test_logprobs_through_the_fleet_match_the_upstream(server: LiveServer) -> None:
+    """The upstream (kvgate) sends token strings; the gateway maps them to ids through its
+    tokenizer and renders them back: the same tokens and logprobs as calling it directly."""
+    settings = Settings(
+        upstream=(server.base,), upstream_health_interval_s=0, tokenizer=str(default_model_dir())
+    )
+    with LiveServer(None, backend=Fleet.connect(settings)) as fleet:
+        for path, body in (
+            ("/v1/completions", {"prompt": PROMPT, "logprobs": 3}),
+            (
+                "/v1/chat/completions",
+                {
+                    "messages": [{"role": "user", "content": "Hi"}],
+                    "logprobs": True,
+                    "top_logprobs": 3,
+                },
+            ),
+        ):
+            body = {
+                **body,
+                "model": "tiny-model-v2",
+                "max_tokens": 5,
+                "temperature": 0,
+                "ignore_eos": True,
+            }
+            direct = httpx.post(server.base + path, json=body, timeout=30).json()
+            relayed = httpx.post(fleet.base + path, json=body, timeout=30).json()
+            assert relayed["choices"][0]["logprobs"] == direct["choices"][0]["logprobs"], path
+            assert relayed["choices"][0]["logprobs"] is not None
+            streamed = stream_logprobs(fleet.base + path, body)
+            assert streamed == stream_logprobs(server.base + path, body), path
+            assert streamed["token_logprobs" if "tokens" in streamed else "content"]
+
+
+def stream_logprobs(url: str, body: dict) -> dict:
+    """A streamed answer's per-chunk logprobs joined into one non-streamed-shaped object."""
+    joined: dict = {}
+    with httpx.stream("POST", url, json={**body, "stream": True}, timeout=30) as response:
+        for line in response.iter_lines():
+            if not line.startswith("data:") or line == "data: [DONE]":
+                continue
+            for choice in orjson.loads(line[5:])["choices"]:
+                for key, value in (choice.get("logprobs") or {}).items():
+                    joined.setdefault(key, []).extend(value)
+    return joined
+
+
+def test_fleet_logprobs_without_a_tokenizer_are_a_clear_400(fleet_server: LiveServer) -> None:
+    body = {"model": "tiny-model-v2", "prompt": "hi", "max_tokens": 2, "logprobs": 1}
+    response = httpx.post(fleet_server.base + "/v1/completions", json=body, timeout=10)
+    assert response.status_code == 400 and "--tokenizer" in response.json()["error"]["message"]
