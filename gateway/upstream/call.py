@@ -121,8 +121,8 @@ class Call:
                 chunk = wire.parse_line(line)
                 if chunk is None:
                     continue
-                if chunk.done:
-                    break
+                if chunk.done:  # read on to the body's end: a drained connection is pooled,
+                    continue  # one left mid-body is closed (a TCP connect per call, ~0.5 ms)
                 usage = chunk.usage or usage
                 finish = chunk.finish_reason or finish
                 if chunk.text or chunk.logprobs:
