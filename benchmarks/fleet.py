@@ -236,8 +236,14 @@ def main() -> None:
             f"{result.wall_s:.1f} |"
         )
     prefix, round_robin = runs[0][0], runs[1][0]
+    split = [sum(s[0].upstream == u.base for s in prefix.sessions) for u in upstreams]
     print(
-        f"\nprefill work, prefix / round robin: "
+        f"\nprefix: sessions per upstream (by their first turn) {'/'.join(map(str, split))}: "
+        f"at full affinity a load CoV near {statistics.pstdev(split) / statistics.mean(split):.2f} "
+        "(the hash's split of these session keys over these upstream URLs)"
+    )
+    print(
+        f"prefill work, prefix / round robin: "
         f"{prefix.computed_tokens() / max(1, round_robin.computed_tokens()):.2f}x"
     )
     added = [quantile(through, q) - quantile(direct, q) for q in (0.5, 0.99)]

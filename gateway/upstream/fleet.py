@@ -79,6 +79,7 @@ class Fleet:
         self.max_model_len = max_model_len
         self._tokenizer = tokenizer
         self._resolve = resolve
+        self._targets = [DnsTarget.parse(spec) for spec in settings.upstream_dns]
         self._resolved = dict(resolved or {})
         self.off_loop = OffLoop()
         self.metrics = Metrics()  # replaced by the app's in open()
@@ -197,7 +198,7 @@ class Fleet:
         for interval, work in (
             (settings.upstream_health_interval_s, self._check_all),
             (settings.upstream_scrape_interval_s, self._scrape_all),
-            (settings.upstream_refresh_s if settings.upstream_dns else 0, self.refresh),
+            (settings.upstream_refresh_s if self._targets else 0, self.refresh),
         ):
             if interval > 0:
                 self._tasks.append(asyncio.create_task(_every(interval, work)))
@@ -348,8 +349,7 @@ class Fleet:
     async def refresh(self) -> None:
         """Re-resolve the ``--upstream-dns`` names: addresses that appeared join once they
         serve the fleet's model, those gone leave. A name that fails keeps what it had."""
-        for spec in self.settings.upstream_dns:
-            target = DnsTarget.parse(spec)
+        for target in self._targets:
             try:
                 self._resolved[target] = await asyncio.to_thread(target.urls, self._resolve)
             except OSError as exc:
