@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -104,6 +106,20 @@ class Process:
 
     def metrics(self) -> str:
         return httpx.get(self.base + "/metrics", timeout=2).text
+
+
+@contextmanager
+def running(processes: list[Process], timeout_s: float = 120) -> Iterator[list[Process]]:
+    """Start them all, wait until each is ready, and stop them all afterwards."""
+    for process in processes:
+        process.start()
+    try:
+        for process in processes:
+            process.wait_ready(timeout_s)
+        yield processes
+    finally:
+        for process in processes:
+            process.stop()
 
 
 def gateway(log_dir: Path, upstreams: list[Process], *flags: str, **env: str) -> Process:

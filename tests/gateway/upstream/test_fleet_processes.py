@@ -18,7 +18,14 @@ import orjson
 import pytest
 
 from gateway.upstream.routing import AFFINITY_SLACK
-from tests.gateway.upstream.processes import Process, gateway, generate, mcp_headers, tool_call
+from tests.gateway.upstream.processes import (
+    Process,
+    gateway,
+    generate,
+    mcp_headers,
+    running,
+    tool_call,
+)
 
 # Greedy on the tiny model this never meets end-of-text: max_tokens tokens, a second or more.
 LONG = {"prompt": "A long story", "max_tokens": 1500, "temperature": 0}
@@ -32,27 +39,15 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def upstreams(log_dir: Path) -> Iterator[list[Process]]:
-    started = [Process(log_dir).start() for _ in range(3)]
-    try:
-        for upstream in started:
-            upstream.wait_ready()
+    with running([Process(log_dir) for _ in range(3)]) as started:
         yield started
-    finally:
-        for upstream in started:
-            upstream.stop()
 
 
 @pytest.fixture(scope="module")
 def gateways(log_dir: Path, upstreams: list[Process]) -> Iterator[list[Process]]:
     """Two gateway processes over the same upstreams, with different Python hash seeds."""
-    started = [gateway(log_dir, upstreams, PYTHONHASHSEED=seed).start() for seed in ("1", "2")]
-    try:
-        for g in started:
-            g.wait_ready(60)
-        yield started
-    finally:
-        for g in started:
-            g.stop()
+    with running([gateway(log_dir, upstreams, PYTHONHASHSEED=seed) for seed in "12"], 60) as g:
+        yield g
 
 
 def owned_by(base: str, index: int, count: int = 1) -> list[str]:

@@ -18,7 +18,7 @@ from gateway.settings import Settings
 from gateway.upstream import Fleet, FleetConfigError
 from gateway.upstream.members import DnsTarget
 from tests.gateway.live_server import LiveServer, free_port
-from tests.gateway.upstream.processes import FLEET_FLAGS, Process, generate
+from tests.gateway.upstream.processes import FLEET_FLAGS, Process, generate, running
 
 HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 
@@ -26,14 +26,8 @@ HOSTS = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
 @pytest.fixture(scope="module")
 def pods(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Process]]:
     log_dir, port = tmp_path_factory.mktemp("dns"), free_port()
-    started = [Process(log_dir, host=host, port=port).start() for host in HOSTS]
-    try:
-        for pod in started:
-            pod.wait_ready()
+    with running([Process(log_dir, host=host, port=port) for host in HOSTS]) as started:
         yield started
-    finally:
-        for pod in started:
-            pod.stop()
 
 
 def test_dns_targets_are_validated() -> None:

@@ -8,13 +8,16 @@ import math
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
+import httpx
 import pytest
 
-from gateway.upstream.routing import QUEUE_SLACK
+from gateway.settings import Settings
+from gateway.upstream import Fleet
+from gateway.upstream.routing import QUEUE_SLACK, Load
 from gateway.upstream.scrape import Scraped, ScrapeError, parse
-from tests.gateway.upstream.processes import Process, gateway, generate
+from tests.gateway.live_server import LiveServer
+from tests.gateway.upstream.processes import Process, gateway, generate, running
 
 VLLM = """\
 # HELP vllm:num_requests_running Number of requests in model execution batches.
@@ -75,17 +78,10 @@ def narrow(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[list[Proc
     """Two upstreams that run one request at a time (the rest queue), a gateway scraping
     them every 0.1 s."""
     log_dir = tmp_path_factory.mktemp("scrape")
-    upstreams = [Process(log_dir, "--max-num-seqs", "1").start() for _ in range(2)]
-    front = gateway(log_dir, upstreams, "--upstream-scrape-interval", "0.1")
-    try:
-        for u in upstreams:
-            u.wait_ready()
-        front.start().wait_ready(60)
-        yield upstreams, front
-    finally:
-        front.stop()
-        for u in upstreams:
-            u.stop()
+    with running([Process(log_dir, "--max-num-seqs", "1") for _ in range(2)]) as upstreams:
+        front = gateway(log_dir, upstreams, "--upstream-scrape-interval", "0.1")
+        with running([front], 60):
+            yield upstreams, front
 
 
 def test_a_hot_key_leaves_an_upstream_whose_queue_the_scrape_shows(
@@ -122,15 +118,17 @@ def test_a_hot_key_leaves_an_upstream_whose_queue_the_scrape_shows(
 
 
 def test_an_upstream_without_engine_figures_is_routed_on_in_flight_alone(
-    narrow: tuple[list[Process], Process], tmp_path: Path
+    narrow: tuple[list[Process], Process],
 ) -> None:
     """A kvgate fleet gateway as an upstream: its /metrics carry no engine figures."""
-    upstreams, front = narrow
-    nested = gateway(tmp_path, [front], "--upstream-scrape-interval", "0.1").start()
-    try:
-        nested.wait_ready(60)
-        time.sleep(0.3)
-        assert nested.readyz()["upstreams"][0]["scraped"] is None
+    _, front = narrow
+    settings = Settings(
+        upstream=(front.base,), upstream_health_interval_s=0, upstream_scrape_interval_s=0.05
+    )
+    with LiveServer(None, backend=Fleet.connect(settings)) as nested:
+        fleet = nested.app.state.openai.generations.backend
+        time.sleep(0.3)  # several scrapes
+        upstream = fleet.upstreams[0]
+        assert upstream.scraped is None and upstream.load(1.0) == Load(0)
+        assert "kvgate_upstream_scrape_errors" not in httpx.get(nested.base + "/metrics").text
         assert generate(nested.base, prompt="hi")["isError"] is False
-    finally:
-        nested.stop()
