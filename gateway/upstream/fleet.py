@@ -217,7 +217,9 @@ class Fleet:
                 "upstream's tokens to ids"
             )
         path, body = wire.request_body(request, self.model_name)
-        hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
+        hashes: list[bytes] = []  # a cache_key routes on its own: no prompt to hash
+        if request.cache_key is None:
+            hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
         headers: dict[str, str] = {}
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = Call(self, request, hashes, path, body, headers)
