@@ -202,6 +202,8 @@ class Fleet:
         ):
             if interval > 0:
                 self._tasks.append(asyncio.create_task(_every(interval, work)))
+        if self.token_ids is not None:  # string logprobs map back without a stall
+            self._tasks.append(asyncio.create_task(asyncio.to_thread(self.token_ids.prepare)))
 
     async def aclose(self) -> None:
         for task in self._tasks:

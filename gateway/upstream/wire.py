@@ -128,14 +128,20 @@ class TokenIds:
         self._tokenizer = tokenizer
         self._ids: dict[str, int] | None = None
 
-    def __call__(self, token: str) -> int:
-        if token.startswith("token_id:") and token[9:].isdigit():
-            return int(token[9:])
-        if self._ids is None:  # once, on the first fleet logprobs (a vocabulary's decodes)
+    def prepare(self) -> None:
+        """Decode the vocabulary once (about a second for 150k ids: the fleet runs it on a
+        worker thread at startup, so no stream waits for it)."""
+        if self._ids is None:
             ids: dict[str, int] = {}
             for i in range(self._tokenizer.vocab_size):
                 ids.setdefault(self._tokenizer.decode([i], skip_special_tokens=False), i)
             self._ids = ids
+
+    def __call__(self, token: str) -> int:
+        if token.startswith("token_id:") and token[9:].isdigit():
+            return int(token[9:])
+        self.prepare()
+        assert self._ids is not None
         found = self._ids.get(token)
         if found is None:  # not one token's text (a tokenizer unlike the upstream's)
             encoded = self._tokenizer.encode(token, add_special_tokens=False)

@@ -30,7 +30,7 @@ from gateway.upstream.routing import (
     PrefixKeys,
     UpstreamRouter,
 )
-from gateway.upstream.wire import request_body
+from gateway.upstream.wire import StreamError, TokenIds, parse_line, request_body
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.mcp.test_streaming import wait_idle
 from tests.gateway.upstream.processes import generate, tool_call
@@ -326,3 +326,23 @@ def test_fleet_logprobs_without_a_tokenizer_are_a_clear_400(fleet_server: LiveSe
     body = {"model": "tiny-model-v2", "prompt": "hi", "max_tokens": 2, "logprobs": 1}
     response = httpx.post(fleet_server.base + "/v1/completions", json=body, timeout=10)
     assert response.status_code == 400 and "--tokenizer" in response.json()["error"]["message"]
+
+
+def test_upstream_logprobs_parse_as_ids_or_strings() -> None:
+    tokenizer = Tokenizer.from_dir(default_model_dir())
+    ids = TokenIds(tokenizer)
+    vllm = parse_line(
+        'data: {"choices": [{"index": 0, "text": "ab", "logprobs": {"tokens": ["token_id:7",'
+        ' "token_id:9"], "token_logprobs": [-0.5, -1.0], "top_logprobs": [{"token_id:7": -0.5,'
+        ' "token_id:3": -2.0}, {"token_id:9": -1.0}], "text_offset": [0, 1]}}]}'
+    )
+    assert ids.entries(vllm.logprobs) == ([7, 9], [{7: -0.5, 3: -2.0}, {9: -1.0}])
+    word = tokenizer.decode([tokenizer.encode("hello", add_special_tokens=False)[0]])
+    chat = parse_line(
+        'data: {"choices": [{"index": 0, "delta": {"content": "x"}, "logprobs": {"content": '
+        f'[{{"token": "{word}", "logprob": -0.25, "top_logprobs": []}}]}}}}]}}'
+    )
+    (token_id,), (entry,) = ids.entries(chat.logprobs)
+    assert tokenizer.decode([token_id]) == word and entry == {token_id: -0.25}
+    with pytest.raises(StreamError, match="malformed logprobs"):
+        parse_line('data: {"choices": [{"text": "x", "logprobs": {"tokens": ["a"]}}]}')
