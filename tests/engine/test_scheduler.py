@@ -1,4 +1,5 @@
 from engine.block_pool import BlockPool
+from engine.models.packed_linear import trimmed_rows
 from engine.request import RequestStatus
 from tests.engine.scheduling_helpers import (
     make_request,
@@ -156,3 +157,18 @@ def test_max_num_seqs_bounds_the_running_set():
         step(scheduler)
         assert len(scheduler.running) <= 2
     assert all(r.finished for r in requests)
+
+
+def test_prefill_steps_are_trimmed_to_the_row_counts_the_matmul_kernels_are_built_for():
+    scheduler = make_scheduler(256, budget=2048)
+    decoders = [make_request(prompt(5, s), max_tokens=50) for s in range(3)]
+    for r in decoders:
+        scheduler.add(r)
+    step(scheduler)
+    long = make_request(prompt(1000, 9), max_tokens=1)
+    scheduler.add(long)
+    first = scheduled(step(scheduler))
+    assert all(first[r.request_id] == 1 for r in decoders)  # decodes are never cut
+    assert first[long.request_id] == 957 and sum(first.values()) == 960 == trimmed_rows(1003)
+    second = scheduled(step(scheduler))
+    assert second[long.request_id] == 43 and long.output_token_ids == [7]
