@@ -102,8 +102,10 @@ class OutputProcessor:
         if self.logprobs is not None and step.new_logprobs is not None:
             self.logprobs.extend(step.new_logprobs)
         finish_reason = step.finish_reason
-        # Text for every token but a final stop/EOS token, which is never shown.
-        shown = new_ids[:-1] if step.finished and finish_reason == "stop" else new_ids
+        # Text for every token but a final stop/EOS token, which is never shown (a stop with a
+        # stop_reason ended on a dropped token: its last token is text).
+        ended_by_token = finish_reason == "stop" and step.stop_reason is None
+        shown = new_ids[:-1] if step.finished and ended_by_token else new_ids
         new_text = self._detokenizer.push(shown) if shown else ""
         if step.finished:
             new_text += self._detokenizer.flush()
@@ -151,6 +153,7 @@ class OutputProcessor:
             num_output_tokens=len(self.token_ids),
             finished=self.finished,
             finish_reason=finish_reason,  # type: ignore[arg-type]
+            stop_reason=step.stop_reason if self.finished and not self.stopped else None,
             cached_tokens=step.cached_tokens,
             replica=step.replica,
             logprobs=logprobs,

@@ -2,6 +2,7 @@
 EBNF grammar by masking, each step, every token the grammar cannot take next.
 
     StructuredOutputs (SamplingParams) ──GrammarCache.compile──> xgrammar CompiledGrammar
+        (json / json_object / regex / choice / grammar / structural_tag: tool calls)
         (cached by (kind, spec hash) on the cache, which is built for one tokenizer)
     Request.grammar = GrammarState(matcher)         advanced by Request.append_output
     sampler: fill_bitmask(rows) -> one [B, V/32] int32 bitmask -> apply before temperature
@@ -21,7 +22,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -99,9 +100,15 @@ class GrammarCache:
         """A fresh grammar state for ``spec``; ValueError naming the field if it is bad."""
         return GrammarState(self.compile(spec))
 
+    def cached(self, spec: StructuredOutputs) -> bool:
+        """Whether ``spec`` is compiled already (a front door compiles the others off its
+        event loop first: a large schema, or the first one, takes a while)."""
+        with self._lock:
+            return _key(spec) in self._compiled
+
     def compile(self, spec: StructuredOutputs) -> Any:
         kind, value = spec.kind, spec.value
-        key = hashlib.sha256(json.dumps([kind, value], sort_keys=True).encode()).hexdigest()
+        key = _key(spec)
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
@@ -130,6 +137,12 @@ class GrammarCache:
                         json.dumps(schema), any_whitespace=False, strict_mode=True
                     )
                 )
+                return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
+            if kind == "structural_tag":
+                tag = json.loads(value) if isinstance(value, str) else value
+                for where, schema in _tag_schemas(tag, ""):
+                    _check_schema(schema, field + where)
+                ebnf = str(xgr.Grammar.from_structural_tag(json.dumps(tag)))
                 return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
             if kind == "regex":
                 return compiler.compile_regex(str(value))
@@ -175,6 +188,23 @@ def _check_schema(schema: object, field: str) -> None:
     path = _unsupported(schema, "")
     if path is not None:
         raise ValueError(f"{field}{path}: not supported in constrained decoding")
+
+
+def _key(spec: StructuredOutputs) -> str:
+    return hashlib.sha256(json.dumps([spec.kind, spec.value], sort_keys=True).encode()).hexdigest()
+
+
+def _tag_schemas(node: object, path: str) -> Iterator[tuple[str, Any]]:
+    """Every JSON Schema inside a structural tag, with its path (checked like ``json``)."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            yield f"{path}/json_schema", node["json_schema"]
+        for key, child in node.items():
+            if key != "json_schema":
+                yield from _tag_schemas(child, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            yield from _tag_schemas(child, f"{path}/{i}")
 
 
 def _unsupported(node: object, path: str) -> str | None:

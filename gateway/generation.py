@@ -22,7 +22,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from engine import OutputKind, RequestOutput, RequestStream, SamplingParams
+from engine import OutputKind, RequestOutput, RequestStream, SamplingParams, StructuredOutputs
 from engine.errors import TooManyTokens
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
@@ -65,6 +65,10 @@ class Engine(Protocol):
     ) -> list[int]: ...
 
     def encode_prompt(self, text: str) -> list[int]: ...
+
+    def grammar_compiled(self, spec: StructuredOutputs) -> bool: ...
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None: ...
 
     def submit(
         self,
@@ -112,6 +116,7 @@ class Completion:
     cached_tokens: int
     replica: int  # the engine replica, or the upstream's index in the configured order
     upstream: str | None = None  # the upstream's URL in fleet mode
+    stop_reason: str | None = None  # why it stopped when no stop token or string did
 
 
 class OffLoop:
@@ -124,6 +129,10 @@ class OffLoop:
         """``work(*args)`` here when ``size`` is small, else on a worker thread."""
         if size <= OFF_LOOP_CHARS:
             return work(*args)
+        return await self.away(work, *args)
+
+    async def away(self, work: Any, *args: Any) -> Any:
+        """``work(*args)`` on a worker thread, whatever its size (a grammar compile)."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, work, *args)
 
     def close(self) -> None:
@@ -245,6 +254,9 @@ class EngineBackend:
 
     async def start(self, request: GenerationRequest) -> Stream:
         prompt = await self.off_loop.run(prompt_chars(request), self._prompt, request)
+        spec = request.params.structured_outputs
+        if spec is not None and not self.engine.grammar_compiled(spec):
+            await self.off_loop.away(self.engine.compile_grammar, spec)  # ms to seconds
         stream = self.engine.submit(
             prompt, request.params, request.cache_key, request.cache_salt, OutputKind.DELTA
         )
@@ -323,6 +335,7 @@ class EngineBackend:
             completion_tokens=last.num_output_tokens,
             cached_tokens=last.cached_tokens,
             replica=last.replica,
+            stop_reason=last.stop_reason,
         )
 
 
