@@ -31,6 +31,8 @@ from gateway.auth.identity import tenant_salt
 from gateway.catalog.catalog import ModelFacts
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
+from gateway.tool_calls.formats import DEFAULT as DEFAULT_FAMILY
+from gateway.tool_calls.formats import Family
 
 # Prompts above this many characters are prepared off the event loop (templating and
 # tokenizing ~1 MiB takes seconds; a few KiB take microseconds, less than a thread hop).
@@ -182,9 +184,10 @@ class Generations:
     """What the front doors hold: starts requests on the backend, builds their sampling
     params, and lends its worker threads for other heavy preparation (tokenizing)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, tool_family: Family = DEFAULT_FAMILY) -> None:
         self.backend = backend
         self.model_name = backend.model_name
+        self.tool_family = tool_family  # how this model writes tool calls
 
     @property
     def tokenizer(self) -> Tokenizer | None:

@@ -83,7 +83,8 @@ def _parameters(schema: Any, where: str) -> dict[str, Any]:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.absolute_path)
-        raise ToolsError(f"'{field}' is not a valid JSON Schema at '/{path}': {exc.message}", field)
+        message = f"'{field}' is not a valid JSON Schema at '/{path}': {exc.message}"
+        raise ToolsError(message, field) from None
     if schema.get("type", "object") != "object":
         raise ToolsError(f"'{field}' must describe an object (type 'object')", field)
     return schema

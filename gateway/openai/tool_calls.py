@@ -1,0 +1,124 @@
+"""Tool calling on ``/v1/chat/completions``: the request's ``tools`` / ``tool_choice`` /
+``parallel_tool_calls``, and the calls in the answer (``message.tool_calls``, streamed as
+``delta.tool_calls``).
+
+As vLLM does today, tools are rendered into the prompt even with ``tool_choice: "none"``
+(the reply is then plain content, never parsed); ``auto`` parses whatever the model writes;
+``required`` and a named function hold the reply to calls by a grammar in the model family's
+own syntax. ``finish_reason`` is ``tool_calls`` when a reply that stopped holds calls.
+``parallel_tool_calls: false`` keeps at most one call (the grammar stops after it; in ``auto``
+later calls are dropped).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from engine import StructuredOutputs
+from gateway.openai.errors import bad_request
+from gateway.tool_calls import parser as calls
+from gateway.tool_calls import tools as spec
+from gateway.tool_calls.formats import Family
+
+DEPRECATED = ("functions", "function_call")
+
+
+@dataclass(frozen=True)
+class ChatTools:
+    raw: list[dict[str, Any]]  # as given: what the chat template renders
+    functions: list[spec.Function]
+    choice: spec.ToolChoice
+    parallel: bool
+
+    def constraint(self, family: Family) -> StructuredOutputs | None:
+        if not self.choice.forced:
+            return None
+        return StructuredOutputs(
+            structural_tag=family.structural_tag(self.functions, self.choice, self.parallel)
+        )
+
+
+def chat_tools(body: dict[str, Any]) -> ChatTools | None:
+    """The request's tools (None without any); a 400 naming the field when they are bad."""
+    for name in DEPRECATED:
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is deprecated and not served: use 'tools'", name)
+    parallel = body.get("parallel_tool_calls", True)
+    if not isinstance(parallel, bool) and parallel is not None:
+        raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+    try:
+        raw = body.get("tools")
+        functions = [] if raw is None else spec.parse_tools(raw)
+        choice = spec.parse_tool_choice(body.get("tool_choice"), functions)
+    except spec.ToolsError as exc:
+        raise bad_request(str(exc), exc.param) from None
+    if raw is None:
+        return None
+    return ChatTools(raw, functions, choice, parallel is not False)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    try:
+        return spec.template_messages(messages)
+    except spec.ToolsError as exc:
+        raise bad_request(str(exc), exc.param) from None
+
+
+class ToolReplies:
+    """Reads each choice's calls out of its text, whole or as it streams."""
+
+    def __init__(self, tools: ChatTools, family: Family) -> None:
+        self.tools, self.family = tools, family
+        self._parsers: dict[int, calls.CallParser] = {}
+
+    def message(self, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+        """A whole reply's ``message`` and its finish reason."""
+        parsed = calls.parse(self.family, text)
+        found = parsed.calls if self.tools.parallel else parsed.calls[:1]
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if found:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in found
+            ]
+        return message, _finish(finish_reason, bool(found))
+
+    def delta(
+        self, index: int, text: str, finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """One chunk's ``delta`` (content and/or tool call fragments) for new ``text``; the
+        last one (``finish_reason`` given) flushes what the parser held back."""
+        parser = self._parsers.setdefault(index, calls.CallParser(self.family))
+        events = parser.feed(text)
+        if finish_reason is not None:
+            events += parser.finish()
+        content = "".join(e.text for e in events if isinstance(e, calls.Content))
+        entries: dict[int, dict[str, Any]] = {}
+        for event in events:
+            if isinstance(event, calls.Content) or (event.index and not self.tools.parallel):
+                continue
+            entry = entries.setdefault(
+                event.index, {"index": event.index, "function": {"arguments": ""}}
+            )
+            if isinstance(event, calls.CallStart):
+                entry.update(id=event.id, type="function")
+                entry["function"]["name"] = event.name
+            else:
+                entry["function"]["arguments"] += event.text
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        if entries:
+            delta["tool_calls"] = list(entries.values())
+        if finish_reason is not None:
+            finish_reason = _finish(finish_reason, bool(parser.calls))
+        return delta, finish_reason
+
+
+def _finish(reason: str, called: bool) -> str:
+    return "tool_calls" if called and reason == "stop" else reason
