@@ -32,11 +32,7 @@ class ChatTools:
     parallel: bool
 
     def constraint(self, family: Family) -> StructuredOutputs | None:
-        if not self.choice.forced:
-            return None
-        return StructuredOutputs(
-            structural_tag=family.structural_tag(self.functions, self.choice, self.parallel)
-        )
+        return family.constraint(self.functions, self.choice, self.parallel)
 
 
 def chat_tools(body: dict[str, Any]) -> ChatTools | None:
@@ -86,7 +82,7 @@ class ToolReplies:
                 }
                 for c in found
             ]
-        return message, _finish(finish_reason, bool(found))
+        return message, calls.finish_reason(finish_reason, bool(found))
 
     def delta(
         self, index: int, text: str, finish_reason: str | None
@@ -116,9 +112,5 @@ class ToolReplies:
         if entries:
             delta["tool_calls"] = list(entries.values())
         if finish_reason is not None:
-            finish_reason = _finish(finish_reason, bool(parser.calls))
+            finish_reason = calls.finish_reason(finish_reason, bool(parser.calls))
         return delta, finish_reason
-
-
-def _finish(reason: str, called: bool) -> str:
-    return "tool_calls" if called and reason == "stop" else reason

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from engine import StructuredOutputs
 from gateway.tool_calls.tools import Function, ToolChoice
 
 
@@ -32,6 +33,14 @@ class Family:
     arguments_key: str  # where the grammar writes the arguments (the parser takes either)
     call_begin: str  # the grammar's text around one call object
     call_end: str
+
+    def constraint(
+        self, functions: list[Function], choice: ToolChoice, parallel: bool
+    ) -> StructuredOutputs | None:
+        """What holds the reply to calls: None unless the choice is forced."""
+        if not choice.forced:
+            return None
+        return StructuredOutputs(structural_tag=self.structural_tag(functions, choice, parallel))
 
     def structural_tag(
         self, functions: list[Function], choice: ToolChoice, parallel: bool

@@ -278,7 +278,8 @@ class CallParser:
             call.feed(ch)
             if call.done or call.bad:
                 break
-        self.raw += self.buffer[:used]
+        if not self.committed:
+            self.raw += self.buffer[:used]
         self.buffer = self.buffer[used:]
         if call.name is not None and not self.committed:
             self.calls.append(ToolCall(self.new_id(), call.name, ""))
@@ -325,6 +326,11 @@ def parse(family: Family, text: str, new_id: Callable[[], str] = call_id) -> Par
     if parser.calls and not content.strip():
         return Parsed(None, parser.calls)
     return Parsed(content, parser.calls)
+
+
+def finish_reason(reason: str, called: bool) -> str:
+    """A reply that stopped after making calls finished with ``tool_calls``."""
+    return "tool_calls" if called and reason == "stop" else reason
 
 
 def _string(chars: list[str]) -> str | None:
