@@ -221,6 +221,11 @@ class CallParser:
             return  # the marker may still be arriving
         if not stripped:
             return
+        opener = self.family.opener
+        if opener and opener.startswith(stripped[: len(opener)]):
+            if len(stripped) >= len(opener):
+                self.state = "text"  # the marked region: the text state finds it
+            return  # else the opener may still be arriving
         if stripped[0] == self.family.bare_start:
             self.raw = self.buffer[: len(self.buffer) - len(stripped)]
             self.buffer = stripped

@@ -88,7 +88,14 @@ CASES: list[tuple[Family, str, str | None, list[tuple[str, str]]]] = [
         None,
         [("add", '{"a": 1}')],
     ),
+    (
+        MISTRAL,  # the marker at the very start
+        '[TOOL_CALLS][{"name": "now", "arguments": {\t}}]',
+        None,
+        [("now", "{\t}")],
+    ),
     (MISTRAL, "[1, 2] are numbers", "[1, 2] are numbers", []),
+    (MISTRAL, "[TOOL", "[TOOL", []),
 ]
 
 
