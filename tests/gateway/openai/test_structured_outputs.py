@@ -139,9 +139,3 @@ def test_bad_constraints_are_a_400_naming_them(
     assert response.status_code == 400, response.text
     error = response.json()["error"]
     assert error["param"] == param and message in error["message"]
-
-
-def test_tools_are_still_refused(server: LiveServer) -> None:
-    body = {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}
-    response = httpx.post(server.base + "/v1/chat/completions", json=body)
-    assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
