@@ -16,6 +16,7 @@ import pytest
 from engine import AsyncLLM
 from gateway.tool_calls.tools import template_messages
 from tests.gateway.live_server import LiveServer
+from tests.gateway.mcp.test_tool_runner import run_tool
 
 WEATHER = {
     "type": "object",
@@ -225,3 +226,19 @@ def test_tools_on_completions_are_refused(server: LiveServer) -> None:
     body = {"prompt": "x", "tools": TOOLS}
     response = httpx.post(server.base + "/v1/completions", json=body)
     assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+
+
+def test_the_tool_call_parser_flag_picks_the_syntax(engine: AsyncLLM) -> None:
+    """--tool-call-parser mistral: a forced call is written (and read back) in its syntax."""
+    with (
+        LiveServer(engine, tool_call_parser="mistral") as mistral,
+        openai.OpenAI(base_url=mistral.base + "/v1", api_key="unused", max_retries=0) as client,
+        httpx.Client(timeout=60) as http,
+    ):
+        out = create(client, tool_choice="required", parallel_tool_calls=False, temperature=0)
+        arguments = {"messages": MESSAGES, "tools": TOOLS, "tool_choice": "required"}
+        mcp = run_tool(http, mistral, "chat", {**arguments, "max_tokens": 120, "temperature": 0})
+    (call,) = out.choices[0].message.tool_calls
+    structured = mcp["structuredContent"]
+    assert structured["text"].startswith("[TOOL_CALLS][{")
+    assert structured["tool_calls"][0]["function"]["name"] == call.function.name
