@@ -205,25 +205,9 @@ def _sampling(max_model_len: int) -> dict[str, Any]:
     }
 
 
-_TOOL_CALL_OUT = {
-    "type": "object",
-    "properties": {
-        "id": {"type": "string"},
-        "type": {"const": "function"},
-        "function": {
-            "type": "object",
-            "properties": {
-                "name": {"type": "string"},
-                "arguments": {
-                    "type": ["object", "string"],
-                    "description": "The arguments parsed, or their text if cut short.",
-                },
-            },
-            "required": ["name", "arguments"],
-        },
-    },
-    "required": ["id", "type", "function"],
-}
+# The calls a reply made (arguments parsed, or their text if a reply cut short left them
+# unfinished): the shape a later turn sends back in ``messages``.
+_TOOL_CALL_OUT = {**_TOOL_CALL, "required": ["id", "type", "function"]}
 
 
 def _completion_output(kind: str, tool_calls: bool = False) -> dict[str, Any]:
