@@ -7,6 +7,8 @@ import itertools
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway.tool_calls.formats import HERMES, LLAMA3_JSON, MISTRAL, Family
 from gateway.tool_calls.parser import (
@@ -177,3 +179,15 @@ def test_a_reply_cut_short_keeps_the_call_so_far() -> None:
     parsed = parse(HERMES, '<tool_call>{"name": "f", "arguments": {"city": "Par')
     assert parsed.calls == [ToolCall(parsed.calls[0].id, "f", '{"city": "Par')]
     assert parsed.content is None
+
+
+@settings(max_examples=150, deadline=None)
+@given(case=st.sampled_from(CASES), cuts=st.lists(st.integers(0, 400), max_size=6))
+def test_any_number_of_pieces_adds_up(case: tuple, cuts: list[int]) -> None:
+    family, reply, _, calls = case
+    points = sorted({min(c, len(reply)) for c in cuts})
+    pieces = [reply[a:b] for a, b in zip([0, *points], [*points, len(reply)], strict=True)]
+    parser = CallParser(family, ids())
+    events = [e for piece in pieces for e in parser.feed(piece)] + parser.finish()
+    _, streamed_calls, _ = accumulate(events)
+    assert streamed_calls == calls
