@@ -184,6 +184,8 @@ class CallParser:
         self.call: _CallObject | None = None
         self.calls: list[ToolCall] = []
         self.listed = False  # the region's list bracket was seen
+        self.committed = False  # the current call object has been announced (its name seen)
+        self.calls_in_region = False  # a separator may follow
 
     def feed(self, text: str) -> list[Event]:
         self.buffer += text
@@ -301,9 +303,6 @@ class CallParser:
             self.committed = False
 
     # -- helpers -------------------------------------------------------------------------
-
-    committed = False  # the current call object has been announced
-    calls_in_region = False
 
     def _flush_arguments(self, events: list[Event], closing: bool) -> None:
         call = self.call
