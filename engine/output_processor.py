@@ -82,7 +82,7 @@ class OutputProcessor:
         self.stop = list(params.stop)
         self.min_tokens = params.min_tokens
         self._hold = max((len(s) for s in self.stop), default=1) - 1
-        self._detokenizer = tokenizer.incremental(prompt_token_ids)
+        self._detokenizer = tokenizer.incremental(prompt_token_ids, params.skip_special_tokens)
         self._want_logprobs = params.logprobs is not None
         self.token_ids: list[int] = []
         self.logprobs: list[dict[int, float]] | None = [] if self._want_logprobs else None

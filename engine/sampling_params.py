@@ -104,6 +104,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    skip_special_tokens: bool = True  # False: special tokens (tool-call markers) stay in the text
     logprobs: int | None = None  # top-N logprobs per generated token (plus the chosen one)
     structured_outputs: StructuredOutputs | None = None  # constrained decoding
 
@@ -166,8 +167,9 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
 

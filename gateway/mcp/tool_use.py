@@ -35,9 +35,14 @@ class ToolUse:
         parallel = arguments.get("parallel_tool_calls", True)
         return cls(family, choice, parallel, family.constraint(functions, choice, parallel))
 
+    @property
+    def parsed(self) -> bool:
+        """Calls are read out of the reply (its special tokens kept: markers may be ones)."""
+        return self.choice.mode != "none"
+
     def result(self, text: str, finish_reason: str) -> dict[str, Any]:
         """``tool_calls`` (and the finish reason they imply) for the finished reply."""
-        if self.choice.mode == "none":
+        if not self.parsed:
             return {}
         calls = parser.parse(self.family, text).calls
         calls = calls if self.parallel else calls[:1]

@@ -204,6 +204,8 @@ class OpenAIEndpoint:
                     "tool_choice",
                 )
             sampling.fields["structured_outputs"] = constraint
+        if tools is not None and tools.choice.mode != "none":
+            sampling.fields["skip_special_tokens"] = False  # call markers may be special tokens
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")

@@ -96,8 +96,9 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     if seed is not None:
         _in_range("seed", seed, 0, 2**64 - 1, "in [0, 2**64 - 1]")
         fields["seed"] = seed
-    if (ignore_eos := _get(body, "ignore_eos", (bool,), "a boolean")) is not None:
-        fields["ignore_eos"] = ignore_eos
+    for flag in ("ignore_eos", "skip_special_tokens"):
+        if (value := _get(body, flag, (bool,), "a boolean")) is not None:
+            fields[flag] = value
     stop = body.get("stop")
     if isinstance(stop, str) and stop:
         fields["stop"] = [stop]
