@@ -79,7 +79,8 @@ class GrammarCache:
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(set(stop_token_ids))
         self._compiled: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache (held for microseconds: the loop asks it)
+        self._build_lock = threading.Lock()  # building the compiler (seconds, on a worker)
 
     @functools.cached_property
     def _compiler(self) -> Any:
@@ -113,7 +114,7 @@ class GrammarCache:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
-        with self._lock:  # the compiler is built once, under the lock
+        with self._build_lock:  # the compiler is built once
             compiler = self._compiler
         compiled = self._compile(compiler, kind, value)
         with self._lock:
