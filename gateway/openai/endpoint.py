@@ -193,33 +193,18 @@ class OpenAIEndpoint:
         parse.check_model(body, self.model)
         messages = tool_calls.template_messages(parse.chat_messages(body))
         sampling = parse.sampling(body, chat=True)
-        tools = tool_calls.chat_tools(body)
-        family = self.generations.tool_family
-        constraint = None if tools is None else tools.constraint(family)
-        if constraint is not None:
-            if "structured_outputs" in sampling.fields:
-                raise bad_request(
-                    "a 'required' or named 'tool_choice' is already a constraint: drop "
-                    "'response_format' / 'structured_outputs'",
-                    "tool_choice",
-                )
-            sampling.fields["structured_outputs"] = constraint
-        if tools is not None and tools.choice.mode != "none":
-            sampling.fields["skip_special_tokens"] = False  # call markers may be special tokens
+        tools, replies = tool_calls.apply(body, sampling, self.generations.tool_family)
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
         request = GenerationRequest(
             self._params(sampling),
             messages=messages,
-            tools=None if tools is None else tools.raw,
+            tools=tools,
             chat_template_kwargs=kwargs,
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
         )
-        replies = None
-        if tools is not None and tools.choice.mode != "none":
-            replies = tool_calls.ToolReplies(tools, family)
         answer = _Chat(self, Envelope.new("chatcmpl", self.model), sampling, replies)
         return await self._run([request], sampling, headers, receive, send, answer)
 

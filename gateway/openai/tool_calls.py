@@ -17,6 +17,7 @@ from typing import Any
 
 from engine import StructuredOutputs
 from gateway.openai.errors import bad_request
+from gateway.openai.requests import Sampling
 from gateway.tool_calls import parser as calls
 from gateway.tool_calls import tools as spec
 from gateway.tool_calls.formats import Family
@@ -52,6 +53,30 @@ def chat_tools(body: dict[str, Any]) -> ChatTools | None:
     if raw is None:
         return None
     return ChatTools(raw, functions, choice, parallel is not False)
+
+
+def apply(
+    body: dict[str, Any], sampling: Sampling, family: Family
+) -> tuple[list[dict[str, Any]] | None, ToolReplies | None]:
+    """Reads the tool fields into ``sampling`` (a forced choice's constraint; special tokens
+    kept when calls are parsed, as markers may be ones): the tools the template renders and
+    the reader of the calls in the reply (None with ``tool_choice: none``)."""
+    tools = chat_tools(body)
+    if tools is None:
+        return None, None
+    constraint = tools.constraint(family)
+    if constraint is not None:
+        if "structured_outputs" in sampling.fields:
+            raise bad_request(
+                "a 'required' or named 'tool_choice' is already a constraint: drop "
+                "'response_format' / 'structured_outputs'",
+                "tool_choice",
+            )
+        sampling.fields["structured_outputs"] = constraint
+    if tools.choice.mode == "none":
+        return tools.raw, None
+    sampling.fields["skip_special_tokens"] = False
+    return tools.raw, ToolReplies(tools, family)
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:

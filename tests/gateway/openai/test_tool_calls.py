@@ -218,6 +218,7 @@ def test_bad_tools_are_400s_naming_the_field(
     response = httpx.post(server.base + "/v1/chat/completions", json=body)
     assert response.status_code == 400, response.text
     error = response.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"}
     assert error["type"] == "invalid_request_error"
     assert error["param"] == param and message in error["message"], error
 
