@@ -87,7 +87,7 @@ class ToolRunner:
                     "max_tokens": DEFAULT_MAX_TOKENS,
                     **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
                     **({"structured_outputs": constraint} if constraint else {}),
-                    **({"skip_special_tokens": False} if calls and calls.parsed else {}),
+                    **({"skip_special_tokens": False} if calls and calls.tools.parsed else {}),
                 }
             )
             messages = arguments.get("messages")

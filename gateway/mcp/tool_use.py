@@ -13,39 +13,34 @@ from typing import Any
 from engine import StructuredOutputs
 from gateway.tool_calls import parser
 from gateway.tool_calls.formats import Family
-from gateway.tool_calls.tools import ToolChoice, parse_tool_choice, parse_tools
+from gateway.tool_calls.tools import ToolRequest
 
 
 @dataclass(frozen=True)
 class ToolUse:
+    tools: ToolRequest
     family: Family
-    choice: ToolChoice
-    parallel: bool
-    constraint: StructuredOutputs | None
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any], family: Family) -> ToolUse | None:
         """None without tools; ValueError (a ``ToolsError`` naming the field) when bad."""
-        if arguments.get("tools") is None:
-            if arguments.get("tool_choice") not in (None, "none"):
-                raise ValueError("tool_choice needs tools")
-            return None
-        functions = parse_tools(arguments["tools"])
-        choice = parse_tool_choice(arguments.get("tool_choice"), functions)
-        parallel = arguments.get("parallel_tool_calls", True)
-        return cls(family, choice, parallel, family.constraint(functions, choice, parallel))
+        tools = ToolRequest.of(
+            arguments.get("tools"),
+            arguments.get("tool_choice"),
+            arguments.get("parallel_tool_calls"),
+        )
+        return None if tools is None else cls(tools, family)
 
     @property
-    def parsed(self) -> bool:
-        """Calls are read out of the reply (its special tokens kept: markers may be ones)."""
-        return self.choice.mode != "none"
+    def constraint(self) -> StructuredOutputs | None:
+        return self.family.constraint(self.tools)
 
     def result(self, text: str, finish_reason: str) -> dict[str, Any]:
         """``tool_calls`` (and the finish reason they imply) for the finished reply."""
-        if not self.parsed:
+        if not self.tools.parsed:
             return {}
         calls = parser.parse(self.family, text).calls
-        calls = calls if self.parallel else calls[:1]
+        calls = calls if self.tools.parallel else calls[:1]
         out: dict[str, Any] = {
             "tool_calls": [
                 {

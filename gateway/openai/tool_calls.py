@@ -12,10 +12,8 @@ later calls are dropped).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from engine import StructuredOutputs
 from gateway.openai.errors import bad_request
 from gateway.openai.requests import Sampling
 from gateway.tool_calls import parser as calls
@@ -25,34 +23,17 @@ from gateway.tool_calls.formats import Family
 DEPRECATED = ("functions", "function_call")
 
 
-@dataclass(frozen=True)
-class ChatTools:
-    raw: list[dict[str, Any]]  # as given: what the chat template renders
-    functions: list[spec.Function]
-    choice: spec.ToolChoice
-    parallel: bool
-
-    def constraint(self, family: Family) -> StructuredOutputs | None:
-        return family.constraint(self.functions, self.choice, self.parallel)
-
-
-def chat_tools(body: dict[str, Any]) -> ChatTools | None:
+def chat_tools(body: dict[str, Any]) -> spec.ToolRequest | None:
     """The request's tools (None without any); a 400 naming the field when they are bad."""
     for name in DEPRECATED:
         if body.get(name) is not None:
             raise bad_request(f"'{name}' is deprecated and not served: use 'tools'", name)
-    parallel = body.get("parallel_tool_calls", True)
-    if not isinstance(parallel, bool) and parallel is not None:
-        raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     try:
-        raw = body.get("tools")
-        functions = [] if raw is None else spec.parse_tools(raw)
-        choice = spec.parse_tool_choice(body.get("tool_choice"), functions)
+        return spec.ToolRequest.of(
+            body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+        )
     except spec.ToolsError as exc:
         raise bad_request(str(exc), exc.param) from None
-    if raw is None:
-        return None
-    return ChatTools(raw, functions, choice, parallel is not False)
 
 
 def apply(
@@ -64,7 +45,7 @@ def apply(
     tools = chat_tools(body)
     if tools is None:
         return None, None
-    constraint = tools.constraint(family)
+    constraint = family.constraint(tools)
     if constraint is not None:
         if "structured_outputs" in sampling.fields:
             raise bad_request(
@@ -73,7 +54,7 @@ def apply(
                 "tool_choice",
             )
         sampling.fields["structured_outputs"] = constraint
-    if tools.choice.mode == "none":
+    if not tools.parsed:
         return tools.raw, None
     sampling.fields["skip_special_tokens"] = False
     return tools.raw, ToolReplies(tools, family)
@@ -89,7 +70,7 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 class ToolReplies:
     """Reads each choice's calls out of its text, whole or as it streams."""
 
-    def __init__(self, tools: ChatTools, family: Family) -> None:
+    def __init__(self, tools: spec.ToolRequest, family: Family) -> None:
         self.tools, self.family = tools, family
         self._parsers: dict[int, calls.CallParser] = {}
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import StructuredOutputs
-from gateway.tool_calls.tools import Function, ToolChoice
+from gateway.tool_calls.tools import Function, ToolChoice, ToolRequest
 
 
 @dataclass(frozen=True)
@@ -34,13 +34,12 @@ class Family:
     call_begin: str  # the grammar's text around one call object
     call_end: str
 
-    def constraint(
-        self, functions: list[Function], choice: ToolChoice, parallel: bool
-    ) -> StructuredOutputs | None:
+    def constraint(self, tools: ToolRequest) -> StructuredOutputs | None:
         """What holds the reply to calls: None unless the choice is forced."""
-        if not choice.forced:
+        if not tools.choice.forced:
             return None
-        return StructuredOutputs(structural_tag=self.structural_tag(functions, choice, parallel))
+        tag = self.structural_tag(tools.functions, tools.choice, tools.parallel)
+        return StructuredOutputs(structural_tag=tag)
 
     def structural_tag(
         self, functions: list[Function], choice: ToolChoice, parallel: bool

@@ -44,6 +44,32 @@ class ToolChoice:
         return self.mode in ("required", "named")
 
 
+@dataclass(frozen=True)
+class ToolRequest:
+    """What a chat call asks of tools, whichever front door it came through."""
+
+    raw: list[dict[str, Any]]  # the tools as given: what the chat template renders
+    functions: list[Function]
+    choice: ToolChoice
+    parallel: bool  # more than one call may be made
+
+    @classmethod
+    def of(cls, tools: Any, tool_choice: Any, parallel: Any) -> ToolRequest | None:
+        """None without tools; a ``ToolsError`` naming the field when something is bad."""
+        if parallel is not None and not isinstance(parallel, bool):
+            raise ToolsError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+        functions = [] if tools is None else parse_tools(tools)
+        choice = parse_tool_choice(tool_choice, functions)
+        if tools is None:
+            return None
+        return cls(tools, functions, choice, parallel is not False)
+
+    @property
+    def parsed(self) -> bool:
+        """Calls are read out of the reply (``none``: the tools are only rendered)."""
+        return self.choice.mode != "none"
+
+
 def parse_tools(raw: Any) -> list[Function]:
     """``tools``: ``[{"type": "function", "function": {name, description?, parameters?,
     strict?}}]``; ``parameters`` must be a valid JSON Schema object."""

@@ -84,7 +84,7 @@ def test_named_choice_and_none(http: httpx.Client, server: LiveServer) -> None:
     ("extra", "message"),
     [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope'"),
-        ({"tools": None, "tool_choice": "required"}, "tool_choice needs tools"),
+        ({"tools": None, "tool_choice": "required"}, "'tool_choice' 'required' needs 'tools'"),
         ({"tool_choice": "required", "regex": "a+"}, "a constraint already"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},

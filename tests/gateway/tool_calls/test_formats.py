@@ -15,7 +15,7 @@ import pytest
 from engine import AsyncLLM, SamplingParams
 from gateway.tool_calls.formats import FAMILIES, HERMES, LLAMA3_JSON, MISTRAL, Family, resolve
 from gateway.tool_calls.parser import parse
-from gateway.tool_calls.tools import ToolChoice, parse_tools
+from gateway.tool_calls.tools import ToolChoice, ToolRequest, parse_tools
 
 TEMPLATES = Path(__file__).parents[2] / "engine" / "chat_templates"
 WEATHER = {
@@ -96,7 +96,7 @@ async def _replies(engine: AsyncLLM, params: SamplingParams, n: int) -> list[tup
 def test_forced_choices_always_yield_valid_calls(
     engine: AsyncLLM, family: Family, choice: ToolChoice, parallel: bool
 ) -> None:
-    constraint = family.constraint(parse_tools(TOOLS), choice, parallel)
+    constraint = family.constraint(ToolRequest(TOOLS, parse_tools(TOOLS), choice, parallel))
     params = SamplingParams(temperature=1.0, max_tokens=200, structured_outputs=constraint)
     names = set()
     for text, reason in asyncio.run(_replies(engine, params, SEEDS)):
@@ -112,7 +112,9 @@ def test_forced_choices_always_yield_valid_calls(
 def test_required_with_parallel_calls_writes_well_formed_calls(engine: AsyncLLM) -> None:
     """Several calls may follow one another; a random model may run out of max_tokens in the
     last, but every call before it is complete and valid."""
-    constraint = HERMES.constraint(parse_tools(TOOLS), ToolChoice("required"), True)
+    tools = ToolRequest.of(TOOLS, "required", True)
+    assert tools is not None
+    constraint = HERMES.constraint(tools)
     params = SamplingParams(temperature=1.0, max_tokens=160, structured_outputs=constraint)
     for text, reason in asyncio.run(_replies(engine, params, SEEDS)):
         calls = parse(HERMES, text).calls

@@ -9,6 +9,7 @@ import pytest
 from gateway.tool_calls.tools import (
     NO_PARAMETERS,
     ToolChoice,
+    ToolRequest,
     ToolsError,
     parse_tool_choice,
     parse_tools,
@@ -98,3 +99,16 @@ def test_earlier_calls_reach_the_template_with_object_arguments() -> None:
     with pytest.raises(ToolsError) as caught:
         template_messages([{"role": "assistant", "content": None, "tool_calls": [bad]}])
     assert caught.value.param == "messages[0].tool_calls[0].function.arguments"
+
+
+def test_a_tool_request_is_none_without_tools_and_checks_parallel_calls() -> None:
+    assert ToolRequest.of(None, None, None) is None
+    assert ToolRequest.of(None, "none", False) is None
+    request = ToolRequest.of([GOOD], None, None)
+    assert request is not None and request.parallel and request.parsed
+    assert request.choice == ToolChoice("auto") and request.raw == [GOOD]
+    rendered_only = ToolRequest.of([GOOD], "none", False)
+    assert rendered_only is not None and not rendered_only.parsed and not rendered_only.parallel
+    with pytest.raises(ToolsError) as caught:
+        ToolRequest.of([GOOD], None, "yes")
+    assert caught.value.param == "parallel_tool_calls"
