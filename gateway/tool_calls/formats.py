@@ -33,6 +33,7 @@ class Family:
     arguments_key: str  # where the grammar writes the arguments (the parser takes either)
     call_begin: str  # the grammar's text around one call object
     call_end: str
+    short_ids: bool = False  # call ids of 9 letters and digits (Mistral's templates check)
 
     def constraint(self, tools: ToolRequest) -> StructuredOutputs | None:
         """What holds the reply to calls: None unless the choice is forced."""
@@ -86,7 +87,7 @@ LLAMA3_JSON = Family(
     "llama3_json", None, None, "{", "<|python_tag|>", None, ";", "parameters", "", "",
 )  # fmt: skip
 MISTRAL = Family(
-    "mistral", "[TOOL_CALLS]", None, "[", "", "[", ",", "arguments", "", "",
+    "mistral", "[TOOL_CALLS]", None, "[", "", "[", ",", "arguments", "", "", short_ids=True,
 )  # fmt: skip
 FAMILIES = {f.name: f for f in (HERMES, LLAMA3_JSON, MISTRAL)}
 DEFAULT = HERMES  # a template that names no syntax (the tiny model's): the most common one

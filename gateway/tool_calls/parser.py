@@ -12,6 +12,8 @@ followed by a call object, an object without a name) is given back as content.
 from __future__ import annotations
 
 import json
+import secrets
+import string
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +60,11 @@ class Parsed:
 
 def call_id() -> str:
     return f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's default id shape
+
+
+def short_call_id() -> str:
+    """9 letters and digits: what Mistral's chat templates accept back (vLLM's too)."""
+    return "".join(secrets.choice(string.ascii_letters + string.digits) for _ in range(9))
 
 
 class _CallObject:
@@ -175,9 +182,9 @@ class _CallObject:
 class CallParser:
     """The streaming parser for one reply in ``family``'s syntax."""
 
-    def __init__(self, family: Family, new_id: Callable[[], str] = call_id) -> None:
+    def __init__(self, family: Family, new_id: Callable[[], str] | None = None) -> None:
         self.family = family
-        self.new_id = new_id
+        self.new_id = new_id or (short_call_id if family.short_ids else call_id)
         self.state = "start" if family.bare_start else "text"
         self.buffer = ""  # text not yet decided
         self.raw = ""  # the current region's text while no call in it is committed
@@ -322,7 +329,7 @@ class CallParser:
         self.state, self.raw, self.calls_in_region = "text", "", False
 
 
-def parse(family: Family, text: str, new_id: Callable[[], str] = call_id) -> Parsed:
+def parse(family: Family, text: str, new_id: Callable[[], str] | None = None) -> Parsed:
     """A whole reply: its content (None if only calls) and its calls."""
     parser = CallParser(family, new_id)
     events = parser.feed(text) + parser.finish()

@@ -13,9 +13,10 @@ import jsonschema
 import pytest
 
 from engine import AsyncLLM, SamplingParams
+from engine.chat_template import render
 from gateway.tool_calls.formats import FAMILIES, HERMES, LLAMA3_JSON, MISTRAL, Family, resolve
 from gateway.tool_calls.parser import parse
-from gateway.tool_calls.tools import ToolChoice, ToolRequest, parse_tools
+from gateway.tool_calls.tools import ToolChoice, ToolRequest, parse_tools, template_messages
 
 TEMPLATES = Path(__file__).parents[2] / "engine" / "chat_templates"
 WEATHER = {
@@ -122,3 +123,45 @@ def test_required_with_parallel_calls_writes_well_formed_calls(engine: AsyncLLM)
         assert calls and (reason == "stop" or reason == "length")
         for call in complete:
             jsonschema.validate(json.loads(call.arguments), SCHEMAS[call.name])
+
+
+@pytest.mark.parametrize(
+    ("template", "family"),
+    [
+        ("mistralai-Mistral-Nemo-Instruct-2407.jinja", MISTRAL),
+        ("Qwen-Qwen2.5-7B-Instruct.jinja", HERMES),
+        ("meta-llama-Llama-3.1-8B-Instruct.jinja", LLAMA3_JSON),
+    ],
+)
+def test_a_parsed_call_renders_back_through_its_template(template: str, family: Family) -> None:
+    """The calls a reply made go back as the next turn's history: the family's own template
+    takes them (Mistral's insists on 9-character ids)."""
+    reply = {
+        HERMES: '<tool_call>\n{"name": "now", "arguments": {"tz": "UTC"}}\n</tool_call>',
+        LLAMA3_JSON: '{"name": "now", "parameters": {"tz": "UTC"}}',
+        MISTRAL: '[TOOL_CALLS][{"name": "now", "arguments": {"tz": "UTC"}}]',
+    }[family]
+    (call,) = parse(family, reply).calls
+    history = [
+        {"role": "user", "content": "Time?"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call.id,
+                    "type": "function",
+                    "function": {"name": call.name, "arguments": call.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": call.id, "content": "12:00"},
+    ]
+    text = render(
+        (TEMPLATES / template).read_text(),
+        template_messages(history),
+        add_generation_prompt=True,
+        tools=TOOLS,
+        special_tokens={"bos_token": "<s>", "eos_token": "</s>"},
+    )
+    assert '"tz": "UTC"' in text and "12:00" in text

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 
 import pytest
 from hypothesis import given, settings
@@ -191,3 +192,10 @@ def test_any_number_of_pieces_adds_up(case: tuple, cuts: list[int]) -> None:
     events = [e for piece in pieces for e in parser.feed(piece)] + parser.finish()
     _, streamed_calls, _ = accumulate(events)
     assert streamed_calls == calls
+
+
+def test_call_ids_are_vllm_shaped_and_mistral_gets_nine_characters() -> None:
+    (hermes,) = parse(HERMES, '<tool_call>{"name": "f"}</tool_call>').calls
+    assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", hermes.id)
+    (mistral,) = parse(MISTRAL, '[TOOL_CALLS][{"name": "f", "arguments": {}}]').calls
+    assert re.fullmatch(r"[A-Za-z0-9]{9}", mistral.id)
