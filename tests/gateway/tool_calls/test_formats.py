@@ -98,7 +98,7 @@ def test_forced_choices_always_yield_valid_calls(
     engine: AsyncLLM, family: Family, choice: ToolChoice, parallel: bool
 ) -> None:
     constraint = family.constraint(ToolRequest(TOOLS, parse_tools(TOOLS), choice, parallel))
-    params = SamplingParams(temperature=1.0, max_tokens=200, structured_outputs=constraint)
+    params = SamplingParams(temperature=1.0, max_tokens=400, structured_outputs=constraint)
     names = set()
     for text, reason in asyncio.run(_replies(engine, params, SEEDS)):
         assert reason == "stop", text
