@@ -26,7 +26,7 @@ from engine.output_processor import OutputCollector, OutputProcessor
 from engine.outputs import OutputKind, RequestOutput, StepOutput
 from engine.replica import Replica
 from engine.request import Request
-from engine.sampling_params import SamplingParams
+from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 
@@ -145,6 +145,16 @@ class AsyncLLM:
         """A prompt's token ids (a worker thread may call it); one whose length alone shows
         it cannot fit is refused (``engine.errors.TooManyTokens``) without tokenizing it."""
         return self.core.encode_prompt(text)
+
+    def grammar_compiled(self, spec: StructuredOutputs) -> bool:
+        """Whether ``submit`` would find ``spec`` compiled (else compile it off the loop)."""
+        return self.core.grammars.cached(spec)
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None:
+        """Compile ``spec`` into the grammar cache (ValueError naming the field if bad). Safe
+        from any thread: a front door runs it on a worker before ``submit``, so a large schema
+        never stalls its event loop."""
+        self.core.grammars.compile(spec)
 
     def submit(
         self,

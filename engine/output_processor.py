@@ -82,7 +82,7 @@ class OutputProcessor:
         self.stop = list(params.stop)
         self.min_tokens = params.min_tokens
         self._hold = max((len(s) for s in self.stop), default=1) - 1
-        self._detokenizer = tokenizer.incremental(prompt_token_ids)
+        self._detokenizer = tokenizer.incremental(prompt_token_ids, params.skip_special_tokens)
         self._want_logprobs = params.logprobs is not None
         self.token_ids: list[int] = []
         self.logprobs: list[dict[int, float]] | None = [] if self._want_logprobs else None
@@ -102,8 +102,10 @@ class OutputProcessor:
         if self.logprobs is not None and step.new_logprobs is not None:
             self.logprobs.extend(step.new_logprobs)
         finish_reason = step.finish_reason
-        # Text for every token but a final stop/EOS token, which is never shown.
-        shown = new_ids[:-1] if step.finished and finish_reason == "stop" else new_ids
+        # Text for every token but a final stop/EOS token, which is never shown (a stop with a
+        # stop_reason ended on a dropped token: its last token is text).
+        ended_by_token = finish_reason == "stop" and step.stop_reason is None
+        shown = new_ids[:-1] if step.finished and ended_by_token else new_ids
         new_text = self._detokenizer.push(shown) if shown else ""
         if step.finished:
             new_text += self._detokenizer.flush()
@@ -151,6 +153,7 @@ class OutputProcessor:
             num_output_tokens=len(self.token_ids),
             finished=self.finished,
             finish_reason=finish_reason,  # type: ignore[arg-type]
+            stop_reason=step.stop_reason if self.finished and not self.stopped else None,
             cached_tokens=step.cached_tokens,
             replica=step.replica,
             logprobs=logprobs,

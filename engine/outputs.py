@@ -33,6 +33,7 @@ class StepOutput:
     finish_reason: FinishReason | None
     cached_tokens: int
     replica: int
+    stop_reason: str | None = None  # a "stop" no stop token explains (its last token is text)
 
     def merge(self, later: StepOutput) -> None:
         """Fold a later delta of the same request into this one."""
@@ -40,6 +41,7 @@ class StepOutput:
         if self.new_logprobs is not None and later.new_logprobs is not None:
             self.new_logprobs.extend(later.new_logprobs)
         self.finished, self.finish_reason = later.finished, later.finish_reason
+        self.stop_reason = later.stop_reason
         self.cached_tokens, self.replica = later.cached_tokens, later.replica
 
 
@@ -52,6 +54,7 @@ class RequestOutput:
     num_output_tokens: int = 0  # generated so far, whatever the kind
     finished: bool = False
     finish_reason: FinishReason | None = None
+    stop_reason: str | None = None  # why it stopped, when no stop token or string did
     cached_tokens: int = 0
     replica: int = 0
     # One dict {token_id: logprob} per token in ``token_ids``, when SamplingParams.logprobs is set.

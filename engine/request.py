@@ -22,6 +22,11 @@ if TYPE_CHECKING:
     from engine.structured import GrammarState
 
 
+# A grammar's mask left no token the sampler could draw (say min_tokens banned the only end it
+# allowed): the request stops there, without the token, and its output says so.
+GRAMMAR_DEAD_END = "structured output: the grammar allowed no token the sampler could draw"
+
+
 class RequestStatus(enum.Enum):
     WAITING = "waiting"
     RUNNING = "running"
@@ -49,6 +54,7 @@ class Request:
     cached_tokens: int | None = None  # prefix-cache hit at first admission
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
+    stop_reason: str | None = None  # why a "stop" that no stop token or string explains
     _new_logprobs: list[dict[int, float]] = field(default_factory=list)
     _sent_tokens: int = 0  # output tokens already handed out by take_step_output
 
@@ -78,6 +84,7 @@ class Request:
         (its mask left nothing the model could sample: the token is dropped), stops it."""
         if self.grammar is not None and not self.grammar.accept(token_id):
             self._finish("stop")
+            self.stop_reason = GRAMMAR_DEAD_END
             return
         self.token_ids.append(token_id)
         if self.params.logprobs is not None and logprobs is not None:
@@ -113,6 +120,7 @@ class Request:
             new_logprobs=logprobs if self.params.logprobs is not None else None,
             finished=self.finished,
             finish_reason=self.finish_reason,
+            stop_reason=self.stop_reason,
             cached_tokens=self.cached_tokens or 0,
             replica=self.replica,
         )

@@ -14,14 +14,16 @@ from typing import Any
 GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed accepts
-STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar")
+STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
 @dataclass(frozen=True)
 class StructuredOutputs:
     """What the output must match (vLLM's ``StructuredOutputsParams``), exactly one of: a
     JSON Schema (``json``, an object or its JSON text), any JSON object (``json_object``), a
-    regular expression, a list of choices, or an EBNF ``grammar`` (xgrammar's dialect).
+    regular expression, a list of choices, an EBNF ``grammar`` (xgrammar's dialect), or an
+    xgrammar ``structural_tag`` (``{"type": "structural_tag", "format": …}``: fixed text and
+    JSON Schemas in sequence, as tool calls are written).
     Shapes are checked here; the engine compiles it and refuses what it cannot enforce."""
 
     json: dict[str, Any] | str | None = None
@@ -29,16 +31,20 @@ class StructuredOutputs:
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
+    structural_tag: dict[str, Any] | str | None = None
 
     def __post_init__(self) -> None:
         given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
             raise ValueError(
-                "structured_outputs: exactly one of json, json_object, regex, choice, grammar "
+                "structured_outputs: exactly one of json, json_object, regex, choice, grammar, "
+                "structural_tag "
                 f"must be given, got {given or 'none'}"
             )
         if self.json is not None and not isinstance(self.json, (dict, str)):
             raise ValueError("structured_outputs.json must be a JSON Schema object or its text")
+        if self.structural_tag is not None and not isinstance(self.structural_tag, (dict, str)):
+            raise ValueError("structured_outputs.structural_tag must be an object or its text")
         if not isinstance(self.json_object, bool):
             raise ValueError("structured_outputs.json_object must be a bool")
         for name in ("regex", "grammar"):
@@ -98,6 +104,7 @@ class SamplingParams:
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
+    skip_special_tokens: bool = True  # False: special tokens (tool-call markers) stay in the text
     logprobs: int | None = None  # top-N logprobs per generated token (plus the chosen one)
     structured_outputs: StructuredOutputs | None = None  # constrained decoding
 
@@ -160,8 +167,9 @@ class SamplingParams:
             raise ValueError("stop must be a list of non-empty strings")
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos must be a bool, got {self.ignore_eos!r}")
+        for name in ("ignore_eos", "skip_special_tokens"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
 

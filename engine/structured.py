@@ -2,6 +2,7 @@
 EBNF grammar by masking, each step, every token the grammar cannot take next.
 
     StructuredOutputs (SamplingParams) ──GrammarCache.compile──> xgrammar CompiledGrammar
+        (json / json_object / regex / choice / grammar / structural_tag: tool calls)
         (cached by (kind, spec hash) on the cache, which is built for one tokenizer)
     Request.grammar = GrammarState(matcher)         advanced by Request.append_output
     sampler: fill_bitmask(rows) -> one [B, V/32] int32 bitmask -> apply before temperature
@@ -21,7 +22,7 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -78,7 +79,8 @@ class GrammarCache:
         self.vocab_size = vocab_size
         self.stop_token_ids = sorted(set(stop_token_ids))
         self._compiled: OrderedDict[str, Any] = OrderedDict()
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the cache (held for microseconds: the loop asks it)
+        self._build_lock = threading.Lock()  # building the compiler (seconds, on a worker)
 
     @functools.cached_property
     def _compiler(self) -> Any:
@@ -99,14 +101,20 @@ class GrammarCache:
         """A fresh grammar state for ``spec``; ValueError naming the field if it is bad."""
         return GrammarState(self.compile(spec))
 
+    def cached(self, spec: StructuredOutputs) -> bool:
+        """Whether ``spec`` is compiled already (a front door compiles the others off its
+        event loop first: a large schema, or the first one, takes a while)."""
+        with self._lock:
+            return _key(spec) in self._compiled
+
     def compile(self, spec: StructuredOutputs) -> Any:
         kind, value = spec.kind, spec.value
-        key = hashlib.sha256(json.dumps([kind, value], sort_keys=True).encode()).hexdigest()
+        key = _key(spec)
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
                 return self._compiled[key]
-        with self._lock:  # the compiler is built once, under the lock
+        with self._build_lock:  # the compiler is built once
             compiler = self._compiler
         compiled = self._compile(compiler, kind, value)
         with self._lock:
@@ -130,6 +138,12 @@ class GrammarCache:
                         json.dumps(schema), any_whitespace=False, strict_mode=True
                     )
                 )
+                return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
+            if kind == "structural_tag":
+                tag = json.loads(value) if isinstance(value, str) else value
+                for where, schema in _tag_schemas(tag, ""):
+                    _check_schema(schema, field + where)
+                ebnf = str(xgr.Grammar.from_structural_tag(json.dumps(tag)))
                 return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
             if kind == "regex":
                 return compiler.compile_regex(str(value))
@@ -175,6 +189,23 @@ def _check_schema(schema: object, field: str) -> None:
     path = _unsupported(schema, "")
     if path is not None:
         raise ValueError(f"{field}{path}: not supported in constrained decoding")
+
+
+def _key(spec: StructuredOutputs) -> str:
+    return hashlib.sha256(json.dumps([spec.kind, spec.value], sort_keys=True).encode()).hexdigest()
+
+
+def _tag_schemas(node: object, path: str) -> Iterator[tuple[str, Any]]:
+    """Every JSON Schema inside a structural tag, with its path (checked like ``json``)."""
+    if isinstance(node, dict):
+        if node.get("type") == "json_schema" and "json_schema" in node:
+            yield f"{path}/json_schema", node["json_schema"]
+        for key, child in node.items():
+            if key != "json_schema":
+                yield from _tag_schemas(child, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            yield from _tag_schemas(child, f"{path}/{i}")
 
 
 def _unsupported(node: object, path: str) -> str | None:

@@ -23,7 +23,7 @@ from engine.models.llama import LlamaForCausalLM
 from engine.tiny_corpus import CORPUS
 
 CACHE_ENV = "KVGATE_CACHE_DIR"
-DEFAULT_MODEL_NAME = "tiny-model-v2"  # v2: the chat template lists tools
+DEFAULT_MODEL_NAME = "tiny-model-v3"  # v2: the template lists tools; v3: writes tool calls
 INIT_STD = 0.02
 BOS, EOS, IM_START, IM_END = "<s>", "</s>", "<|im_start|>", "<|im_end|>"
 SPECIAL_TOKENS = [BOS, EOS, IM_START, IM_END]
@@ -36,7 +36,13 @@ CHAT_TEMPLATE = (
     "{% if message['role'] not in ['system', 'user', 'assistant', 'tool'] %}"
     "{{ raise_exception('unknown role: ' + message['role']) }}"
     "{% endif %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message.content %}{{ message.content }}{% endif %}"
+    "{% for call in message.tool_calls or [] %}"
+    "{{ '<tool_call>\n' + {'name': call.function.name, 'arguments': call.function.arguments}"
+    " | tojson + '\n</tool_call>' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )

@@ -151,8 +151,10 @@ class Tokenizer:
         text = self.apply_chat_template(messages, add_generation_prompt, **options)
         return self.encode(text, add_special_tokens=False, max_tokens=max_tokens)
 
-    def incremental(self, prompt_ids: list[int] | None = None) -> IncrementalDetokenizer:
-        return IncrementalDetokenizer(self, prompt_ids)
+    def incremental(
+        self, prompt_ids: list[int] | None = None, skip_special_tokens: bool = True
+    ) -> IncrementalDetokenizer:
+        return IncrementalDetokenizer(self, prompt_ids, skip_special_tokens=skip_special_tokens)
 
 
 class IncrementalDetokenizer:
@@ -162,8 +164,15 @@ class IncrementalDetokenizer:
     back while it ends in U+FFFD, i.e. while a multi-byte character is still incomplete.
     """
 
-    def __init__(self, tokenizer: Tokenizer, prompt_ids: list[int] | None = None, context: int = 5):
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        prompt_ids: list[int] | None = None,
+        context: int = 5,
+        skip_special_tokens: bool = True,
+    ):
         self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
         self.ids = list(prompt_ids or [])
         self.prefix_offset = max(len(self.ids) - context, 0)
         self.read_offset = len(self.ids)
@@ -171,17 +180,20 @@ class IncrementalDetokenizer:
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the newly completed text (possibly empty)."""
         self.ids.extend(token_ids)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return full[len(prefix) :]
 
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+
     def flush(self) -> str:
         """Text still held back at the end of the stream (with replacement characters)."""
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self._decode(self.ids[self.prefix_offset :])
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix) :]
 

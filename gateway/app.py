@@ -38,6 +38,7 @@ from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
+from gateway.tool_calls import formats as tool_formats
 
 MCP_PATH = "/mcp"
 log = logging.getLogger(__name__)
@@ -87,7 +88,9 @@ def create_app(
     cache = make_discovery_cache(settings.redis_url, on_event=on_cache_event)
     served = CatalogHolder(catalog)
     reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
-    generations = Generations(backend)
+    tokenizer = backend.tokenizer
+    templates = None if tokenizer is None else tokenizer.chat_template
+    generations = Generations(backend, tool_formats.resolve(settings.tool_call_parser, templates))
     authenticator = Authenticator(settings)
     budgets = Budgets(
         settings.budget_requests_per_min,

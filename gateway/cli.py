@@ -31,6 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--dtype", help="auto | float32 | bfloat16 (default auto)")
     serve.add_argument(
+        "--tool-call-parser",
+        help="tool call syntax: hermes | llama3_json | mistral (default: from the chat template)",
+    )
+    serve.add_argument(
         "--threads", type=int, help="CPU compute threads (default: all cores but one, for HTTP)"
     )
     serve.add_argument("--max-num-seqs", type=int, help="running requests per replica (64)")
@@ -191,6 +195,7 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
         "model",
         "served_model_name",
         "max_model_len",
+        "tool_call_parser",
         "dtype",
         "threads",
         "max_num_seqs",
@@ -343,6 +348,10 @@ def main(argv: list[str] | None = None) -> None:
     try:
         settings = settings_from_args(args)
         configure_logging(settings.log_format)
+        if settings.tool_call_parser:  # refused before a model is loaded
+            from gateway.tool_calls.formats import resolve
+
+            resolve(settings.tool_call_parser, None)
     except ValueError as exc:
         sys.exit(f"kvgate: {exc}")
     serve(settings)

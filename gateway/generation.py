@@ -22,7 +22,7 @@ from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from engine import OutputKind, RequestOutput, RequestStream, SamplingParams
+from engine import OutputKind, RequestOutput, RequestStream, SamplingParams, StructuredOutputs
 from engine.errors import TooManyTokens
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
@@ -31,6 +31,8 @@ from gateway.auth.identity import tenant_salt
 from gateway.catalog.catalog import ModelFacts
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
+from gateway.tool_calls.formats import DEFAULT as DEFAULT_FAMILY
+from gateway.tool_calls.formats import Family
 
 # Prompts above this many characters are prepared off the event loop (templating and
 # tokenizing ~1 MiB takes seconds; a few KiB take microseconds, less than a thread hop).
@@ -65,6 +67,10 @@ class Engine(Protocol):
     ) -> list[int]: ...
 
     def encode_prompt(self, text: str) -> list[int]: ...
+
+    def grammar_compiled(self, spec: StructuredOutputs) -> bool: ...
+
+    def compile_grammar(self, spec: StructuredOutputs) -> None: ...
 
     def submit(
         self,
@@ -112,6 +118,7 @@ class Completion:
     cached_tokens: int
     replica: int  # the engine replica, or the upstream's index in the configured order
     upstream: str | None = None  # the upstream's URL in fleet mode
+    stop_reason: str | None = None  # why it stopped when no stop token or string did
 
 
 class OffLoop:
@@ -124,6 +131,10 @@ class OffLoop:
         """``work(*args)`` here when ``size`` is small, else on a worker thread."""
         if size <= OFF_LOOP_CHARS:
             return work(*args)
+        return await self.away(work, *args)
+
+    async def away(self, work: Any, *args: Any) -> Any:
+        """``work(*args)`` on a worker thread, whatever its size (a grammar compile)."""
         return await asyncio.get_running_loop().run_in_executor(self._workers, work, *args)
 
     def close(self) -> None:
@@ -173,9 +184,10 @@ class Generations:
     """What the front doors hold: starts requests on the backend, builds their sampling
     params, and lends its worker threads for other heavy preparation (tokenizing)."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, tool_family: Family = DEFAULT_FAMILY) -> None:
         self.backend = backend
         self.model_name = backend.model_name
+        self.tool_family = tool_family  # how this model writes tool calls
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -245,6 +257,9 @@ class EngineBackend:
 
     async def start(self, request: GenerationRequest) -> Stream:
         prompt = await self.off_loop.run(prompt_chars(request), self._prompt, request)
+        spec = request.params.structured_outputs
+        if spec is not None and not self.engine.grammar_compiled(spec):
+            await self.off_loop.away(self.engine.compile_grammar, spec)  # ms to seconds
         stream = self.engine.submit(
             prompt, request.params, request.cache_key, request.cache_salt, OutputKind.DELTA
         )
@@ -323,6 +338,7 @@ class EngineBackend:
             completion_tokens=last.num_output_tokens,
             cached_tokens=last.cached_tokens,
             replica=last.replica,
+            stop_reason=last.stop_reason,
         )
 
 

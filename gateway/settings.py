@@ -20,6 +20,7 @@ class Settings:
         None  # the id OpenAI clients pass as `model` (default: the model's)
     )
     max_model_len: int = 0  # 0 = the model's own context length
+    tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None = from the template
     dtype: str = "auto"  # auto: bf16 where the CPU computes it natively (or on GPU), else fp32
     threads: int = 0  # CPU compute threads; 0 = all usable cores but one for the event loop (> 2)
     max_num_seqs: int = 64  # running requests per replica

@@ -73,13 +73,59 @@ _CHAT_MESSAGE = {
     "required": ["role", "content"],
     "additionalProperties": False,
 }
+_FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+_TOOL = {
+    "type": "object",
+    "properties": {
+        "type": {"const": "function"},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": _FUNCTION_NAME,
+                "description": {"type": "string"},
+                "parameters": {"type": "object", "description": "A JSON Schema (type object)."},
+                "strict": {"type": "boolean"},
+            },
+            "required": ["name"],
+        },
+    },
+    "required": ["type", "function"],
+}
 _CHAT_OPTIONS = {
     "tools": {
         "type": "array",
+        "minItems": 1,
         "maxItems": 128,
-        "description": "Tools the model may call, as JSON schemas "
-        '({"type": "function", "function": {"name", "description", "parameters"}}).',
-        "items": {"type": "object"},
+        "description": "Functions the model may call, in the OpenAI shape "
+        '({"type": "function", "function": {"name", "description", "parameters"}}); '
+        "they are rendered by the chat template and calls in the reply are returned parsed "
+        "in structuredContent.tool_calls.",
+        "items": _TOOL,
+    },
+    "tool_choice": {
+        "anyOf": [
+            {"enum": ["none", "auto", "required"]},
+            {
+                "type": "object",
+                "properties": {
+                    "type": {"const": "function"},
+                    "function": {
+                        "type": "object",
+                        "properties": {"name": _FUNCTION_NAME},
+                        "required": ["name"],
+                    },
+                },
+                "required": ["type", "function"],
+            },
+        ],
+        "description": "auto (default with tools): the model may call; none: it answers in "
+        "text; required, or {type: function, function: {name}}: the reply is a call (held to "
+        "the tool's parameters by constrained decoding). Not with json_schema/regex/choice.",
+    },
+    "parallel_tool_calls": {
+        "type": "boolean",
+        "default": True,
+        "description": "false: at most one call.",
     },
     "chat_template_kwargs": {
         "type": "object",
@@ -159,16 +205,35 @@ def _sampling(max_model_len: int) -> dict[str, Any]:
     }
 
 
-def _completion_output(kind: str) -> dict[str, Any]:
+# The calls a reply made (arguments parsed, or their text if a reply cut short left them
+# unfinished): the shape a later turn sends back in ``messages``.
+_TOOL_CALL_OUT = {**_TOOL_CALL, "required": ["id", "type", "function"]}
+
+
+def _completion_output(kind: str, tool_calls: bool = False) -> dict[str, Any]:
     count = {"type": "integer", "minimum": 0}
+    calls: dict[str, Any] = {
+        "tool_calls": {
+            "type": "array",
+            "items": _TOOL_CALL_OUT,
+            "description": "With tools: the calls in the reply (text holds the reply as written).",
+        }
+    }
+    reasons = ["stop", "length", "tool_calls"] if tool_calls else ["stop", "length"]
     return {
         "type": "object",
         "properties": {
             "text": {"type": "string", "description": f"The generated {kind}."},
             "finish_reason": {
                 "type": "string",
-                "enum": ["stop", "length"],
-                "description": "stop: end of text or a stop string; length: max_tokens reached.",
+                "enum": reasons,
+                "description": "stop: end of text or a stop string; length: max_tokens reached"
+                + ("; tool_calls: the reply stopped after calling tools." if tool_calls else "."),
+            },
+            "stop_reason": {
+                "type": "string",
+                "description": "Why it stopped, when neither the text's end nor a stop string "
+                "did (a constraint that allowed nothing more).",
             },
             "prompt_tokens": {**count, "description": "Tokens in the prompt."},
             "completion_tokens": {**count, "description": "Tokens generated."},
@@ -181,6 +246,7 @@ def _completion_output(kind: str) -> dict[str, Any]:
             },
             "upstream": {"type": "string", "description": "Fleet mode: the upstream's URL."},
             "json": {"description": f"With json_schema: the {kind} parsed (it satisfies it)."},
+            **(calls if tool_calls else {}),
         },
         "required": [
             "text",
@@ -212,7 +278,7 @@ def _completion_tool(
             "required": [input_name],
             "additionalProperties": False,
         },
-        "outputSchema": _completion_output(output_kind),
+        "outputSchema": _completion_output(output_kind, tool_calls="tools" in (options or {})),
         "annotations": {"readOnlyHint": True, "openWorldHint": False},
     }
 
@@ -237,6 +303,8 @@ def inference_tools(model_name: str, max_model_len: int) -> list[dict[str, Any]]
         title="Chat",
         description=(
             f"Answer a conversation with {model_name}, formatted with the model's chat template. "
+            "With tools, calls in the reply come back parsed in structuredContent.tool_calls "
+            "(tool_choice required or a named function guarantees a well-formed call). "
             "Send _meta.progressToken to stream the reply as progress notifications."
         ),
         input_name="messages",

@@ -7,7 +7,8 @@ path drains it; the SSE path forwards each item. Closing it early (a client gone
 request and frees its KV blocks. Anything the caller can fix — bad arguments, a prompt that
 does not fit, bad sampling values, a schema the engine cannot enforce, a JSON reply cut short
 by max_tokens — is a tool error (``isError``) whose text says what to change. With
-``json_schema`` the result's ``structuredContent.json`` holds the reply parsed.
+``json_schema`` the result's ``structuredContent.json`` holds the reply parsed; with ``tools``
+(``chat``), ``structuredContent.tool_calls`` holds the calls in the reply.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from typing import Any
 from engine import EngineStepError
 from gateway.catalog.catalog import ToolSpec
 from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
+from gateway.mcp.tool_use import ToolUse
+from gateway.tool_calls.tools import template_messages
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # Tool argument -> the engine's structured_outputs field (constrained decoding).
@@ -71,17 +74,27 @@ class ToolRunner:
                 )
             )
         try:
+            calls = ToolUse.of(arguments, self.generations.tool_family)
+            if calls is not None and calls.constraint is not None:
+                if constraint:
+                    raise ValueError(
+                        "a required or named tool_choice is a constraint already: drop "
+                        f"{', '.join(STRUCTURED_FIELDS)}"
+                    )
+                constraint = calls.constraint
             params = self.generations.sampling_params(
                 {
                     "max_tokens": DEFAULT_MAX_TOKENS,
                     **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
                     **({"structured_outputs": constraint} if constraint else {}),
+                    **({"skip_special_tokens": False} if calls and calls.tools.parsed else {}),
                 }
             )
+            messages = arguments.get("messages")
             request = GenerationRequest(
                 params,
                 prompt=arguments.get("prompt"),
-                messages=arguments.get("messages"),
+                messages=None if messages is None else template_messages(messages),
                 tools=arguments.get("tools"),
                 chat_template_kwargs=arguments.get("chat_template_kwargs"),
                 cache_key=arguments.get("cache_key"),
@@ -89,10 +102,13 @@ class ToolRunner:
             generation = await self.generations.start(request)
         except ValueError as exc:
             return _only(tool_error(f"Invalid arguments for tool '{spec.name}': {exc}"))
-        return self._items(generation, "json_schema" in arguments)
+        return self._items(generation, "json_schema" in arguments, calls)
 
     async def _items(
-        self, generation: AsyncIterator[TextDelta | Completion], parse_json: bool
+        self,
+        generation: AsyncIterator[TextDelta | Completion],
+        parse_json: bool,
+        calls: ToolUse | None,
     ) -> AsyncIterator[Progress | dict[str, Any]]:
         try:
             async with aclosing(generation):
@@ -101,11 +117,11 @@ class ToolRunner:
                         if item.text:  # progress is text: a token still held back waits
                             yield Progress(item.tokens, item.text)
                     else:
-                        yield self._result(item, parse_json)
+                        yield self._result(item, parse_json, calls)
         except (EngineStepError, RuntimeError) as exc:
             yield tool_error(f"Generation failed: {exc}; retry the call")
 
-    def _result(self, done: Completion, parse_json: bool) -> dict[str, Any]:
+    def _result(self, done: Completion, parse_json: bool, calls: ToolUse | None) -> dict[str, Any]:
         structured: dict[str, Any] = {
             "text": done.text,
             "finish_reason": done.finish_reason,
@@ -117,6 +133,10 @@ class ToolRunner:
         }
         if done.upstream is not None:
             structured["upstream"] = done.upstream
+        if done.stop_reason is not None:
+            structured["stop_reason"] = done.stop_reason
+        if calls is not None:
+            structured.update(calls.result(done.text, done.finish_reason))
         if parse_json:
             try:
                 structured["json"] = json.loads(done.text)

@@ -39,6 +39,7 @@ from gateway.http import io as http_io
 from gateway.http import security
 from gateway.http.security import OriginPolicy
 from gateway.openai import requests as parse
+from gateway.openai import tool_calls
 from gateway.openai.errors import OpenAIError, bad_request, deadline_exceeded, from_refusal
 from gateway.openai.responses import (
     Choice,
@@ -190,19 +191,21 @@ class OpenAIEndpoint:
         self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         parse.check_model(body, self.model)
-        messages = parse.chat_messages(body)
+        messages = tool_calls.template_messages(parse.chat_messages(body))
         sampling = parse.sampling(body, chat=True)
+        tools, replies = tool_calls.apply(body, sampling, self.generations.tool_family)
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise bad_request("'chat_template_kwargs' must be an object", "chat_template_kwargs")
         request = GenerationRequest(
             self._params(sampling),
             messages=messages,
+            tools=tools,
             chat_template_kwargs=kwargs,
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
         )
-        answer = _Chat(self, Envelope.new("chatcmpl", self.model), sampling)
+        answer = _Chat(self, Envelope.new("chatcmpl", self.model), sampling, replies)
         return await self._run([request], sampling, headers, receive, send, answer)
 
     async def _tokenize(
@@ -448,9 +451,16 @@ class _Completions(_Answer):
 class _Chat(_Answer):
     kind = "chat.completion"
 
-    def __init__(self, endpoint: OpenAIEndpoint, envelope: Envelope, sampling: parse.Sampling):
+    def __init__(
+        self,
+        endpoint: OpenAIEndpoint,
+        envelope: Envelope,
+        sampling: parse.Sampling,
+        replies: tool_calls.ToolReplies | None = None,
+    ):
         super().__init__(endpoint, envelope, sampling)
         self._opened: set[int] = set()
+        self.replies = replies  # tool calls are parsed out of the text
 
     def _logprobs(self, ids: list[int], entries: list[dict[int, float]]) -> Any:
         if self.top is None:
@@ -459,11 +469,16 @@ class _Chat(_Answer):
 
     def choice(self, choice: Choice) -> dict[str, Any]:
         assert choice.done is not None
+        text, finish_reason = "".join(choice.text), choice.done.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if self.replies is not None:
+            message, finish_reason = self.replies.message(text, finish_reason)
         return {
             "index": choice.index,
-            "message": {"role": "assistant", "content": "".join(choice.text)},
+            "message": message,
             "logprobs": self._logprobs(choice.token_ids, choice.logprobs),
-            "finish_reason": choice.done.finish_reason,
+            "finish_reason": finish_reason,
+            "stop_reason": choice.done.stop_reason,
         }
 
     def chunks(self, index: int, item: TextDelta | Completion) -> list[dict[str, Any]]:
@@ -473,15 +488,20 @@ class _Chat(_Answer):
             self._opened.add(index)
             role = {"index": index, "delta": {"role": "assistant", "content": ""}}
             chunks.append(self._wrap({**role, "logprobs": None, "finish_reason": None}))
-        return chunks + super().chunks(index, item)
+        return chunks + [c for c in super().chunks(index, item) if not _empty(c)]
 
     def chunk(self, index: int, delta: TextDelta, finish_reason: str | None) -> dict[str, Any]:
+        fields: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        if self.replies is not None:
+            fields, finish_reason = self.replies.delta(index, delta.text, finish_reason)
         choice = {
             "index": index,
-            "delta": {"content": delta.text} if delta.text else {},
+            "delta": fields,
             "logprobs": self._logprobs(delta.token_ids, delta.logprobs or []),
             "finish_reason": finish_reason,
         }
+        if finish_reason is not None and index in self.done:
+            choice["stop_reason"] = self.done[index].stop_reason
         return self._wrap(choice)
 
     def usage_chunk(self) -> dict[str, Any]:
@@ -489,6 +509,12 @@ class _Chat(_Answer):
 
     def _wrap(self, choice: dict[str, Any]) -> dict[str, Any]:
         return self.envelope.wrap("chat.completion.chunk", [choice])
+
+
+def _empty(chunk: dict[str, Any]) -> bool:
+    """A chunk with nothing to say (the tokens of a tool call's tags are not content)."""
+    choice = chunk["choices"][0]
+    return not choice["delta"] and choice["finish_reason"] is None and choice["logprobs"] is None
 
 
 async def _send_json(send: Send, body: dict[str, Any]) -> None:

@@ -3,7 +3,8 @@
 Known fields of the wrong type or out of range are a 400 naming the field (never a 500);
 unknown fields are ignored, as OpenAI clients send many. Structured outputs are served
 (``response_format`` json_object / json_schema, and vLLM's ``structured_outputs`` extras:
-json, regex, choice, grammar); tool calling is not yet: those fields are a 400 that says so.
+json, regex, choice, grammar); the chat route's tool fields are read by
+``gateway.openai.tool_calls`` (on ``/v1/completions`` they are a 400).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from gateway.openai.errors import OpenAIError, bad_request
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
-NOT_YET = ("tools", "tool_choice", "functions", "function_call")
+CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 _NUMBER = (int, float)
@@ -62,9 +63,9 @@ def _integer(body: dict[str, Any], name: str) -> int | None:
 
 
 def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
-    for name in NOT_YET:
+    for name in () if chat else CHAT_ONLY:
         if body.get(name) is not None:
-            raise bad_request(f"'{name}' is not supported by this server yet", name)
+            raise bad_request(f"'{name}' is only for /v1/chat/completions", name)
     fields: dict[str, Any] = {}
     max_tokens = _integer(body, "max_completion_tokens" if chat else "max_tokens")
     if max_tokens is None and chat:
@@ -95,8 +96,9 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     if seed is not None:
         _in_range("seed", seed, 0, 2**64 - 1, "in [0, 2**64 - 1]")
         fields["seed"] = seed
-    if (ignore_eos := _get(body, "ignore_eos", (bool,), "a boolean")) is not None:
-        fields["ignore_eos"] = ignore_eos
+    for flag in ("ignore_eos", "skip_special_tokens"):
+        if (value := _get(body, flag, (bool,), "a boolean")) is not None:
+            fields[flag] = value
     stop = body.get("stop")
     if isinstance(stop, str) and stop:
         fields["stop"] = [stop]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import jsonschema
@@ -13,6 +14,7 @@ import pytest
 import torch
 
 from engine import LLM, SamplingParams
+from engine.request import GRAMMAR_DEAD_END
 from engine.sampler import processed_logits
 from engine.sampling_params import StructuredOutputs
 from tests.engine.test_sampler import Row
@@ -208,3 +210,67 @@ def test_the_batch_bitmask_masks_only_grammar_rows_and_leaves_the_raw_logits(llm
     texts = {llm.tokenizer.decode([t]) for t in allowed}
     assert allowed and all("ok".startswith(t) or "no".startswith(t) for t in texts), texts
     assert torch.equal(processed[1, allowed], raw[1, allowed])
+
+
+CALL_ARGUMENTS = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 6},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def _call_tag(schema: dict) -> dict:
+    """Calls written as <call>{"name": "f", "arguments": …}</call>, one or more, ", "-separated."""
+    tag = {
+        "type": "tag",
+        "begin": '<call>{"name": "f", "arguments": ',
+        "content": {"type": "json_schema", "json_schema": schema, "max_whitespace_cnt": 1},
+        "end": "}</call>",
+    }
+    calls = {"type": "tags_with_separator", "tags": [tag], "separator": ", "}
+    return {"type": "structural_tag", "format": {**calls, "at_least_one": True}}
+
+
+def test_structural_tags_hold_fixed_text_and_schemas(llm: LLM):
+    params = _params({"structural_tag": _call_tag(CALL_ARGUMENTS)}, {"seed": 5}, max_tokens=200)
+    outputs = llm.generate(["Call f"] * 12, [replace(params, seed=i) for i in range(12)])
+    finished = [o for o in outputs if o.finish_reason == "stop"]
+    assert len(finished) >= 6  # a random model may keep adding calls up to max_tokens
+    for output in finished:
+        calls = re.findall(r'<call>\{"name": "f", "arguments": (.*?)\}</call>', output.text, re.S)
+        assert (
+            calls
+            and ", ".join(f'<call>{{"name": "f", "arguments": {c}}}</call>' for c in calls)
+            == output.text
+        )
+        for arguments in calls:
+            jsonschema.validate(json.loads(arguments), CALL_ARGUMENTS)
+
+
+def test_a_bad_schema_inside_a_structural_tag_is_named(llm: LLM):
+    bad = _call_tag({"type": "object", "properties": {"a": {"maxLength": -1}}})
+    with pytest.raises(ValueError, match=re.escape("structured_outputs.structural_tag/format/")):
+        llm.generate(["Hi"], _params({"structural_tag": bad}, {}))
+    with pytest.raises(ValueError, match="structured_outputs.structural_tag"):
+        llm.generate(["Hi"], _params({"structural_tag": {"type": "structural_tag"}}, {}))
+
+
+def test_a_grammar_dead_end_stops_and_says_why(llm: LLM):
+    """The grammar is complete but min_tokens bans the end it allows: nothing can be drawn."""
+    params = _params({"choice": ["ok"]}, {"min_tokens": 5, "temperature": 0})
+    output = llm.generate(["Hi"], params)[0]
+    assert (output.text, output.finish_reason) == ("ok", "stop")
+    assert output.stop_reason == GRAMMAR_DEAD_END
+
+
+def test_off_loop_compile_fills_the_cache_submit_uses(llm: LLM):
+    spec = StructuredOutputs(json={"type": "object", "properties": {"zz": {"type": "boolean"}}})
+    cache = llm.core.grammars
+    with cache._build_lock:  # a worker building the compiler does not stall the loop's check
+        assert not cache.cached(spec)
+    compiled = cache.compile(spec)
+    assert cache.cached(spec) and cache.compile(spec) is compiled

@@ -90,8 +90,8 @@ def test_unknown_preset(tmp_path: Path) -> None:
 def test_default_model_dir_builds_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path))
     first = default_model_dir()
-    assert first == tmp_path / "tiny-model-v2" and (first / "model.safetensors").is_file()
+    assert first == tmp_path / "tiny-model-v3" and (first / "model.safetensors").is_file()
     stamp = (first / "model.safetensors").stat().st_mtime_ns
     assert default_model_dir() == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
-    assert [p.name for p in tmp_path.iterdir()] == ["tiny-model-v2"]  # no staging leftovers
+    assert [p.name for p in tmp_path.iterdir()] == ["tiny-model-v3"]  # no staging leftovers

@@ -109,6 +109,16 @@ def test_openai_chat_with_curl(server: LiveServer) -> None:
 
 
 @needs_curl
+def test_openai_tools_with_curl(server: LiveServer) -> None:
+    choice = json.loads(curl_example("openai_tools.sh", server))["choices"][0]
+    assert choice["finish_reason"] == "tool_calls" and choice["message"]["content"] is None
+    (call,) = choice["message"]["tool_calls"]
+    arguments = json.loads(call["function"]["arguments"])
+    assert call["function"]["name"] == "get_weather"
+    assert set(arguments) == {"city", "unit"} and arguments["unit"] in ("celsius", "fahrenheit")
+
+
+@needs_curl
 def test_openai_stream_with_curl(server: LiveServer) -> None:
     lines = [line for line in curl_example("openai_stream.sh", server).splitlines() if line]
     assert lines[-1] == "data: [DONE]"

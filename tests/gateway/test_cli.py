@@ -58,6 +58,21 @@ def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+def test_an_unknown_tool_call_parser_is_a_startup_error() -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "serve", "--tool-call-parser", "qwen"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "kvgate: --tool-call-parser: unknown parser 'qwen'; "
+        "one of ['hermes', 'llama3_json', 'mistral']"
+    )
+    assert Settings.from_env({"KVGATE_TOOL_CALL_PARSER": "mistral"}).tool_call_parser == "mistral"
+
+
 def test_limit_flags_reach_the_settings_and_the_engine() -> None:
     from gateway.cli import build_parser, engine_limits, settings_from_args
 

@@ -1,17 +1,24 @@
 """A prompt, or a text to tokenize, that cannot fit in max_model_len tokens is refused at
 both front doors before the tokenizer sees it (``gateway.generation``, over the engine's
 ``encode_prompt`` and ``Tokenizer.min_tokens``): the MCP tools answer a tool error, the
-OpenAI routes a 400, each saying how many tokens it is at least and what the limit is."""
+OpenAI routes a 400, each saying how many tokens it is at least and what the limit is.
+
+``EngineBackend.start`` also compiles a request's grammar on a worker thread before admitting
+it, so a large schema (or the first, which builds the vocabulary tables) never stalls the
+event loop; a schema seen before is not compiled again."""
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from engine import AsyncLLM
+from engine import AsyncLLM, SamplingParams, StructuredOutputs
+from gateway.generation import Completion, EngineBackend, GenerationRequest
 from tests.engine.test_tokenizer import CountingBackend
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool
@@ -116,3 +123,50 @@ def test_a_long_text_that_may_fit_is_tokenized(
     assert counting.calls == 1
     result = run_tool(http, server, "generate", {"prompt": text, "max_tokens": 1})
     assert result["isError"] is True and f"prompt: {out['count']} tokens" in str(result)
+
+
+def test_grammars_compile_off_the_event_loop(
+    engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    threads: list[str] = []
+    compile_grammar = engine.compile_grammar
+
+    def recording(spec: StructuredOutputs) -> None:
+        threads.append(threading.current_thread().name)
+        compile_grammar(spec)
+
+    monkeypatch.setattr(engine, "compile_grammar", recording)
+    properties = {f"field_{i}": {"type": "integer", "maximum": i} for i in range(40)}
+    spec = StructuredOutputs(json={"type": "object", "properties": properties})
+    params = SamplingParams(max_tokens=4, temperature=0, structured_outputs=spec)
+
+    async def run() -> str:
+        backend = EngineBackend(engine)
+        try:
+            for _ in range(2):
+                stream = await backend.start(GenerationRequest(params, prompt="Hi"))
+                items = [item async for item in stream]
+            assert isinstance(items[-1], Completion)
+            return threading.current_thread().name
+        finally:
+            await backend.aclose()
+
+    loop_thread = asyncio.run(run())
+    assert len(threads) == 1  # the second request found it compiled
+    assert threads[0].startswith("kvgate-prepare") and threads[0] != loop_thread
+
+
+def test_a_bad_schema_is_refused_before_anything_is_queued(engine: AsyncLLM) -> None:
+    spec = StructuredOutputs(json={"type": "object", "not": {}})
+    params = SamplingParams(max_tokens=4, structured_outputs=spec)
+
+    async def run() -> None:
+        backend = EngineBackend(engine)
+        try:
+            with pytest.raises(ValueError, match="structured_outputs.json/not"):
+                await backend.start(GenerationRequest(params, prompt="Hi"))
+        finally:
+            await backend.aclose()
+
+    asyncio.run(run())
+    assert engine.stats().num_waiting == 0

@@ -244,6 +244,8 @@ def test_a_repeated_long_prompt_reports_cached_tokens(client: openai.OpenAI, mod
         ({"prompt": []}, 400, "prompt"),
         ({"prompt": "x", "stop": [1]}, 400, "stop"),
         ({"prompt": "x", "tools": [{"type": "function"}]}, 400, "tools"),
+        ({"prompt": "x", "tool_choice": "auto"}, 400, "tool_choice"),
+        ({"prompt": "x", "skip_special_tokens": 0}, 400, "skip_special_tokens"),
         ({"prompt": "x", "response_format": {"type": "xml"}}, 400, "response_format.type"),
     ],
 )

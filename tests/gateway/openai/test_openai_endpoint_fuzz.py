@@ -65,7 +65,28 @@ fields = {
     "cache_key": maybe(text),
     "cache_salt": maybe(text),
     "user": maybe(text),
-    "tools": st.none() | st.lists(st.just({"type": "function"}), max_size=1),
+    "tools": st.none()
+    | st.lists(
+        st.sampled_from(
+            [
+                {"type": "function"},
+                {"type": "function", "function": {"name": "f"}},
+                {"type": "function", "function": {"name": "g", "parameters": {"type": "nope"}}},
+                {
+                    "type": "function",
+                    "function": {"name": "h", "parameters": {"properties": {"a": {"enum": [1]}}}},
+                },
+            ]
+        ),
+        max_size=2,
+    ),
+    "tool_choice": maybe(
+        st.sampled_from(
+            ["none", "auto", "required", "nah", {"type": "function", "function": {"name": "f"}}]
+            + [{"type": "function", "function": {"name": "zz"}}, {"type": "function"}]
+        )
+    ),
+    "parallel_tool_calls": maybe(st.booleans()),
     "response_format": maybe(
         st.sampled_from(
             [

@@ -12,6 +12,7 @@ import jsonschema
 import openai
 import pytest
 
+from engine.request import GRAMMAR_DEAD_END
 from tests.gateway.live_server import LiveServer
 
 PERSON = {
@@ -141,7 +142,22 @@ def test_bad_constraints_are_a_400_naming_them(
     assert error["param"] == param and message in error["message"]
 
 
-def test_tools_are_still_refused(server: LiveServer) -> None:
-    body = {"messages": MESSAGES, "tools": [{"type": "function", "function": {"name": "f"}}]}
+def test_a_grammar_dead_end_stops_and_says_why(server: LiveServer) -> None:
+    """Complete after "ok", but min_tokens bans the end the grammar allows: nothing is left."""
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "min_tokens": 5,
+        "temperature": 0,
+        "structured_outputs": {"choice": ["ok"]},
+    }
     response = httpx.post(server.base + "/v1/chat/completions", json=body)
-    assert response.status_code == 400 and response.json()["error"]["param"] == "tools"
+    choice = response.json()["choices"][0]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("ok", "stop")
+    assert choice["stop_reason"] == GRAMMAR_DEAD_END
+    with httpx.stream(
+        "POST", server.base + "/v1/chat/completions", json={**body, "stream": True}
+    ) as stream:
+        chunks = [json.loads(line[6:]) for line in stream.iter_lines() if line[6:7] == "{"]
+    assert chunks[-1]["choices"][0]["stop_reason"] == GRAMMAR_DEAD_END
+    assert "".join(c["choices"][0]["delta"].get("content", "") for c in chunks) == "ok"

@@ -1,0 +1,63 @@
+"""``chat``'s ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: the constraint a forced
+choice adds, and the calls read out of the reply for ``structuredContent.tool_calls`` (the
+arguments parsed into objects; the text as written if a reply cut short left it unfinished).
+``tool_choice: none`` renders the tools and returns no calls, as on the OpenAI route."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from engine import StructuredOutputs
+from gateway.tool_calls import parser
+from gateway.tool_calls.formats import Family
+from gateway.tool_calls.tools import ToolRequest
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    tools: ToolRequest
+    family: Family
+
+    @classmethod
+    def of(cls, arguments: Mapping[str, Any], family: Family) -> ToolUse | None:
+        """None without tools; ValueError (a ``ToolsError`` naming the field) when bad."""
+        tools = ToolRequest.of(
+            arguments.get("tools"),
+            arguments.get("tool_choice"),
+            arguments.get("parallel_tool_calls"),
+        )
+        return None if tools is None else cls(tools, family)
+
+    @property
+    def constraint(self) -> StructuredOutputs | None:
+        return self.family.constraint(self.tools)
+
+    def result(self, text: str, finish_reason: str) -> dict[str, Any]:
+        """``tool_calls`` (and the finish reason they imply) for the finished reply."""
+        if not self.tools.parsed:
+            return {}
+        calls = parser.parse(self.family, text).calls
+        calls = calls if self.tools.parallel else calls[:1]
+        out: dict[str, Any] = {
+            "tool_calls": [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": _arguments(c.arguments)},
+                }
+                for c in calls
+            ]
+        }
+        out["finish_reason"] = parser.finish_reason(finish_reason, bool(calls))
+        return out
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text

@@ -1,0 +1,122 @@
+"""Tool calling on ``/v1/chat/completions``: the request's ``tools`` / ``tool_choice`` /
+``parallel_tool_calls``, and the calls in the answer (``message.tool_calls``, streamed as
+``delta.tool_calls``).
+
+As vLLM does today, tools are rendered into the prompt even with ``tool_choice: "none"``
+(the reply is then plain content, never parsed); ``auto`` parses whatever the model writes;
+``required`` and a named function hold the reply to calls by a grammar in the model family's
+own syntax. ``finish_reason`` is ``tool_calls`` when a reply that stopped holds calls.
+``parallel_tool_calls: false`` keeps at most one call (the grammar stops after it; in ``auto``
+later calls are dropped).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.openai.errors import bad_request
+from gateway.openai.requests import Sampling
+from gateway.tool_calls import parser as calls
+from gateway.tool_calls import tools as spec
+from gateway.tool_calls.formats import Family
+
+DEPRECATED = ("functions", "function_call")
+
+
+def chat_tools(body: dict[str, Any]) -> spec.ToolRequest | None:
+    """The request's tools (None without any); a 400 naming the field when they are bad."""
+    for name in DEPRECATED:
+        if body.get(name) is not None:
+            raise bad_request(f"'{name}' is deprecated and not served: use 'tools'", name)
+    try:
+        return spec.ToolRequest.of(
+            body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
+        )
+    except spec.ToolsError as exc:
+        raise bad_request(str(exc), exc.param) from None
+
+
+def apply(
+    body: dict[str, Any], sampling: Sampling, family: Family
+) -> tuple[list[dict[str, Any]] | None, ToolReplies | None]:
+    """Reads the tool fields into ``sampling`` (a forced choice's constraint; special tokens
+    kept when calls are parsed, as markers may be ones): the tools the template renders and
+    the reader of the calls in the reply (None with ``tool_choice: none``)."""
+    tools = chat_tools(body)
+    if tools is None:
+        return None, None
+    constraint = family.constraint(tools)
+    if constraint is not None:
+        if "structured_outputs" in sampling.fields:
+            raise bad_request(
+                "a 'required' or named 'tool_choice' is already a constraint: drop "
+                "'response_format' / 'structured_outputs'",
+                "tool_choice",
+            )
+        sampling.fields["structured_outputs"] = constraint
+    if not tools.parsed:
+        return tools.raw, None
+    sampling.fields["skip_special_tokens"] = False
+    return tools.raw, ToolReplies(tools, family)
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    try:
+        return spec.template_messages(messages)
+    except spec.ToolsError as exc:
+        raise bad_request(str(exc), exc.param) from None
+
+
+class ToolReplies:
+    """Reads each choice's calls out of its text, whole or as it streams."""
+
+    def __init__(self, tools: spec.ToolRequest, family: Family) -> None:
+        self.tools, self.family = tools, family
+        self._parsers: dict[int, calls.CallParser] = {}
+
+    def message(self, text: str, finish_reason: str) -> tuple[dict[str, Any], str]:
+        """A whole reply's ``message`` and its finish reason."""
+        parsed = calls.parse(self.family, text)
+        found = parsed.calls if self.tools.parallel else parsed.calls[:1]
+        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+        if found:
+            message["tool_calls"] = [
+                {
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+                for c in found
+            ]
+        return message, calls.finish_reason(finish_reason, bool(found))
+
+    def delta(
+        self, index: int, text: str, finish_reason: str | None
+    ) -> tuple[dict[str, Any], str | None]:
+        """One chunk's ``delta`` (content and/or tool call fragments) for new ``text``; the
+        last one (``finish_reason`` given) flushes what the parser held back."""
+        parser = self._parsers.setdefault(index, calls.CallParser(self.family))
+        events = parser.feed(text)
+        if finish_reason is not None:
+            events += parser.finish()
+        content = "".join(e.text for e in events if isinstance(e, calls.Content))
+        entries: dict[int, dict[str, Any]] = {}
+        for event in events:
+            if isinstance(event, calls.Content) or (event.index and not self.tools.parallel):
+                continue
+            entry = entries.setdefault(
+                event.index, {"index": event.index, "function": {"arguments": ""}}
+            )
+            if isinstance(event, calls.CallStart):
+                entry.update(id=event.id, type="function")
+                entry["function"]["name"] = event.name
+            else:
+                entry["function"]["arguments"] += event.text
+        delta: dict[str, Any] = {}
+        if content:
+            delta["content"] = content
+        if entries:
+            delta["tool_calls"] = list(entries.values())
+        if finish_reason is not None:
+            finish_reason = calls.finish_reason(finish_reason, bool(parser.calls))
+        return delta, finish_reason

@@ -1,0 +1,174 @@
+"""A chat request's ``tools`` and ``tool_choice``, checked as the OpenAI API defines them.
+
+Bad input is a ``ToolsError`` naming the field (each front door words it: a 400, a tool
+error). ``tool_choice`` defaults to ``auto`` with tools and ``none`` without; a named or
+``required`` choice needs the tools it names. Assistant turns with ``tool_calls`` whose
+arguments are JSON text get them as objects, as vLLM hands them to chat templates (which
+write ``arguments | tojson``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import jsonschema
+
+NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+MAX_TOOLS = 128
+NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+
+
+class ToolsError(ValueError):
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+@dataclass(frozen=True)
+class Function:
+    name: str
+    parameters: dict[str, Any]  # a JSON Schema for the arguments object
+
+
+@dataclass(frozen=True)
+class ToolChoice:
+    mode: Literal["none", "auto", "required", "named"]
+    name: str | None = None  # the function, when named
+
+    @property
+    def forced(self) -> bool:
+        """A grammar holds the output to a call (``auto`` parses whatever comes)."""
+        return self.mode in ("required", "named")
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    """What a chat call asks of tools, whichever front door it came through."""
+
+    raw: list[dict[str, Any]]  # the tools as given: what the chat template renders
+    functions: list[Function]
+    choice: ToolChoice
+    parallel: bool  # more than one call may be made
+
+    @classmethod
+    def of(cls, tools: Any, tool_choice: Any, parallel: Any) -> ToolRequest | None:
+        """None without tools; a ``ToolsError`` naming the field when something is bad."""
+        if parallel is not None and not isinstance(parallel, bool):
+            raise ToolsError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+        functions = [] if tools is None else parse_tools(tools)
+        choice = parse_tool_choice(tool_choice, functions)
+        if tools is None:
+            return None
+        return cls(tools, functions, choice, parallel is not False)
+
+    @property
+    def parsed(self) -> bool:
+        """Calls are read out of the reply (``none``: the tools are only rendered)."""
+        return self.choice.mode != "none"
+
+
+def parse_tools(raw: Any) -> list[Function]:
+    """``tools``: ``[{"type": "function", "function": {name, description?, parameters?,
+    strict?}}]``; ``parameters`` must be a valid JSON Schema object."""
+    if not isinstance(raw, list) or not raw or len(raw) > MAX_TOOLS:
+        raise ToolsError(f"'tools' must be a list of 1 to {MAX_TOOLS} tools", "tools")
+    functions: list[Function] = []
+    for i, tool in enumerate(raw):
+        where = f"tools[{i}]"
+        if not isinstance(tool, dict) or tool.get("type") != "function":
+            raise ToolsError(f"'{where}.type' must be 'function'", f"{where}.type")
+        function = tool.get("function")
+        if not isinstance(function, dict):
+            raise ToolsError(f"'{where}.function' must be an object", f"{where}.function")
+        name = function.get("name")
+        if not isinstance(name, str) or not NAME.match(name):
+            raise ToolsError(
+                f"'{where}.function.name' must be 1-64 letters, digits, '_' or '-', got {name!r}",
+                f"{where}.function.name",
+            )
+        if any(f.name == name for f in functions):
+            raise ToolsError(f"'{where}.function.name': {name!r} is given twice", "tools")
+        if not isinstance(function.get("description", ""), str):
+            raise ToolsError(
+                f"'{where}.function.description' must be a string", f"{where}.function"
+            )
+        functions.append(Function(name, _parameters(function.get("parameters"), where)))
+    return functions
+
+
+def _parameters(schema: Any, where: str) -> dict[str, Any]:
+    field = f"{where}.function.parameters"
+    if schema is None:
+        return NO_PARAMETERS
+    if not isinstance(schema, dict):
+        raise ToolsError(f"'{field}' must be a JSON Schema object", field)
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        path = "/".join(str(p) for p in exc.absolute_path)
+        message = f"'{field}' is not a valid JSON Schema at '/{path}': {exc.message}"
+        raise ToolsError(message, field) from None
+    if schema.get("type", "object") != "object":
+        raise ToolsError(f"'{field}' must describe an object (type 'object')", field)
+    return schema
+
+
+def parse_tool_choice(raw: Any, functions: list[Function]) -> ToolChoice:
+    """``none`` | ``auto`` | ``required`` | ``{"type": "function", "function": {"name"}}``."""
+    if raw is None:
+        return ToolChoice("auto" if functions else "none")
+    if raw in ("none", "auto", "required"):
+        if raw != "none" and not functions:
+            raise ToolsError(f"'tool_choice' {raw!r} needs 'tools'", "tool_choice")
+        return ToolChoice(raw)
+    if isinstance(raw, dict) and raw.get("type") == "function":
+        name = (
+            raw.get("function", {}).get("name") if isinstance(raw.get("function"), dict) else None
+        )
+        if not isinstance(name, str):
+            raise ToolsError("'tool_choice.function.name' must be a string", "tool_choice")
+        if not any(f.name == name for f in functions):
+            known = [f.name for f in functions]
+            raise ToolsError(
+                f"'tool_choice' names function {name!r}, which is not in 'tools' ({known})",
+                "tool_choice",
+            )
+        return ToolChoice("named", name)
+    raise ToolsError(
+        "'tool_choice' must be 'none', 'auto', 'required' or "
+        '{"type": "function", "function": {"name": ...}}',
+        "tool_choice",
+    )
+
+
+def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The conversation with each earlier call's arguments as an object (copies only the
+    assistant turns it changes)."""
+    out = []
+    for i, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if message.get("role") == "assistant" and isinstance(calls, list):
+            message = {**message, "tool_calls": [_call(c, i, j) for j, c in enumerate(calls)]}
+        out.append(message)
+    return out
+
+
+def _call(call: Any, i: int, j: int) -> Any:
+    where = f"messages[{i}].tool_calls[{j}]"
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+        raise ToolsError(f"'{where}.function.name' must be a string", f"{where}.function")
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else {}
+        except ValueError:
+            raise ToolsError(
+                f"'{where}.function.arguments' must be JSON text", f"{where}.function.arguments"
+            ) from None
+    elif arguments is None:
+        arguments = {}
+    return {**call, "function": {**function, "arguments": arguments}}
