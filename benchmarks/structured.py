@@ -33,6 +33,7 @@ from engine import (  # noqa: E402
     StructuredOutputs,
     sampler,  # noqa: E402
 )
+from engine.config import choose_dtype  # noqa: E402
 
 ITEM = {
     "type": "object",
@@ -88,13 +89,18 @@ def main() -> None:
     parser.add_argument("--batches", default="1,16")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     args = parser.parse_args()
     path = bench_model_dir()
-    llm = LLM(str(path), dtype="float32", kv_cache_memory="1GiB", threads=args.threads)
+    dtype = choose_dtype(args.dtype, "cpu")
+    llm = LLM(str(path), dtype=dtype.name, kv_cache_memory="1GiB", threads=args.threads)
     timer = MaskTimer()
     run(llm, random_prompts(2, 16, 100, seed=97), 8, constrained=True)  # warm up, compile
     print(describe_cpu())
-    print(f"bench55m, float32, {args.prompt}-token prompts, {args.new} sampled tokens each")
+    print(
+        f"bench55m, {dtype.name} ({dtype.reason}), {args.prompt}-token prompts, "
+        f"{args.new} sampled tokens each"
+    )
     for batch in (int(b) for b in args.batches.split(",")):
         best = {False: float("inf"), True: float("inf")}
         mask = float("inf")
