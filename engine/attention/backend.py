@@ -1,5 +1,5 @@
 """Choosing the attention implementation: Triton kernels on CUDA, the PyTorch reference on CPU
-(with its bf16 prefills on SDPA's fused kernel where the CPU has AMX: `CPU_BACKEND`).
+(its bf16 layers on SDPA's fused kernel where the CPU has AMX: `cpu_backend`).
 
 A backend is a small object with the two operations a layer needs, ``write_kv`` and
 ``paged_attention``; the engine picks one at startup and calls it for every layer.
@@ -31,16 +31,16 @@ class AttentionBackend:
 
 
 TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.paged_attention)
-FUSED_PREFILL_BACKEND = AttentionBackend(
+FUSED_BACKEND = AttentionBackend(
     "torch",
     torch_backend.write_kv,
-    functools.partial(torch_backend.paged_attention, fused_prefill=True),
+    functools.partial(torch_backend.paged_attention, fused=True),
 )
 
 
 def cpu_backend(flags: frozenset[str]) -> AttentionBackend:
-    """The torch backend for a CPU with ``flags``: bf16 prefills on SDPA where there is AMX."""
-    return FUSED_PREFILL_BACKEND if "amx_bf16" in flags else TORCH_BACKEND
+    """The torch backend for a CPU with ``flags``: bf16 attention on SDPA where there is AMX."""
+    return FUSED_BACKEND if "amx_bf16" in flags else TORCH_BACKEND
 
 
 def _triton_usable(device: torch.device) -> bool:

@@ -12,9 +12,11 @@ Both are two batched matmuls in the cache dtype around a softmax that accumulate
 is 1.5-2x faster than torch's fused SDPA kernel for these shapes. Few, large ops per layer: on
 a shared CPU every parallel region costs.
 
-With ``fused_prefill`` (the CPU backend sets it where the CPU has AMX tiles for bf16), bf16
-prefills go through ``scaled_dot_product_attention`` instead: its flash kernel runs the tiles'
-matmuls on AMX and never materializes the scores, several times faster than the tiles here.
+With ``fused`` (the CPU backend sets it where the CPU has AMX tiles for bf16), bf16 layers
+without soft-capping go through ``scaled_dot_product_attention`` instead, over the same
+gathered K/V: its flash kernel runs the matmuls on AMX and never materializes the scores. On a
+2-core Xeon with AMX: a 2,000-token prefill 3.6x faster than the tiles here, a 256-token one
+5x; decode 2.3x at batch 1, 1.2-1.6x at batch 8-32.
 """
 
 from __future__ import annotations
@@ -236,6 +238,18 @@ def _prefill_mask(
     return md.derived[key]
 
 
+def _fused_decode(
+    q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float, bias: torch.Tensor
+) -> torch.Tensor:
+    """`_decode` through torch's fused SDPA kernel (no soft-cap, q in the cache dtype)."""
+    k = _gather(cache.k, None, plan.decode_cache_rows, q.shape[0], q.dtype)
+    v = _gather(cache.v, None, plan.decode_cache_rows, q.shape[0], q.dtype)
+    out = F.scaled_dot_product_attention(
+        q[:, :, None], k, v, attn_mask=bias.to(q.dtype), scale=scale, enable_gqa=True
+    )
+    return out[:, :, 0]
+
+
 def _fused_prefill(
     q: torch.Tensor, cache: KVCache, md: AttentionMetadata, seq: _Prefill, scale: float,
     window: int | None,
@@ -259,23 +273,29 @@ def paged_attention(
     window: int | None = None,
     softcap: float | None = None,
     *,
-    fused_prefill: bool = False,
+    fused: bool = False,
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype.
     ``window``: each query sees only its last ``window`` keys (itself included);
     ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask;
-    ``fused_prefill``: bf16 prefills through SDPA's fused kernel (see the module notes)."""
+    ``fused``: bf16 layers through SDPA's fused kernel (see the module notes)."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
+    fused = fused and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
     bias = plan.decode_bias
     if window is not None and plan.num_decodes > 0:
         bias = _window_bias(md, plan, cache.block_size, window)
+
+    def decode(rows: torch.Tensor) -> torch.Tensor:
+        if fused:
+            return _fused_decode(rows, cache, plan, scale, bias)
+        return _decode(rows, cache, plan, scale, bias, softcap)
+
     if plan.decode_query_rows is None and plan.num_decodes > 0:
-        return _decode(q, cache, plan, scale, bias, softcap)
+        return decode(q)
     out = torch.empty_like(q)
     if plan.num_decodes > 0:
         rows = plan.decode_query_rows
-        out[rows] = _decode(q[rows], cache, plan, scale, bias, softcap)
-    fused = fused_prefill and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
+        out[rows] = decode(q[rows])
     for seq in plan.prefills:
         rows = q[seq.q_start : seq.q_end]
         if fused:

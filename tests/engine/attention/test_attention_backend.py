@@ -17,6 +17,6 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_cpu_backend_fuses_bf16_prefills_only_where_there_is_amx() -> None:
     amx = cpu_backend(frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
-    assert amx.paged_attention.keywords == {"fused_prefill": True}
+    assert amx.paged_attention.keywords == {"fused": True}
     assert cpu_backend(frozenset({"avx512_bf16"})) is TORCH_BACKEND
     assert cpu_backend(frozenset()) is TORCH_BACKEND

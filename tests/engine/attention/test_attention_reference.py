@@ -61,14 +61,23 @@ def test_decode_rows_do_not_depend_on_batch_companions() -> None:
 
 
 @pytest.mark.parametrize("window", [None, 9])
-def test_fused_bf16_prefill_matches_dense_and_the_tiled_path(window: int | None) -> None:
-    # Full prompts (plain causal), chunks after a cached prefix (an explicit mask), a decode
-    # row beside them, and a sliding window cutting into the prefix.
+@pytest.mark.parametrize(
+    "seq_lens,query_lens",
+    [
+        # Full prompts (plain causal), chunks after a cached prefix (an explicit mask) and a
+        # decode row beside them; then a decode-only step with padded, ragged contexts.
+        ([40, 70, 25, 33], [40, 21, 1, 5]),
+        ([40, 70, 1, 33, 17], [1, 1, 1, 1, 1]),
+    ],
+)
+def test_fused_bf16_attention_matches_dense_and_the_tiled_path(
+    window: int | None, seq_lens: list[int], query_lens: list[int]
+) -> None:
     case = make_case(
-        [40, 70, 25, 33], [40, 21, 1, 5], num_heads=8, kv_heads=2,
+        seq_lens, query_lens, num_heads=8, kv_heads=2,
         cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16,
     )  # fmt: skip
-    fused = paged_attention(case.q, case.cache, case.md, case.scale, window, fused_prefill=True)
+    fused = paged_attention(case.q, case.cache, case.md, case.scale, window, fused=True)
     tiled = paged_attention(case.q, case.cache, case.md, case.scale, window)
     assert fused.dtype == torch.bfloat16
     torch.testing.assert_close(
@@ -77,11 +86,11 @@ def test_fused_bf16_prefill_matches_dense_and_the_tiled_path(window: int | None)
     torch.testing.assert_close(fused, tiled, atol=2e-2, rtol=2e-2)
 
 
-def test_fused_prefill_leaves_fp32_and_softcapped_layers_on_the_tiled_path() -> None:
-    case = make_case([30, 12], [30, 4])
-    fused = paged_attention(case.q, case.cache, case.md, case.scale, fused_prefill=True)
+def test_fused_attention_leaves_fp32_and_softcapped_layers_on_the_tiled_path() -> None:
+    case = make_case([30, 12, 9], [30, 4, 1])
+    fused = paged_attention(case.q, case.cache, case.md, case.scale, fused=True)
     assert torch.equal(fused, paged_attention(case.q, case.cache, case.md, case.scale))
-    bf16 = make_case([30], [30], cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16)
+    bf16 = make_case([30, 9], [30, 1], cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16)
     capped = paged_attention(bf16.q, bf16.cache, bf16.md, bf16.scale, softcap=5.0)
-    same = paged_attention(bf16.q, bf16.cache, bf16.md, bf16.scale, softcap=5.0, fused_prefill=True)
+    same = paged_attention(bf16.q, bf16.cache, bf16.md, bf16.scale, softcap=5.0, fused=True)
     assert torch.equal(capped, same)
