@@ -29,8 +29,11 @@ __all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate
 
 
 class RMSNorm(nn.Module):
-    """torch's fused RMSNorm: one kernel instead of six (it accumulates in float32, like
-    transformers; in bfloat16 the two may differ by one rounding step). Gemma's
+    """RMSNorm as torch's fused LayerNorm kernel over ``[x, -x]``: that vector's mean is 0 and
+    its variance ``mean(x^2)``, so its first half is ``x / sqrt(mean(x^2) + eps)``, computed in
+    float32 and rounded once, then scaled by the weight in the model dtype, as transformers
+    does. On CPU ``F.rms_norm`` is six separate ops: a bf16 batch-8 decode step spent ~2 ms of
+    15 in its 17 norms, and this form saves a third to a half of that. Gemma's
     ``(1 + weight)`` is folded into the stored weight at load time (`checkpoint.py`)."""
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
@@ -39,7 +42,9 @@ class RMSNorm(nn.Module):
         self.weight = new_param(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+        size = x.shape[-1]
+        both = torch.cat((x, -x), dim=-1)
+        return F.layer_norm(both, (2 * size,), eps=self.eps)[..., :size] * self.weight
 
 
 def _norm(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> RMSNorm:

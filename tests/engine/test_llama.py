@@ -11,7 +11,7 @@ from transformers import AutoModelForCausalLM
 from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
 from engine.loader import LoadedModel, load_model
 from engine.model_config import ModelConfig
-from engine.models.llama import rope_inv_freq
+from engine.models.llama import RMSNorm, rope_inv_freq
 
 BLOCK_SIZE = 16
 HF_ARCHS = ("llama", "llama3", "mistral", "qwen2")  # built by conftest.hf_checkpoint
@@ -169,3 +169,18 @@ def test_rope_scaling_matches_transformers(rope: dict) -> None:
     assert attention_factor == 1.0
     raw = {**hf_config.to_dict(), "architectures": ["LlamaForCausalLM"]}
     torch.testing.assert_close(rope_inv_freq(ModelConfig.from_hf(raw)), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("shape", [(1, 64), (9, 512), (5, 3, 128)])
+def test_rms_norm_is_transformers_rms_norm(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = (3 * torch.randn(shape, generator=gen)).to(dtype)
+    norm = RMSNorm(shape[-1], 1e-6, dtype, "cpu")
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(shape[-1], generator=gen))
+    # transformers' LlamaRMSNorm: fp32 statistics, rounded to the dtype, then the weight.
+    xf = x.float()
+    expected = norm.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
+    tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {}
+    torch.testing.assert_close(norm(x), expected, **tolerance)
