@@ -33,6 +33,8 @@ from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.tool_calls.formats import DEFAULT as DEFAULT_FAMILY
 from gateway.tool_calls.formats import Family
+from gateway.tool_calls.parser import ToolCall
+from gateway.tool_calls.tools import ToolRequest
 
 # Prompts above this many characters are prepared off the event loop (templating and
 # tokenizing ~1 MiB takes seconds; a few KiB take microseconds, less than a thread hop).
@@ -90,7 +92,7 @@ class GenerationRequest:
     params: SamplingParams
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: ToolRequest | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     cache_key: str | None = None
     cache_salt: str | None = None
@@ -100,6 +102,11 @@ class GenerationRequest:
         """``gen_ai.operation.name`` (OpenTelemetry semantic conventions)."""
         return "chat" if self.messages is not None else "text_completion"
 
+    @property
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        """The tools as given: what the chat template renders."""
+        return None if self.tools is None else self.tools.raw
+
 
 @dataclass(frozen=True, slots=True)
 class TextDelta:
@@ -107,6 +114,8 @@ class TextDelta:
     tokens: int  # generated so far
     token_ids: list[int]  # new since the previous delta
     logprobs: list[dict[int, float]] | None  # one {token id: logprob} per new token, if asked
+    # OpenAI ``delta.tool_calls`` entries, from a backend that reads tool calls itself (a fleet)
+    tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +128,9 @@ class Completion:
     replica: int  # the engine replica, or the upstream's index in the configured order
     upstream: str | None = None  # the upstream's URL in fleet mode
     stop_reason: str | None = None  # why it stopped when no stop token or string did
+    # The calls a backend that reads tool calls itself found (a fleet's upstream); None: the
+    # front door reads them out of ``text``.
+    tool_calls: list[ToolCall] | None = None
 
 
 class OffLoop:
@@ -151,6 +163,8 @@ class Backend(Protocol):
     model_name: str
     max_model_len: int
     off_loop: OffLoop
+    # Tool calls come back already read (a fleet's upstreams render and parse them).
+    reads_tool_calls: bool
 
     @property
     def tokenizer(self) -> Tokenizer | None: ...  # None: a fleet without --tokenizer
@@ -187,7 +201,9 @@ class Generations:
     def __init__(self, backend: Backend, tool_family: Family = DEFAULT_FAMILY) -> None:
         self.backend = backend
         self.model_name = backend.model_name
-        self.tool_family = tool_family  # how this model writes tool calls
+        # How this model writes tool calls; None where the backend reads them itself (the
+        # front doors then neither constrain the reply to calls nor parse it).
+        self.tool_family = None if backend.reads_tool_calls else tool_family
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -214,6 +230,8 @@ class Generations:
 
 class EngineBackend:
     """The embedded engine (``engine.AsyncLLM``) as a backend."""
+
+    reads_tool_calls = False
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
@@ -280,7 +298,7 @@ class EngineBackend:
         try:
             return self.engine.apply_chat_template(
                 request.messages,
-                tools=request.tools,
+                tools=request.template_tools,
                 chat_template_kwargs=request.chat_template_kwargs,
             )
         except TooManyTokens:

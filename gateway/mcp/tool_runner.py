@@ -87,7 +87,7 @@ class ToolRunner:
                     "max_tokens": DEFAULT_MAX_TOKENS,
                     **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
                     **({"structured_outputs": constraint} if constraint else {}),
-                    **({"skip_special_tokens": False} if calls and calls.tools.parsed else {}),
+                    **({"skip_special_tokens": False} if calls and calls.parsed else {}),
                 }
             )
             messages = arguments.get("messages")
@@ -95,7 +95,7 @@ class ToolRunner:
                 params,
                 prompt=arguments.get("prompt"),
                 messages=None if messages is None else template_messages(messages),
-                tools=arguments.get("tools"),
+                tools=None if calls is None else calls.tools,
                 chat_template_kwargs=arguments.get("chat_template_kwargs"),
                 cache_key=arguments.get("cache_key"),
             )
@@ -136,7 +136,7 @@ class ToolRunner:
         if done.stop_reason is not None:
             structured["stop_reason"] = done.stop_reason
         if calls is not None:
-            structured.update(calls.result(done.text, done.finish_reason))
+            structured.update(calls.result(done))
         if parse_json:
             try:
                 structured["json"] = json.loads(done.text)

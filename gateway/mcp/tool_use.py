@@ -1,7 +1,8 @@
 """``chat``'s ``tools`` / ``tool_choice`` / ``parallel_tool_calls``: the constraint a forced
 choice adds, and the calls read out of the reply for ``structuredContent.tool_calls`` (the
 arguments parsed into objects; the text as written if a reply cut short left it unfinished).
-``tool_choice: none`` renders the tools and returns no calls, as on the OpenAI route."""
+``tool_choice: none`` renders the tools and returns no calls, as on the OpenAI route. In fleet
+mode (no ``family``) the upstream constrains and reads the calls; they are mapped the same way."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import StructuredOutputs
+from gateway.generation import Completion
 from gateway.tool_calls import parser
 from gateway.tool_calls.formats import Family
 from gateway.tool_calls.tools import ToolRequest
@@ -19,10 +21,10 @@ from gateway.tool_calls.tools import ToolRequest
 @dataclass(frozen=True)
 class ToolUse:
     tools: ToolRequest
-    family: Family
+    family: Family | None  # None: the backend reads the calls itself
 
     @classmethod
-    def of(cls, arguments: Mapping[str, Any], family: Family) -> ToolUse | None:
+    def of(cls, arguments: Mapping[str, Any], family: Family | None) -> ToolUse | None:
         """None without tools; ValueError (a ``ToolsError`` naming the field) when bad."""
         tools = ToolRequest.of(
             arguments.get("tools"),
@@ -33,14 +35,23 @@ class ToolUse:
 
     @property
     def constraint(self) -> StructuredOutputs | None:
-        return self.family.constraint(self.tools)
+        return None if self.family is None else self.family.constraint(self.tools)
 
-    def result(self, text: str, finish_reason: str) -> dict[str, Any]:
+    @property
+    def parsed(self) -> bool:
+        """The reply is parsed here, so special tokens (call markers) are kept in it."""
+        return self.family is not None and self.tools.parsed
+
+    def result(self, done: Completion) -> dict[str, Any]:
         """``tool_calls`` (and the finish reason they imply) for the finished reply."""
         if not self.tools.parsed:
             return {}
-        calls = parser.parse(self.family, text).calls
-        calls = calls if self.tools.parallel else calls[:1]
+        if done.tool_calls is not None:  # the backend read them (fleet mode)
+            calls = done.tool_calls
+        else:
+            assert self.family is not None
+            calls = parser.parse(self.family, done.text).calls
+            calls = calls if self.tools.parallel else calls[:1]
         out: dict[str, Any] = {
             "tool_calls": [
                 {
@@ -51,7 +62,7 @@ class ToolUse:
                 for c in calls
             ]
         }
-        out["finish_reason"] = parser.finish_reason(finish_reason, bool(calls))
+        out["finish_reason"] = parser.finish_reason(done.finish_reason, bool(calls))
         return out
 
 

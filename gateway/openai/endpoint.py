@@ -471,7 +471,9 @@ class _Chat(_Answer):
         assert choice.done is not None
         text, finish_reason = "".join(choice.text), choice.done.finish_reason
         message: dict[str, Any] = {"role": "assistant", "content": text}
-        if self.replies is not None:
+        if choice.done.tool_calls:  # the backend read them (fleet mode): as it found them
+            message, finish_reason = tool_calls.relayed(text, choice.done)
+        elif self.replies is not None:
             message, finish_reason = self.replies.message(text, finish_reason)
         return {
             "index": choice.index,
@@ -492,6 +494,8 @@ class _Chat(_Answer):
 
     def chunk(self, index: int, delta: TextDelta, finish_reason: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        if delta.tool_calls:  # the backend's own delta.tool_calls (fleet mode), as they came
+            fields["tool_calls"] = delta.tool_calls
         if self.replies is not None:
             fields, finish_reason = self.replies.delta(index, delta.text, finish_reason)
         choice = {

@@ -7,13 +7,15 @@ As vLLM does today, tools are rendered into the prompt even with ``tool_choice: 
 ``required`` and a named function hold the reply to calls by a grammar in the model family's
 own syntax. ``finish_reason`` is ``tool_calls`` when a reply that stopped holds calls.
 ``parallel_tool_calls: false`` keeps at most one call (the grammar stops after it; in ``auto``
-later calls are dropped).
+later calls are dropped). In fleet mode (no ``family``) the upstream does all of that, and
+its calls (``TextDelta.tool_calls``, ``Completion.tool_calls``) are relayed as it wrote them.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.generation import Completion
 from gateway.openai.errors import bad_request
 from gateway.openai.requests import Sampling
 from gateway.tool_calls import parser as calls
@@ -37,14 +39,15 @@ def chat_tools(body: dict[str, Any]) -> spec.ToolRequest | None:
 
 
 def apply(
-    body: dict[str, Any], sampling: Sampling, family: Family
-) -> tuple[list[dict[str, Any]] | None, ToolReplies | None]:
+    body: dict[str, Any], sampling: Sampling, family: Family | None
+) -> tuple[spec.ToolRequest | None, ToolReplies | None]:
     """Reads the tool fields into ``sampling`` (a forced choice's constraint; special tokens
-    kept when calls are parsed, as markers may be ones): the tools the template renders and
-    the reader of the calls in the reply (None with ``tool_choice: none``)."""
+    kept when calls are parsed, as markers may be ones): the tools and the reader of the
+    calls in the reply (None with ``tool_choice: none``, or without a ``family``: the
+    backend reads them itself)."""
     tools = chat_tools(body)
-    if tools is None:
-        return None, None
+    if tools is None or family is None:
+        return tools, None
     constraint = family.constraint(tools)
     if constraint is not None:
         if "structured_outputs" in sampling.fields:
@@ -55,9 +58,9 @@ def apply(
             )
         sampling.fields["structured_outputs"] = constraint
     if not tools.parsed:
-        return tools.raw, None
+        return tools, None
     sampling.fields["skip_special_tokens"] = False
-    return tools.raw, ToolReplies(tools, family)
+    return tools, ToolReplies(tools, family)
 
 
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -65,6 +68,23 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
         return spec.template_messages(messages)
     except spec.ToolsError as exc:
         raise bad_request(str(exc), exc.param) from None
+
+
+def relayed(text: str, done: Completion) -> tuple[dict[str, Any], str]:
+    """The ``message`` and finish reason of a reply whose calls the backend read."""
+    assert done.tool_calls is not None
+    message = _message(calls.relayed(text, done.tool_calls))
+    return message, calls.finish_reason(done.finish_reason, bool(done.tool_calls))
+
+
+def _message(parsed: calls.Parsed) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
+    if parsed.calls:
+        message["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in parsed.calls
+        ]
+    return message
 
 
 class ToolReplies:
@@ -78,16 +98,7 @@ class ToolReplies:
         """A whole reply's ``message`` and its finish reason."""
         parsed = calls.parse(self.family, text)
         found = parsed.calls if self.tools.parallel else parsed.calls[:1]
-        message: dict[str, Any] = {"role": "assistant", "content": parsed.content}
-        if found:
-            message["tool_calls"] = [
-                {
-                    "id": c.id,
-                    "type": "function",
-                    "function": {"name": c.name, "arguments": c.arguments},
-                }
-                for c in found
-            ]
+        message = _message(calls.Parsed(parsed.content, found))
         return message, calls.finish_reason(finish_reason, bool(found))
 
     def delta(

@@ -339,6 +339,12 @@ def parse(family: Family, text: str, new_id: Callable[[], str] | None = None) ->
     return Parsed(content, parser.calls)
 
 
+def relayed(text: str, found: list[ToolCall]) -> Parsed:
+    """A whole reply whose calls were ``found`` already (by a fleet's upstream), as ``parse``
+    would give it: its content None if it was only calls."""
+    return Parsed(None if found and not text.strip() else text, found)
+
+
 def finish_reason(reason: str, called: bool) -> str:
     """A reply that stopped after making calls finished with ``tool_calls``."""
     return "tool_calls" if called and reason == "stop" else reason

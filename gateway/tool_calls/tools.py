@@ -43,6 +43,13 @@ class ToolChoice:
         """A grammar holds the output to a call (``auto`` parses whatever comes)."""
         return self.mode in ("required", "named")
 
+    @property
+    def wire(self) -> str | dict[str, Any]:
+        """The choice as the OpenAI API writes it."""
+        if self.mode == "named":
+            return {"type": "function", "function": {"name": self.name}}
+        return self.mode
+
 
 @dataclass(frozen=True)
 class ToolRequest:
@@ -68,6 +75,15 @@ class ToolRequest:
     def parsed(self) -> bool:
         """Calls are read out of the reply (``none``: the tools are only rendered)."""
         return self.choice.mode != "none"
+
+    def openai_fields(self) -> dict[str, Any]:
+        """The request's tool fields as the OpenAI API writes them (for an upstream server,
+        which renders and parses the calls itself)."""
+        return {
+            "tools": self.raw,
+            "tool_choice": self.choice.wire,
+            "parallel_tool_calls": self.parallel,
+        }
 
 
 def parse_tools(raw: Any) -> list[Function]:

@@ -115,6 +115,7 @@ class Call:
         breaks, stalls past the read timeout, reports an error or ends early)."""
         assert self.response is not None and self.upstream is not None
         upstream, text, count, finish, usage = self.upstream, [], 0, None, None
+        calls = wire.ToolCalls()
         label = str(upstream.index)
         try:
             async for line in self.response.aiter_lines():
@@ -125,11 +126,12 @@ class Call:
                     continue  # one left mid-body is closed (a TCP connect per call, ~0.5 ms)
                 usage = chunk.usage or usage
                 finish = chunk.finish_reason or finish
-                if chunk.text or chunk.logprobs:
+                if chunk.text or chunk.logprobs or chunk.tool_calls:
                     if not count:
                         self.fleet.ttft.labels(label).observe(time.perf_counter() - self.started)
                     count += max(1, len(chunk.logprobs))
                     text.append(chunk.text)
+                    calls.add(chunk.tool_calls)
                     yield self._delta(chunk, count)
         except httpx.TransportError as exc:
             raise failure_of(exc, upstream.url) from None
@@ -148,14 +150,15 @@ class Call:
             cached_tokens=wire.cached_tokens(usage),
             replica=upstream.index,
             upstream=upstream.url,
+            tool_calls=calls.calls,
         )
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
-        token_ids = self.fleet.token_ids
+        token_ids, tool_calls = self.fleet.token_ids, chunk.tool_calls or None
         if not chunk.logprobs or token_ids is None or self.request.params.logprobs is None:
-            return TextDelta(chunk.text, count, [], None)
+            return TextDelta(chunk.text, count, [], None, tool_calls)
         ids, entries = token_ids.entries(chunk.logprobs)
-        return TextDelta(chunk.text, count, ids, entries)
+        return TextDelta(chunk.text, count, ids, entries, tool_calls)
 
     async def _release(self) -> Upstream:
         upstream, response = self.upstream, self.response

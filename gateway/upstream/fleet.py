@@ -63,6 +63,8 @@ class FleetConfigError(Exception):
 
 
 class Fleet:
+    reads_tool_calls = True  # the upstreams render and parse them (see ``wire``)
+
     def __init__(
         self,
         settings: Settings,

@@ -57,7 +57,7 @@ class PrefixKeys:
             try:
                 ids = self.tokenizer.encode_chat(
                     request.messages,
-                    tools=request.tools,
+                    tools=request.template_tools,
                     chat_template_kwargs=request.chat_template_kwargs,
                 )
             except Exception as exc:  # a template may refuse a conversation it cannot format

@@ -1,6 +1,11 @@
 """The OpenAI wire to an upstream: a ``GenerationRequest`` as a streamed ``/v1/completions``
-or ``/v1/chat/completions`` body, and the upstream's SSE chunks back as text, logprobs and
-usage.
+or ``/v1/chat/completions`` body, and the upstream's SSE chunks back as text, logprobs,
+tool calls and usage.
+
+Tool calling is the upstream's: it knows its model's template and call syntax, so a chat's
+``tools``, ``tool_choice`` and ``parallel_tool_calls`` go as the OpenAI fields (never as a
+grammar), and its ``delta.tool_calls`` come back checked (they are outside data: a malformed
+entry is a ``StreamError``) and added up into whole calls (``ToolCalls``).
 
 Logprobs travel as token strings (``token_id:N`` when the upstream honours vLLM's
 ``return_tokens_as_token_ids``); ``TokenIds`` maps them back to the ids the front doors
@@ -13,9 +18,10 @@ from typing import Any
 
 import orjson
 
-from engine import SamplingParams
+from engine import SamplingParams, StructuredOutputs
 from engine.tokenizer import Tokenizer
 from gateway.generation import GenerationRequest
+from gateway.tool_calls.parser import ToolCall
 
 _DEFAULTS = SamplingParams()
 _SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name != "logprobs")
@@ -35,6 +41,8 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         value = getattr(params, name)
         if value != getattr(_DEFAULTS, name):
             body[name] = value
+    if params.structured_outputs is not None:
+        body["structured_outputs"] = _structured(params.structured_outputs)
     if request.cache_key is not None:
         body["cache_key"] = request.cache_key  # kvgate routes its replicas on it
     if request.cache_salt is not None:
@@ -50,10 +58,19 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         body["logprobs"], body["top_logprobs"] = True, top
     body["messages"] = request.messages
     if request.tools is not None:
-        body["tools"] = request.tools
+        body.update(request.tools.openai_fields())
     if request.chat_template_kwargs is not None:
         body["chat_template_kwargs"] = request.chat_template_kwargs
     return "/v1/chat/completions", body
+
+
+def _structured(spec: StructuredOutputs) -> dict[str, Any]:
+    """vLLM's ``structured_outputs``: only the constraint given (it refuses a request naming
+    two, ``json_object: false`` included), a structural tag as its JSON text."""
+    out = {k: v for k, v in vars(spec).items() if v is not None and v is not False}
+    if isinstance(out.get("structural_tag"), dict):
+        out["structural_tag"] = orjson.dumps(out["structural_tag"]).decode()
+    return out
 
 
 class StreamError(Exception):
@@ -72,6 +89,7 @@ class Chunk:
     usage: dict[str, Any] | None = None
     done: bool = False  # the [DONE] line
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)  # delta.tool_calls entries
 
 
 def parse_line(line: str) -> Chunk | None:
@@ -81,19 +99,86 @@ def parse_line(line: str) -> Chunk | None:
     data = line[5:].strip()
     if data == "[DONE]":
         return Chunk(done=True)
-    chunk = orjson.loads(data)
+    try:
+        chunk = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise StreamError(f"malformed chunk from the upstream: {exc}") from None
+    if not isinstance(chunk, dict):
+        raise StreamError("malformed chunk from the upstream: not an object")
     if "error" in chunk:
         error = chunk["error"]
         raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else error)
     out = Chunk(usage=chunk.get("usage"))
     for choice in chunk.get("choices") or ():
-        if "delta" in choice:
-            out.text += choice["delta"].get("content") or ""
-        else:
-            out.text += choice.get("text") or ""
+        delta = choice.get("delta", {}) if isinstance(choice, dict) else None
+        if not isinstance(delta, dict):
+            raise StreamError("malformed chunk from the upstream: a choice is not an object")
+        text = delta.get("content") if "delta" in choice else choice.get("text")
+        if not isinstance(text or "", str):
+            raise StreamError("malformed chunk from the upstream: its text is not a string")
+        out.text += text or ""
+        out.tool_calls += _tool_call_deltas(delta.get("tool_calls"))
         out.finish_reason = choice.get("finish_reason") or out.finish_reason
         out.logprobs += _logprobs(choice.get("logprobs"))
     return out
+
+
+def _tool_call_deltas(raw: Any) -> list[dict[str, Any]]:
+    """``delta.tool_calls``, each entry rebuilt from the fields the OpenAI API defines once
+    their types are checked."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise StreamError("malformed tool_calls from the upstream: not a list")
+    out = []
+    for entry in raw:
+        index = entry.get("index") if isinstance(entry, dict) else None
+        if not isinstance(index, int) or isinstance(index, bool) or index < 0:
+            raise StreamError(f"malformed tool_calls from the upstream: {entry!r:.200}")
+        clean: dict[str, Any] = {"index": index, **_strings(entry, ("id", "type"))}
+        if clean.get("type", "function") != "function":
+            raise StreamError(f"malformed tool_calls from the upstream: type {clean['type']!r}")
+        if entry.get("function") is not None:
+            clean["function"] = _strings(entry["function"], ("name", "arguments"))
+        out.append(clean)
+    return out
+
+
+def _strings(raw: Any, keys: tuple[str, ...]) -> dict[str, str]:
+    """Those of ``keys`` that ``raw`` (an object) gives, each a string."""
+    if not isinstance(raw, dict):
+        raise StreamError(f"malformed tool_calls from the upstream: {raw!r:.200} is not an object")
+    out = {k: raw[k] for k in keys if raw.get(k) is not None}
+    bad = [k for k, v in out.items() if not isinstance(v, str)]
+    if bad:
+        raise StreamError(f"malformed tool_calls from the upstream: '{bad[0]}' is not a string")
+    return out
+
+
+class ToolCalls:
+    """A stream's ``delta.tool_calls`` added up into whole calls, as an OpenAI client does:
+    a call's first entry (the next index) gives its id and function name, later ones more
+    argument text."""
+
+    def __init__(self) -> None:
+        self.calls: list[ToolCall] = []
+
+    def add(self, entries: list[dict[str, Any]]) -> None:
+        for entry in entries:
+            index, function = entry["index"], entry.get("function", {})
+            if index == len(self.calls):
+                if "id" not in entry or not function.get("name"):
+                    raise StreamError(
+                        f"malformed tool_calls from the upstream: call {index} begins without "
+                        "an id and a function name"
+                    )
+                self.calls.append(ToolCall(entry["id"], function["name"], ""))
+            elif index > len(self.calls):
+                raise StreamError(
+                    f"malformed tool_calls from the upstream: call {index} before call "
+                    f"{len(self.calls)}"
+                )
+            self.calls[index].arguments += function.get("arguments", "")
 
 
 def _logprobs(raw: Any) -> list[TokenLogprob]:
