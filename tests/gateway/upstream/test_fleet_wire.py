@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from engine import AsyncLLM, SamplingParams
-from engine.tiny_model import default_model_dir, make_tiny_model
+from engine.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
 from engine.tokenizer import Tokenizer
 from gateway.cli import main
 from gateway.generation import GenerationRequest
@@ -295,7 +295,7 @@ def test_logprobs_through_the_fleet_match_the_upstream(server: LiveServer) -> No
         ):
             body = {
                 **body,
-                "model": "tiny-model-v2",
+                "model": DEFAULT_MODEL_NAME,
                 "max_tokens": 5,
                 "temperature": 0,
                 "ignore_eos": True,
@@ -323,7 +323,7 @@ def stream_logprobs(url: str, body: dict) -> dict:
 
 
 def test_fleet_logprobs_without_a_tokenizer_are_a_clear_400(fleet_server: LiveServer) -> None:
-    body = {"model": "tiny-model-v2", "prompt": "hi", "max_tokens": 2, "logprobs": 1}
+    body = {"model": DEFAULT_MODEL_NAME, "prompt": "hi", "max_tokens": 2, "logprobs": 1}
     response = httpx.post(fleet_server.base + "/v1/completions", json=body, timeout=10)
     assert response.status_code == 400 and "--tokenizer" in response.json()["error"]["message"]
 
