@@ -308,7 +308,7 @@ class OpenAIEndpoint:
                 except TimeoutError:
                     raise deadline_exceeded(timeout) from None
                 except UpstreamError as exc:  # fleet mode: the upstream broke off the call
-                    raise OpenAIError(502, f"Upstream failed: {exc}", code="bad_gateway") from None
+                    raise _bad_gateway(exc) from None
                 await _send_json(send, answer.body(choices))
                 return "ok"
 
@@ -354,6 +354,8 @@ class OpenAIEndpoint:
                     await http_io.send_chunk(send, sse(answer.usage_chunk()))
         except TimeoutError:
             await http_io.send_chunk(send, sse(deadline_exceeded(timeout).body()))
+        except UpstreamError as exc:
+            await http_io.send_chunk(send, sse(_bad_gateway(exc).body()))
         except Exception as exc:  # noqa: BLE001 - the stream has begun: say so in it
             logger.warning("stream failed: %s", exc)
             error = OpenAIError(500, f"Generation failed: {exc}")
@@ -513,6 +515,11 @@ class _Chat(_Answer):
 
     def _wrap(self, choice: dict[str, Any]) -> dict[str, Any]:
         return self.envelope.wrap("chat.completion.chunk", [choice])
+
+
+def _bad_gateway(exc: UpstreamError) -> OpenAIError:
+    """Fleet mode: the upstream broke off the call, or answered what cannot be relayed."""
+    return OpenAIError(502, f"Upstream failed: {exc}", code="bad_gateway")
 
 
 def _empty(chunk: dict[str, Any]) -> bool:

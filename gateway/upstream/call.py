@@ -104,8 +104,8 @@ class Call:
                     try:
                         self._retry_or_refuse(upstream, failure)
                         await self.connect()
-                    except (AdmissionRefused, ValueError) as exc:
-                        raise UpstreamError(str(exc)) from None
+                    except (AdmissionRefused, ValueError) as exc:  # say what failed first
+                        raise UpstreamError(f"{failure}; no retry: {exc}") from None
         finally:
             if self.upstream is not None:
                 await self._close()

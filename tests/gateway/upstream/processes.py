@@ -1,5 +1,6 @@
 """Real kvgate processes on loopback for the fleet tests: engine upstreams (the tiny model,
-a 16 MiB KV cache) and gateways in fleet mode, each startable again on the same port."""
+a 16 MiB KV cache) and gateways in fleet mode, each startable again on the same port (or
+another server run the same way: ``command``)."""
 
 from __future__ import annotations
 
@@ -41,10 +42,12 @@ class Process:
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
+        command: tuple[str, ...] = ("-m", "gateway", "serve"),
     ) -> None:
         self.host, self.port = host, port or free_port()
         self.base = f"http://{host}:{self.port}"
         self.flags, self.env, self.log_dir = flags, env or {}, log_dir
+        self.command = command
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Process:
@@ -52,9 +55,7 @@ class Process:
             self.process = subprocess.Popen(
                 [
                     sys.executable,
-                    "-m",
-                    "gateway",
-                    "serve",
+                    *self.command,
                     "--host",
                     self.host,
                     "--port",
@@ -137,21 +138,27 @@ def tool_call(arguments: dict[str, Any], name: str = "generate", progress: bool 
     }
 
 
-def mcp_headers(arguments: dict[str, Any]) -> dict[str, str]:
-    """The modern headers of a generate call (``Mcp-Param-Cache-Key`` mirrors the argument)."""
+def mcp_headers(arguments: dict[str, Any], name: str = "generate") -> dict[str, str]:
+    """The modern headers of a tool call (``Mcp-Param-Cache-Key`` mirrors the argument)."""
     extra = {"Mcp-Param-Cache-Key": arguments["cache_key"]} if "cache_key" in arguments else {}
-    return modern_headers("tools/call", "generate", **extra)
+    return modern_headers("tools/call", name, **extra)
 
 
-def generate(base: str, timeout_s: float = 30, **arguments: Any) -> dict[str, Any]:
-    """A JSON ``tools/call`` of ``generate``: its result (tool errors included)."""
-    arguments = {"max_tokens": 1, "temperature": 0, **arguments}
+def call_tool(
+    base: str, name: str, arguments: dict[str, Any], timeout_s: float = 30
+) -> dict[str, Any]:
+    """A JSON ``tools/call``: its result (tool errors included)."""
     response = httpx.post(
         base + "/mcp",
-        content=orjson.dumps(tool_call(arguments)),
-        headers=mcp_headers(arguments),
+        content=orjson.dumps(tool_call(arguments, name)),
+        headers=mcp_headers(arguments, name),
         timeout=timeout_s,
     )
     body = response.json()
     assert "result" in body, body
     return body["result"]
+
+
+def generate(base: str, timeout_s: float = 30, **arguments: Any) -> dict[str, Any]:
+    """A JSON ``tools/call`` of ``generate``: its result (tool errors included)."""
+    return call_tool(base, "generate", {"max_tokens": 1, "temperature": 0, **arguments}, timeout_s)

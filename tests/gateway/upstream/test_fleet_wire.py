@@ -13,12 +13,13 @@ import openai
 import orjson
 import pytest
 
-from engine import AsyncLLM, SamplingParams
+from engine import AsyncLLM, SamplingParams, StructuredOutputs
 from engine.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
 from engine.tokenizer import Tokenizer
 from gateway.cli import main
 from gateway.generation import GenerationRequest
 from gateway.settings import Settings
+from gateway.tool_calls.tools import ToolRequest
 from gateway.upstream import Fleet, FleetConfigError
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import (
@@ -244,6 +245,33 @@ def test_the_upstream_body_carries_only_what_was_set() -> None:
     )
     path, text = request_body(GenerationRequest(SamplingParams(logprobs=0), prompt="hi"), "m")
     assert (path, text["logprobs"]) == ("/v1/completions", 0)
+
+
+def test_tools_go_upstream_as_the_openai_fields_and_constraints_in_vllms_form() -> None:
+    """The upstream renders and parses tool calls itself: a forced choice is sent as the
+    choice, never as a grammar; a constraint goes as vLLM takes it (the one given, a
+    structural tag as text)."""
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    named = {"type": "function", "function": {"name": "f"}}
+    request = GenerationRequest(
+        SamplingParams(),
+        messages=[{"role": "user", "content": "hi"}],
+        tools=ToolRequest.of(tools, named, False),
+    )
+    _, body = request_body(request, "m")
+    assert (body["tools"], body["tool_choice"], body["parallel_tool_calls"]) == (
+        tools,
+        named,
+        False,
+    )
+    assert "structured_outputs" not in body and "skip_special_tokens" not in body
+    tag = {"type": "structural_tag", "format": {"type": "const_string", "value": "x"}}
+    for spec, sent in (
+        (StructuredOutputs(json={"type": "object"}), {"json": {"type": "object"}}),
+        (StructuredOutputs(structural_tag=tag), {"structural_tag": orjson.dumps(tag).decode()}),
+    ):
+        params = SamplingParams(structured_outputs=spec)
+        assert request_body(replace(request, params=params), "m")[1]["structured_outputs"] == sent
 
 
 def test_a_client_gone_closes_the_upstream_stream(
