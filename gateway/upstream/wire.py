@@ -13,6 +13,7 @@ render, through the gateway's own tokenizer, so fleet logprobs need ``--tokenize
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -24,7 +25,8 @@ from gateway.generation import GenerationRequest
 from gateway.tool_calls.parser import ToolCall
 
 _DEFAULTS = SamplingParams()
-_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name != "logprobs")
+_OWN_FORM = ("logprobs", "structured_outputs")  # sent in the upstream's own form, below
+_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name not in _OWN_FORM)
 
 
 def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str, Any]]:
@@ -99,12 +101,7 @@ def parse_line(line: str) -> Chunk | None:
     data = line[5:].strip()
     if data == "[DONE]":
         return Chunk(done=True)
-    try:
-        chunk = orjson.loads(data)
-    except orjson.JSONDecodeError as exc:
-        raise StreamError(f"malformed chunk from the upstream: {exc}") from None
-    if not isinstance(chunk, dict):
-        raise StreamError("malformed chunk from the upstream: not an object")
+    chunk = _object(data)
     if "error" in chunk:
         error = chunk["error"]
         raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else error)
@@ -121,6 +118,14 @@ def parse_line(line: str) -> Chunk | None:
         out.finish_reason = choice.get("finish_reason") or out.finish_reason
         out.logprobs += _logprobs(choice.get("logprobs"))
     return out
+
+
+def _object(data: str) -> dict[str, Any]:
+    """A chunk's JSON object (anything else is a ``StreamError``)."""
+    with contextlib.suppress(orjson.JSONDecodeError):
+        if isinstance(chunk := orjson.loads(data), dict):
+            return chunk
+    raise StreamError(f"malformed chunk from the upstream: {data!r:.200}")
 
 
 def _tool_call_deltas(raw: Any) -> list[dict[str, Any]]:
