@@ -496,8 +496,11 @@ class _Chat(_Answer):
 
     def chunk(self, index: int, delta: TextDelta, finish_reason: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        done = self.done.get(index) if finish_reason is not None else None
         if delta.tool_calls:  # the backend's own delta.tool_calls (fleet mode), as they came
             fields["tool_calls"] = delta.tool_calls
+        if done is not None and done.tool_calls:
+            finish_reason = tool_calls.relayed_finish_reason(done)
         if self.replies is not None:
             fields, finish_reason = self.replies.delta(index, delta.text, finish_reason)
         choice = {
@@ -506,8 +509,8 @@ class _Chat(_Answer):
             "logprobs": self._logprobs(delta.token_ids, delta.logprobs or []),
             "finish_reason": finish_reason,
         }
-        if finish_reason is not None and index in self.done:
-            choice["stop_reason"] = self.done[index].stop_reason
+        if done is not None:
+            choice["stop_reason"] = done.stop_reason
         return self._wrap(choice)
 
     def usage_chunk(self) -> dict[str, Any]:

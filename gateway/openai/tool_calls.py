@@ -73,8 +73,13 @@ def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def relayed(text: str, done: Completion) -> tuple[dict[str, Any], str]:
     """The ``message`` and finish reason of a reply whose calls the backend read."""
     assert done.tool_calls is not None
-    message = _message(calls.relayed(text, done.tool_calls))
-    return message, calls.finish_reason(done.finish_reason, bool(done.tool_calls))
+    return _message(calls.relayed(text, done.tool_calls)), relayed_finish_reason(done)
+
+
+def relayed_finish_reason(done: Completion) -> str:
+    """``tool_calls`` for a reply that stopped after calls (vLLM says ``stop`` after a named
+    one), streamed or not."""
+    return calls.finish_reason(done.finish_reason, bool(done.tool_calls))
 
 
 def _message(parsed: calls.Parsed) -> dict[str, Any]:

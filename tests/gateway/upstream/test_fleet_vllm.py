@@ -143,10 +143,12 @@ def test_forced_tool_calls_through_a_vllm_upstream(vllm: str, tool_choice: Any) 
         (call,) = whole.message.tool_calls
         assert tool_choice == "required" or call.function.name == "get_weather"
         jsonschema.validate(json.loads(call.function.arguments), SCHEMAS[call.function.name])
-        _, calls, _ = accumulate(client.chat.completions.create(stream=True, **fields))
+        assert whole.finish_reason == "tool_calls"  # vLLM says "stop" after a named call
+        _, calls, finish = accumulate(client.chat.completions.create(stream=True, **fields))
         assert [(c["name"], c["arguments"]) for c in calls] == [
             (call.function.name, call.function.arguments)
         ]
+        assert finish == "tool_calls"
         arguments = {k: fields[k] for k in ("messages", "tools", "tool_choice", "max_tokens")}
         result = call_tool(gateway.base, "chat", {**arguments, "temperature": 0}, 120)
     assert not result["isError"], result
