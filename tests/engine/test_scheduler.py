@@ -1,6 +1,7 @@
 from engine.block_pool import BlockPool
 from engine.models.packed_linear import trimmed_rows
-from engine.request import RequestStatus
+from engine.request import Request, RequestStatus
+from engine.scheduler import Scheduler
 from tests.engine.scheduling_helpers import (
     make_request,
     make_scheduler,
@@ -22,14 +23,20 @@ def test_long_prompts_are_prefilled_in_chunks_within_the_token_budget():
     assert request.output_token_ids == [7]  # sampled only when the last prompt token ran
 
 
-def test_decodes_go_first_and_prefills_take_what_is_left_of_the_budget():
-    scheduler = make_scheduler(64, budget=20)
+def decoding_then_long(scheduler: Scheduler, long_prompt: int) -> tuple[list[Request], Request]:
+    """Three requests decoding (their prompts done), then a long prompt arriving."""
     decoders = [make_request(prompt(5, s), max_tokens=50) for s in range(3)]
     for r in decoders:
         scheduler.add(r)
     step(scheduler)
-    long = make_request(prompt(200, 9), max_tokens=1)
+    long = make_request(prompt(long_prompt, 9), max_tokens=1)
     scheduler.add(long)
+    return decoders, long
+
+
+def test_decodes_go_first_and_prefills_take_what_is_left_of_the_budget():
+    scheduler = make_scheduler(64, budget=20)
+    decoders, long = decoding_then_long(scheduler, 200)
     for _ in range(5):
         batch = scheduled(step(scheduler))
         assert all(batch[r.request_id] == 1 for r in decoders)
@@ -161,12 +168,7 @@ def test_max_num_seqs_bounds_the_running_set():
 
 def test_prefill_steps_are_trimmed_to_the_row_counts_the_matmul_kernels_are_built_for():
     scheduler = make_scheduler(256, budget=2048)
-    decoders = [make_request(prompt(5, s), max_tokens=50) for s in range(3)]
-    for r in decoders:
-        scheduler.add(r)
-    step(scheduler)
-    long = make_request(prompt(1000, 9), max_tokens=1)
-    scheduler.add(long)
+    decoders, long = decoding_then_long(scheduler, 1000)
     first = scheduled(step(scheduler))
     assert all(first[r.request_id] == 1 for r in decoders)  # decodes are never cut
     assert first[long.request_id] == 957 and sum(first.values()) == 960 == trimmed_rows(1003)
