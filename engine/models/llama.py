@@ -29,11 +29,11 @@ __all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate
 
 
 class RMSNorm(nn.Module):
-    """RMSNorm as torch's fused LayerNorm kernel over ``[x, -x]``: that vector's mean is 0 and
-    its variance ``mean(x^2)``, so its first half is ``x / sqrt(mean(x^2) + eps)``, computed in
-    float32 and rounded once, then scaled by the weight in the model dtype, as transformers
-    does. On CPU ``F.rms_norm`` is six separate ops: a bf16 batch-8 decode step spent ~2 ms of
-    15 in its 17 norms, and this form saves a third to a half of that. Gemma's
+    """transformers' RMSNorm: float32 statistics, ``x * rsqrt(mean(x^2) + eps)`` rounded once
+    to the model dtype, then the weight in the model dtype. On CPU ``F.rms_norm`` is six
+    separate ops with fresh temporaries; here a decode-sized batch (<= 64 rows) goes through
+    torch's fused LayerNorm kernel over ``[x, -x]`` (mean 0, variance ``mean(x^2)``: its first
+    half is the normalized ``x``), and larger ones through the formula with few temporaries. Gemma's
     ``(1 + weight)`` is folded into the stored weight at load time (`checkpoint.py`)."""
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
@@ -43,8 +43,12 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = x.shape[-1]
-        both = torch.cat((x, -x), dim=-1)
-        return F.layer_norm(both, (2 * size,), eps=self.eps)[..., :size] * self.weight
+        if x.numel() <= 64 * size:
+            both = torch.cat((x, -x), dim=-1)
+            return F.layer_norm(both, (2 * size,), eps=self.eps)[..., :size] * self.weight
+        xf = x.float()
+        scale = xf.square().mean(-1, keepdim=True).add_(self.eps).rsqrt_()
+        return (xf * scale).to(x.dtype).mul_(self.weight)  # xf may be x itself (fp32)
 
 
 def _norm(config: ModelConfig, dtype: torch.dtype, device: torch.device | str) -> RMSNorm:

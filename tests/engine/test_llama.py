@@ -172,7 +172,7 @@ def test_rope_scaling_matches_transformers(rope: dict) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(1, 64), (9, 512), (5, 3, 128)])
+@pytest.mark.parametrize("shape", [(1, 64), (9, 512), (5, 3, 128), (300, 64), (70, 3, 32)])
 def test_rms_norm_is_transformers_rms_norm(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     gen = torch.Generator().manual_seed(sum(shape))
     x = (3 * torch.randn(shape, generator=gen)).to(dtype)
@@ -183,4 +183,6 @@ def test_rms_norm_is_transformers_rms_norm(dtype: torch.dtype, shape: tuple[int,
     xf = x.float()
     expected = norm.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(dtype)
     tolerance = {"atol": 1e-6, "rtol": 1e-5} if dtype == torch.float32 else {}
+    before = x.clone()
     torch.testing.assert_close(norm(x), expected, **tolerance)
+    assert torch.equal(x, before)  # the input (a residual stream) is left as it was
