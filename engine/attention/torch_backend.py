@@ -164,6 +164,20 @@ def _window_bias(
     return md.derived[key]
 
 
+def _decode_bias(
+    md: AttentionMetadata, plan: _StepPlan, block_size: int, window: int | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:  # fmt: skip
+    """The decode bias (sliding window applied) in ``dtype``: built once a step, not per layer."""
+    bias = plan.decode_bias if window is None else _window_bias(md, plan, block_size, window)
+    if bias.dtype == dtype:
+        return bias
+    key = f"torch_decode_bias/{block_size}/{window}/{dtype}"
+    if key not in md.derived:
+        md.derived[key] = bias.to(dtype)
+    return md.derived[key]
+
+
 def _weighted_values(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """``softmax(scores) v``: torch's CPU softmax accumulates bf16 scores in fp32; its weights
     are rounded once, to the dtype of ``v``."""
@@ -241,11 +255,12 @@ def _prefill_mask(
 def _fused_decode(
     q: torch.Tensor, cache: KVCache, plan: _StepPlan, scale: float, bias: torch.Tensor
 ) -> torch.Tensor:
-    """`_decode` through torch's fused SDPA kernel (no soft-cap, q in the cache dtype)."""
+    """`_decode` through torch's fused SDPA kernel (no soft-cap, q and ``bias`` in the cache
+    dtype)."""
     k = _gather(cache.k, None, plan.decode_cache_rows, q.shape[0], q.dtype)
     v = _gather(cache.v, None, plan.decode_cache_rows, q.shape[0], q.dtype)
     out = F.scaled_dot_product_attention(
-        q[:, :, None], k, v, attn_mask=bias.to(q.dtype), scale=scale, enable_gqa=True
+        q[:, :, None], k, v, attn_mask=bias, scale=scale, enable_gqa=True
     )
     return out[:, :, 0]
 
@@ -281,11 +296,10 @@ def paged_attention(
     ``fused``: bf16 layers through SDPA's fused kernel (see the module notes)."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
     fused = fused and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
-    bias = plan.decode_bias
-    if window is not None and plan.num_decodes > 0:
-        bias = _window_bias(md, plan, cache.block_size, window)
 
     def decode(rows: torch.Tensor) -> torch.Tensor:
+        dtype = q.dtype if fused else plan.decode_bias.dtype
+        bias = _decode_bias(md, plan, cache.block_size, window, dtype)
         if fused:
             return _fused_decode(rows, cache, plan, scale, bias)
         return _decode(rows, cache, plan, scale, bias, softcap)
