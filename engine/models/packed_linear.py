@@ -42,19 +42,21 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
 
 
+def _row_step(rows: int) -> int:
+    """The spacing of the row counts kernels are built for near ``rows``: 8 per power of two
+    above 32 (1 at and below 32, every count)."""
+    return 1 if rows <= 32 else 1 << (rows.bit_length() - 4)
+
+
 def padded_rows(rows: int) -> int:
     """``rows`` rounded up to one of 8 sizes per power of two (32 and fewer kept as they are)."""
-    if rows <= 32:
-        return rows
-    step = 1 << (rows.bit_length() - 4)
+    step = _row_step(rows)
     return -(-rows // step) * step
 
 
 def trimmed_rows(rows: int) -> int:
     """The largest of those sizes not above ``rows``: the scheduler sizes prefill steps to it."""
-    if rows <= 32:
-        return rows
-    step = 1 << (rows.bit_length() - 4)
+    step = _row_step(rows)
     return rows // step * step
 
 
