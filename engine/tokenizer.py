@@ -180,20 +180,22 @@ class IncrementalDetokenizer:
     def push(self, token_ids: list[int]) -> str:
         """Add tokens; return the newly completed text (possibly empty)."""
         self.ids.extend(token_ids)
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
+        prefix, full = self._texts()
         if len(full) <= len(prefix) or full.endswith("\ufffd"):
             return ""
         self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
         return full[len(prefix) :]
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
+    def _texts(self) -> tuple[str, str]:
+        """The text already emitted after the context window, and that text with what follows."""
+        decode = self.tokenizer.decode
+        skip = self.skip_special_tokens
+        prefix = decode(self.ids[self.prefix_offset : self.read_offset], skip_special_tokens=skip)
+        return prefix, decode(self.ids[self.prefix_offset :], skip_special_tokens=skip)
 
     def flush(self) -> str:
         """Text still held back at the end of the stream (with replacement characters)."""
-        prefix = self._decode(self.ids[self.prefix_offset : self.read_offset])
-        full = self._decode(self.ids[self.prefix_offset :])
+        prefix, full = self._texts()
         self.prefix_offset = self.read_offset = len(self.ids)
         return full[len(prefix) :]
 
