@@ -1,12 +1,13 @@
 """Engine vs transformers generate() on a mixture-of-experts model, in one process and one run.
 
-    python benchmarks/moe.py [--threads 2] [--repeat 3] [--prompts 8] [--prompt-len 512]
+    python benchmarks/moe.py [--dtype auto] [--threads 2] [--repeat 3] [--prompts 8] [--prompt-len 512]
 
 The model is the "bench-moe" tiny-model preset: a Mixtral-shaped checkpoint of ~49M
-parameters (8 experts, top-2, 4 layers, random weights), built once into the kvgate
-cache directory. Prints output tokens/s of each at batch 8, in the native dtype, (8 prompts x 512 tokens -> exactly
-128 new tokens each, greedy) and their ratio, measured as `benchmarks/engine.py` measures the
-dense model: alternating rounds, fresh prompts each round, the best round reported.
+parameters (8 experts, top-2, 4 layers, random weights), built once into the kvgate cache
+directory. Prints output tokens/s of each at batch 8 in the CPU's native dtype (8 prompts x
+512 tokens -> exactly 128 new tokens each, greedy) and their ratio, measured as
+`benchmarks/engine.py` measures the dense model: alternating rounds, fresh prompts each
+round, the best round reported.
 """
 
 from __future__ import annotations
