@@ -40,9 +40,9 @@ import torch  # noqa: E402
 from benchmarks.machine import Machine, ModelCost, describe_cpu, matmul_gflops, memory_gbps  # noqa: E402
 from benchmarks.vllm_peer import VllmPeer  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
-from engine.config import choose_dtype, choose_kv_cache_dtype  # noqa: E402
+from engine.config import cache_dir, choose_dtype, choose_kv_cache_dtype  # noqa: E402
 from engine.model_config import ModelConfig  # noqa: E402
-from engine.tiny_model import CACHE_ENV, make_tiny_model  # noqa: E402
+from engine.tiny_model import make_tiny_model  # noqa: E402
 
 WORKLOADS = ("batch8", "single", "ttft", "batch32")
 # A run: (prompts, new tokens) -> wall seconds, and whether every request was a prefix hit.
@@ -50,7 +50,7 @@ Runner = Callable[[list[list[int]], int], tuple[float, bool]]
 
 
 def bench_model_dir() -> Path:
-    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvgate")
+    cache = cache_dir()
     path = cache / "bench55m-v1"
     if not (path / "model.safetensors").is_file():
         make_tiny_model(path, seed=0, preset="bench55m")

@@ -13,7 +13,6 @@ round, the best round reported.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -24,15 +23,15 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from benchmarks.engine import Bench, kvgate_runner, transformers_runner  # noqa: E402
-from engine.config import choose_dtype  # noqa: E402
+from engine.config import cache_dir, choose_dtype  # noqa: E402
 from engine.model_config import ModelConfig  # noqa: E402
-from engine.tiny_model import CACHE_ENV, make_tiny_model  # noqa: E402
+from engine.tiny_model import make_tiny_model  # noqa: E402
 
 PRESET = "bench-moe"
 
 
 def bench_model_dir() -> Path:
-    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvgate")
+    cache = cache_dir()
     path = cache / f"{PRESET}-v1"
     if not (path / "model.safetensors").is_file():
         make_tiny_model(path, seed=0, preset=PRESET)

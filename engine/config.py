@@ -7,8 +7,11 @@ import logging
 import os
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 log = logging.getLogger(__name__)
+
+CACHE_ENV = "KVGATE_CACHE_DIR"  # where built things live: tiny models, compiled CPU kernels
 
 # CPU feature flags (/proc/cpuinfo) meaning bf16 arithmetic runs in hardware: x86 AVX-512 BF16
 # or AMX, Arm's BF16 extension. Without them oneDNN emulates bf16 with fp32 instructions plus
@@ -108,6 +111,11 @@ def free_memory_bytes(device_type: str) -> int:
     except OSError:
         pass
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def cache_dir() -> Path:
+    """kvgate's cache directory: ``$KVGATE_CACHE_DIR``, else ``~/.cache/kvgate``."""
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvgate")
 
 
 @functools.cache

@@ -18,11 +18,11 @@ import torch
 from safetensors.torch import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
+from engine.config import cache_dir
 from engine.model_config import ModelConfig
 from engine.models.llama import LlamaForCausalLM
 from engine.tiny_corpus import CORPUS
 
-CACHE_ENV = "KVGATE_CACHE_DIR"
 DEFAULT_MODEL_NAME = "tiny-model-v3"  # v2: the template lists tools; v3: writes tool calls
 INIT_STD = 0.02
 BOS, EOS, IM_START, IM_END = "<s>", "</s>", "<|im_start|>", "<|im_end|>"
@@ -158,7 +158,7 @@ def random_weights(config: dict[str, Any], seed: int) -> dict[str, torch.Tensor]
 
 def default_model_dir() -> Path:
     """The cached default tiny model, built once (atomically) on first use."""
-    cache = Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "kvgate")
+    cache = cache_dir()
     target = cache / DEFAULT_MODEL_NAME
     if (target / "model.safetensors").is_file():
         return target

@@ -1,5 +1,6 @@
 """Choosing the attention implementation: Triton kernels on CUDA, the PyTorch reference on CPU
-(its bf16 layers on SDPA's fused kernel where the CPU has AMX: `cpu_backend`).
+with its decode rows on the native kernel (`engine.attention.cpu`) where it builds, and its
+bf16 prefills on SDPA's fused kernel where the CPU has AMX (`cpu_backend`).
 
 A backend is a small object with the two operations a layer needs, ``write_kv`` and
 ``paged_attention``; the engine picks one at startup and calls it for every layer.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.attention import torch_backend
+from engine.attention.cpu import native_decode
 from engine.attention.kv_cache import KVCache
 from engine.config import cpu_flags
 
@@ -31,16 +33,19 @@ class AttentionBackend:
 
 
 TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.paged_attention)
-FUSED_BACKEND = AttentionBackend(
-    "torch",
-    torch_backend.write_kv,
-    functools.partial(torch_backend.paged_attention, fused=True),
-)
 
 
-def cpu_backend(flags: frozenset[str]) -> AttentionBackend:
-    """The torch backend for a CPU with ``flags``: bf16 attention on SDPA where there is AMX."""
-    return FUSED_BACKEND if "amx_bf16" in flags else TORCH_BACKEND
+def cpu_backend(
+    flags: frozenset[str], decode_kernel: torch_backend.DecodeKernel | None = None
+) -> AttentionBackend:
+    """The torch backend for a CPU with ``flags``: bf16 attention on SDPA where there is AMX,
+    decode rows on ``decode_kernel`` where given."""
+    if decode_kernel is None and "amx_bf16" not in flags:
+        return TORCH_BACKEND
+    attention = functools.partial(
+        torch_backend.paged_attention, fused="amx_bf16" in flags, decode_kernel=decode_kernel
+    )
+    return AttentionBackend("torch", torch_backend.write_kv, attention)
 
 
 def _triton_usable(device: torch.device) -> bool:
@@ -58,7 +63,9 @@ def get_attention_backend(
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        return cpu_backend(cpu_flags()) if device.type == "cpu" else TORCH_BACKEND
+        if device.type != "cpu":
+            return TORCH_BACKEND
+        return cpu_backend(cpu_flags(), native_decode())
     if not _triton_usable(device):
         raise ValueError(
             f"attention_backend: triton needs a CUDA device (or TRITON_INTERPRET=1), got {device}"

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -55,6 +56,18 @@ def _bytes(x: torch.Tensor) -> torch.Tensor:
     return x.view(torch.uint8) if x.dtype == FP8_DTYPE else x
 
 
+class DecodeKernel(Protocol):
+    """Decode attention over the cache in place (`engine.attention.cpu.NativeDecode`):
+    ``q [B, Hq, D]``, the sequences' block tables ``[B, W]`` and lengths ``[B]`` (int32)."""
+
+    def takes(self, q: torch.Tensor, cache: KVCache) -> bool: ...
+
+    def __call__(
+        self, q: torch.Tensor, cache: KVCache, block_tables: torch.Tensor,
+        seq_lens: torch.Tensor, scale: float, window: int | None, softcap: float | None,
+    ) -> torch.Tensor: ...  # fmt: skip
+
+
 @dataclass
 class _Prefill:
     q_start: int
@@ -70,6 +83,8 @@ class _StepPlan:
     decode_seqs: torch.Tensor  # [Bd] int64 indices of the sequences with one query
     decode_query_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
     decode_cache_rows: torch.Tensor  # [Bd * Hkv * nblk], see _cache_rows
+    decode_tables: torch.Tensor  # [Bd, nblk] int32: the decoding sequences' block tables
+    decode_lens: torch.Tensor  # [Bd] int32: their context lengths
     decode_bias: torch.Tensor  # [Bd, 1, 1, nblk * block_size] fp32: 0 = attend, -inf = padding
     prefills: list[_Prefill]
 
@@ -107,14 +122,18 @@ def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepP
             )
     nblk = max((-(-seq_lens[i] // block_size) for i in decode_seqs), default=0)
     seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
-    cache_rows = _cache_rows(md.block_tables.index_select(0, seqs)[:, :nblk], kv_heads)
+    tables = md.block_tables.index_select(0, seqs)[:, :nblk].contiguous()
+    lens = md.seq_lens.index_select(0, seqs)
     keys = torch.arange(nblk * block_size, device=device)
-    padding = keys[None, :] >= md.seq_lens.index_select(0, seqs)[:, None]
+    padding = keys[None, :] >= lens[:, None]
     bias = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
     query_rows = None
     if len(decode_seqs) != len(seq_lens):
         query_rows = md.query_start_loc.index_select(0, seqs).long()
-    return _StepPlan(seqs, query_rows, cache_rows, bias[:, None, None, :], prefills)
+    return _StepPlan(
+        seqs, query_rows, _cache_rows(tables, kv_heads), tables, lens, bias[:, None, None, :],
+        prefills,
+    )  # fmt: skip
 
 
 def _gather(
@@ -289,15 +308,22 @@ def paged_attention(
     softcap: float | None = None,
     *,
     fused: bool = False,
+    decode_kernel: DecodeKernel | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype.
     ``window``: each query sees only its last ``window`` keys (itself included);
     ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask;
-    ``fused``: bf16 layers through SDPA's fused kernel (see the module notes)."""
+    ``fused``: bf16 layers through SDPA's fused kernel (see the module notes);
+    ``decode_kernel``: decode rows through a native kernel that reads the cache in place
+    (`engine.attention.cpu`), where it takes the cache's dtype and head size."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
     fused = fused and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
+    native = decode_kernel is not None and decode_kernel.takes(q, cache)
 
     def decode(rows: torch.Tensor) -> torch.Tensor:
+        if native:
+            tables, lens = plan.decode_tables, plan.decode_lens
+            return decode_kernel(rows, cache, tables, lens, scale, window, softcap)
         dtype = q.dtype if fused else plan.decode_bias.dtype
         bias = _decode_bias(md, plan, cache.block_size, window, dtype)
         if fused:

@@ -97,15 +97,22 @@ def _unpacked(lm: LoadedModel) -> LoadedModel:
     return replace(lm, model=model.eval())
 
 
-def _greedy(lm: LoadedModel, ids: list[int], steps: int) -> tuple[list[int], torch.Tensor]:
+def _greedy(
+    lm: LoadedModel, ids: list[int], steps: int, fed: list[int] | None = None
+) -> tuple[list[int], torch.Tensor, list[float]]:
+    """Each step's argmax, the prompt's logits, and each step's margin between its top two
+    logits; the next input is the argmax, or the token of ``fed`` (teacher forcing)."""
     run = PagedRun(lm)
     seq = run.add_sequence(len(ids) + steps)
     logits = run.step([seq], [ids], [len(ids)])
-    first, tokens = logits, []
-    for _ in range(steps):
+    first, tokens, margins = logits, [], []
+    for i in range(steps):
+        top = logits[-1].float().topk(2)
         tokens.append(int(logits[-1].argmax()))
-        logits = run.step([seq], [tokens[-1:]], [len(ids) + len(tokens)])
-    return tokens, first
+        margins.append(float(top.values[0] - top.values[1]))
+        token = tokens[-1] if fed is None else fed[i]
+        logits = run.step([seq], [[token]], [len(ids) + i + 1])
+    return tokens, first, margins
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -137,9 +144,13 @@ def test_packed_model_keeps_one_copy_of_the_weights_and_decodes_the_same(
     )
 
     ids = lm.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
-    tokens, logits = _greedy(lm, ids, steps=12)
-    expected_tokens, expected_logits = _greedy(reference, ids, steps=12)
-    assert tokens == expected_tokens
+    expected_tokens, expected_logits, margins = _greedy(reference, ids, steps=12)
+    tokens, logits, _ = _greedy(lm, ids, steps=12, fed=expected_tokens)
+    # On the reference's path, the same token wherever its top two logits are apart by more
+    # than rounding can move them (these random models often tie in bf16).
+    clear = [i for i, margin in enumerate(margins) if margin > (0.03 if size == 2 else 1e-4)]
+    assert len(clear) >= 6
+    assert [tokens[i] for i in clear] == [expected_tokens[i] for i in clear]
     # Fused epilogues: bf16 rounding only; fp32: another summation order.
     assert (logits - expected_logits).abs().max() < (0.05 if dtype == torch.bfloat16 else 1e-4)
     with pytest.raises(RuntimeError, match="released"):

@@ -1,0 +1,260 @@
+// Paged decode attention on the CPU, reading K/V where they lie in the cache.
+//
+// One query token per sequence. Work items are (sequence, KV head) pairs: the G query heads
+// sharing a KV head walk that head's blocks once for the scores and once for the values,
+// in fp32 throughout (the cache's bf16 is widened as it is read), so nothing is gathered or
+// padded and each K/V byte is read once. Built at first use by engine/attention/cpu/__init__.py
+// with -O3 -march=native: the plain loops below vectorize to the machine's widest FMA.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// The widest float vector the build targets, as a handful of operations; caches of bf16 are
+// widened on load (a bf16 is the top half of an fp32).
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+using Vec = __m512;
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec splat(float x) { return _mm512_set1_ps(x); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const c10::BFloat16* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kWidth = 8;
+using Vec = __m256;
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec splat(float x) { return _mm256_set1_ps(x); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const c10::BFloat16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline float sum(Vec v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+#else
+constexpr int64_t kWidth = 1;
+using Vec = float;
+inline Vec zero() { return 0.f; }
+inline Vec splat(float x) { return x; }
+inline Vec load(const float* p) { return *p; }
+inline Vec load(const c10::BFloat16* p) { return static_cast<float>(*p); }
+inline void store(float* p, Vec v) { *p = v; }
+inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
+inline float sum(Vec v) { return v; }
+#endif
+
+// The K or V rows of one sequence's KV head, by key index (keys from position ``first``).
+template <typename T>
+struct Rows {
+  const T* cache;
+  const int32_t* table;
+  int64_t first, keys, kv_heads, head, block_size, dim;
+
+  const T* operator()(int64_t key) const {
+    const int64_t pos = first + key, block = table[pos / block_size];
+    return cache + ((block * kv_heads + head) * block_size + pos % block_size) * dim;
+  }
+
+  // At a block's first key, ask for the next block's rows (contiguous, but anywhere in the
+  // cache: the hardware prefetcher cannot guess the jump).
+  void prefetch_next_block(int64_t key) const {
+    if ((first + key) % block_size != 0) return;
+    if (key == 0) prefetch(key + block_size);
+    prefetch(key + 2 * block_size);
+  }
+
+  void prefetch(int64_t key) const {
+    if (key >= keys) return;
+    const char* rows = reinterpret_cast<const char*>((*this)(key - (first + key) % block_size));
+    const int64_t bytes = block_size * dim * static_cast<int64_t>(sizeof(T));
+    for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(rows + offset);
+  }
+};
+
+// ``Vectors`` vectors of kWidth floats make one head; fixed at compile time, the accumulators
+// of a head stay in registers.
+template <typename T, int64_t Vectors>
+struct Head {
+  static float dot(const float* q, const T* k) {
+    Vec partial[Vectors];
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) partial[i] = load(q + i * kWidth) * load(k + i * kWidth);
+#pragma GCC unroll 32
+    for (int64_t live = Vectors; live > 1; live = (live + 1) / 2)  // pairwise, any count
+      for (int64_t i = 0; i < live / 2; ++i) partial[i] = partial[i] + partial[i + (live + 1) / 2];
+    return sum(partial[0]);
+  }
+
+  // out = sum over keys of weights[i] * rows(i), rows(i) a value row.
+  static void weighted_sum(const float* weights, int64_t keys, const Rows<T>& rows, float* out) {
+    Vec acc[Vectors];
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) acc[i] = zero();
+    for (int64_t key = 0; key < keys; ++key) {
+      rows.prefetch_next_block(key);
+      const Vec w = splat(weights[key]);
+      const T* v = rows(key);
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) acc[i] = fma(w, load(v + i * kWidth), acc[i]);
+    }
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) store(out + i * kWidth, acc[i]);
+  }
+};
+
+template <typename T, int64_t Vectors>
+void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+            const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
+            int64_t window, double softcap, torch::Tensor& out) {
+  constexpr int64_t dim = Vectors * kWidth;
+  const int64_t seqs = q.size(0), heads = q.size(1);
+  const int64_t kv_heads = k_cache.size(1), block_size = k_cache.size(2);
+  const int64_t group = heads / kv_heads, table_width = block_tables.size(1);
+  const T* q_ptr = q.data_ptr<T>();
+  const T* k_ptr = k_cache.data_ptr<T>();
+  const T* v_ptr = v_cache.data_ptr<T>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  T* out_ptr = out.data_ptr<T>();
+  const float cap = static_cast<float>(softcap);
+
+  at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(group * dim), acc(dim), scores;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t seq = item / kv_heads, head = item % kv_heads;
+      const int64_t len = lens[seq];
+      const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
+      const int64_t keys = len - first;
+      const int32_t* table = tables + seq * table_width;
+      const Rows<T> k_rows{k_ptr, table, first, keys, kv_heads, head, block_size, dim};
+      const Rows<T> v_rows{v_ptr, table, first, keys, kv_heads, head, block_size, dim};
+      const T* q_heads = q_ptr + (seq * heads + head * group) * dim;
+      for (int64_t i = 0; i < group * dim; ++i)
+        qf[i] = static_cast<float>(q_heads[i]) * static_cast<float>(scale);
+      scores.resize(group * keys);
+
+      // Scores: each key of this head read once, against the group's queries.
+      for (int64_t key = 0; key < keys; ++key) {
+        k_rows.prefetch_next_block(key);
+        const T* k = k_rows(key);
+        for (int64_t g = 0; g < group; ++g) {
+          float s = Head<T, Vectors>::dot(qf.data() + g * dim, k);
+          if (cap > 0.f) s = cap * std::tanh(s / cap);
+          scores[g * keys + key] = s;
+        }
+      }
+      T* o = out_ptr + (seq * heads + head * group) * dim;
+      for (int64_t g = 0; g < group; ++g) {
+        // Softmax in fp32, then the weighted values (this head's rows stay in L2 for the group).
+        float* s = scores.data() + g * keys;
+        float top = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < keys; ++i) top = std::max(top, s[i]);
+        float total = 0.f;
+        for (int64_t i = 0; i < keys; ++i) {
+          s[i] = std::exp(s[i] - top);
+          total += s[i];
+        }
+        const float inv = 1.f / total;
+        for (int64_t i = 0; i < keys; ++i) s[i] *= inv;
+        Head<T, Vectors>::weighted_sum(s, keys, v_rows, acc.data());
+        for (int64_t d = 0; d < dim; ++d) o[g * dim + d] = static_cast<T>(acc[d]);
+      }
+    }
+  });
+}
+
+#define KVGATE_HEAD_VECTORS(X) X(1) X(2) X(4) X(5) X(6) X(8) X(10) X(12) X(16) X(32)
+
+template <typename T>
+void decode_any(const torch::Tensor& q, const torch::Tensor& k_cache,
+                const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                const torch::Tensor& seq_lens, double scale, int64_t window, double softcap,
+                torch::Tensor& out) {
+  switch (q.size(2) % kWidth == 0 ? q.size(2) / kWidth : 0) {
+#define KVGATE_DIM(n) \
+  case n:             \
+    return decode<T, n>(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, out);
+    KVGATE_HEAD_VECTORS(KVGATE_DIM)
+#undef KVGATE_DIM
+    default:
+      TORCH_CHECK(false, "paged_decode: head_dim ", q.size(2), " is not supported");
+  }
+}
+
+}  // namespace
+
+// q [B, Hq, D]; caches [blocks, Hkv, block_size, D] in q's dtype; block_tables [B, W] int32;
+// seq_lens [B] int32 (keys per sequence, the query's own included). window <= 0: none;
+// softcap <= 0: none. Returns [B, Hq, D] in q's dtype.
+torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
+                           const torch::Tensor& v_cache, const torch::Tensor& block_tables,
+                           const torch::Tensor& seq_lens, double scale, int64_t window,
+                           double softcap) {
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
+              "paged_decode: bad shapes");
+  TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
+                  q.scalar_type() == v_cache.scalar_type(),
+              "paged_decode: q and the caches must share a dtype");
+  TORCH_CHECK(q.is_contiguous() && k_cache.is_contiguous() && v_cache.is_contiguous() &&
+                  block_tables.is_contiguous() && seq_lens.is_contiguous(),
+              "paged_decode: tensors must be contiguous");
+  TORCH_CHECK(block_tables.scalar_type() == torch::kInt32 &&
+                  seq_lens.scalar_type() == torch::kInt32,
+              "paged_decode: block_tables and seq_lens must be int32");
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0 &&
+                  block_tables.size(0) == q.size(0) && seq_lens.size(0) == q.size(0),
+              "paged_decode: shapes disagree");
+  const int64_t capacity = block_tables.size(1) * k_cache.size(2), blocks = k_cache.size(0);
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  for (int64_t i = 0; i < seq_lens.size(0); ++i)
+    TORCH_CHECK(lens[i] > 0 && lens[i] <= capacity, "paged_decode: seq_len out of range");
+  for (int64_t i = 0; i < block_tables.numel(); ++i)
+    TORCH_CHECK(tables[i] >= 0 && tables[i] < blocks, "paged_decode: block id out of range");
+  auto out = torch::empty_like(q);
+  if (q.scalar_type() == torch::kBFloat16) {
+    decode_any<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap,
+                          out);
+  } else {
+    TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_decode: bf16 or fp32 only");
+    decode_any<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, out);
+  }
+  return out;
+}
+
+// The head sizes paged_decode takes on this build.
+std::vector<int64_t> head_dims() {
+  std::vector<int64_t> dims;
+#define KVGATE_DIM(n) dims.push_back(n * kWidth);
+  KVGATE_HEAD_VECTORS(KVGATE_DIM)
+#undef KVGATE_DIM
+  return dims;
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("head_dims", &head_dims, "the head sizes paged_decode takes on this build");
+  m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache");
+}

@@ -1,0 +1,121 @@
+"""The native CPU decode kernel against fp64 dense attention, and wired into the torch backend."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+from attention_cases import expected_output, make_case
+
+from engine.attention import AttentionMetadata, get_attention_backend, paged_attention
+from engine.attention.cpu import NativeDecode, native_decode
+from engine.attention.kv_cache import FP8_DTYPE
+
+
+@pytest.fixture(scope="module")
+def kernel() -> NativeDecode:
+    found = native_decode()
+    if found is None:
+        # Not a skip where a compiler is present: a build that broke must fail the suite.
+        assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
+        pytest.skip("no C++ compiler: the torch path serves")
+    return found
+
+
+def _decode(kernel: NativeDecode, case, window=None, softcap=None) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    md = case.md
+    return kernel(case.q, case.cache, md.block_tables, md.seq_lens, case.scale, window, softcap)
+
+
+# bf16: the output is rounded once to bf16 from fp32 sums (the reference rounds scores too).
+TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_heads,kv_heads", [(4, 4), (4, 2), (8, 1)])
+def test_gqa_ratios(
+    kernel: NativeDecode, dtype: torch.dtype, num_heads: int, kv_heads: int
+) -> None:
+    case = make_case([33, 5], [1, 1], num_heads, kv_heads, 64, cache_dtype=dtype, q_dtype=dtype)
+    out = _decode(kernel, case)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected_output(case), atol=TOLERANCE[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("head_dim", [32, 64, 80, 96, 128, 256])
+def test_head_sizes(kernel: NativeDecode, head_dim: int) -> None:
+    case = make_case([40, 17], [1, 1], 4, 2, head_dim)
+    torch.testing.assert_close(
+        _decode(kernel, case).double(), expected_output(case), atol=2e-5, rtol=0
+    )
+
+
+def test_block_boundaries_in_shuffled_blocks_ignore_the_garbage_around_them(
+    kernel: NativeDecode,
+) -> None:
+    case = make_case([1, 15, 16, 17, 300], [1] * 5, 4, 2, 64)
+    torch.testing.assert_close(
+        _decode(kernel, case).double(), expected_output(case), atol=2e-5, rtol=0
+    )
+
+
+@pytest.mark.parametrize("window,softcap", [(7, None), (None, 30.0), (20, 5.0)])
+def test_sliding_window_and_softcap(kernel: NativeDecode, window, softcap) -> None:  # type: ignore[no-untyped-def]
+    case = make_case([50, 9, 33], [1, 1, 1], 4, 2, 64)
+    want = expected_output(case, window=window, softcap=softcap)
+    torch.testing.assert_close(
+        _decode(kernel, case, window, softcap).double(), want, atol=2e-5, rtol=0
+    )
+
+
+def test_a_sequence_gets_the_same_bits_alone_and_in_a_crowd(kernel: NativeDecode) -> None:
+    crowd = make_case([140, 9, 300], [1, 1, 1], 4, 2, 64, cache_dtype=torch.bfloat16,
+                      q_dtype=torch.bfloat16)  # fmt: skip
+    table = crowd.md.block_tables[0, :9].tolist()
+    alone = AttentionMetadata.from_lists([140], [1], [table], 16)
+    by_itself = kernel(crowd.q[:1], crowd.cache, alone.block_tables, alone.seq_lens,
+                       crowd.scale, None, None)  # fmt: skip
+    assert torch.equal(_decode(kernel, crowd)[0], by_itself[0])
+
+
+def test_bad_tables_are_refused_not_read(kernel: NativeDecode) -> None:
+    case = make_case([20], [1], 4, 2, 64)
+    md = case.md
+    beyond = md.block_tables.clone()
+    beyond[0, 0] = case.cache.k.shape[0]
+    with pytest.raises(RuntimeError, match="block id out of range"):
+        kernel(case.q, case.cache, beyond, md.seq_lens, case.scale, None, None)
+    too_long = md.seq_lens + 16 * md.block_tables.shape[1]
+    with pytest.raises(RuntimeError, match="seq_len out of range"):
+        kernel(case.q, case.cache, md.block_tables, too_long, case.scale, None, None)
+
+
+def test_takes_only_what_it_was_built_for(kernel: NativeDecode) -> None:
+    bf16 = make_case([5], [1], 4, 2, 64, cache_dtype=torch.bfloat16, q_dtype=torch.bfloat16)
+    assert kernel.takes(bf16.q, bf16.cache)
+    assert not kernel.takes(bf16.q.float(), bf16.cache)  # dtypes differ
+    fp8 = make_case([5], [1], 4, 2, 64, cache_dtype=FP8_DTYPE)
+    assert not kernel.takes(fp8.q, fp8.cache)
+    odd = make_case([5], [1], 4, 2, 72)
+    assert not kernel.takes(odd.q, odd.cache)
+
+
+def test_the_cpu_backend_serves_decode_rows_with_it_and_prefill_rows_as_before(
+    kernel: NativeDecode,
+) -> None:
+    """A mixed step: the decode rows match the kernel's own answer, the prefill rows the
+    reference's, and all of it the dense oracle."""
+    backend = get_attention_backend("torch", "cpu")
+    case = make_case([30, 64, 7], [1, 20, 1], 4, 2, 64)
+    got = backend.paged_attention(case.q, case.cache, case.md, case.scale)
+    torch.testing.assert_close(got.double(), expected_output(case), atol=2e-5, rtol=0)
+    reference = paged_attention(case.q, case.cache, case.md, case.scale)
+    assert torch.equal(got[1:21], reference[1:21])
+    decode_only = make_case([30, 7], [1, 1], 4, 2, 64, seed=3)
+    assert torch.equal(
+        backend.paged_attention(
+            decode_only.q, decode_only.cache, decode_only.md, decode_only.scale
+        ),
+        _decode(kernel, decode_only),
+    )
