@@ -36,6 +36,10 @@ inline Vec load(const c10::BFloat16* p) {
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline float max(Vec v) { return _mm512_reduce_max_ps(v); }
+inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }  // n integral
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kWidth = 8;
 using Vec = __m256;
@@ -54,6 +58,18 @@ inline float sum(Vec v) {
   x = _mm_add_ss(x, _mm_movehdup_ps(x));
   return _mm_cvtss_f32(x);
 }
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline float max(Vec v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
+inline Vec pow2(Vec n) {  // n integral, within the normal exponents
+  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
+}
 #else
 constexpr int64_t kWidth = 1;
 using Vec = float;
@@ -64,7 +80,51 @@ inline Vec load(const c10::BFloat16* p) { return static_cast<float>(*p); }
 inline void store(float* p, Vec v) { *p = v; }
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline float sum(Vec v) { return v; }
+inline Vec vmax(Vec a, Vec b) { return std::max(a, b); }
+inline float max(Vec v) { return v; }
+inline Vec floor(Vec v) { return std::floor(v); }
+inline Vec pow2(Vec n) { return std::ldexp(1.f, static_cast<int>(n)); }
 #endif
+
+// e^x for x <= 0 (softmax arguments), Cephes' expf: 2^n * p(r), r = x - n ln 2, |r| <= ln2/2;
+// within 2 ulp of expf. Below -87 (where e^x leaves the normal floats) it gives ~e^-87.
+inline Vec exp_nonpositive(Vec x) {
+  x = vmax(x, splat(-87.f));
+  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
+  Vec r = fma(n, splat(-0.693359375f), x);
+  r = fma(n, splat(2.12194440e-4f), r);
+  Vec p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p, r * r, r + splat(1.f));
+  return p * pow2(n);
+}
+
+// In place: s = softmax(s) over n floats.
+inline void softmax(float* s, int64_t n) {
+  const int64_t whole = n - n % kWidth;
+  Vec top_v = splat(-std::numeric_limits<float>::infinity());
+  for (int64_t i = 0; i < whole; i += kWidth) top_v = vmax(top_v, load(s + i));
+  float top = max(top_v);
+  for (int64_t i = whole; i < n; ++i) top = std::max(top, s[i]);
+  Vec total_v = zero();
+  for (int64_t i = 0; i < whole; i += kWidth) {
+    const Vec e = exp_nonpositive(load(s + i) - splat(top));
+    store(s + i, e);
+    total_v = total_v + e;
+  }
+  float total = sum(total_v);
+  for (int64_t i = whole; i < n; ++i) {
+    s[i] = std::exp(s[i] - top);
+    total += s[i];
+  }
+  const Vec inv = splat(1.f / total);
+  for (int64_t i = 0; i < whole; i += kWidth) store(s + i, load(s + i) * inv);
+  for (int64_t i = whole; i < n; ++i) s[i] *= 1.f / total;
+}
 
 // The K or V rows of one sequence's KV head, by key index (keys from position ``first``).
 template <typename T>
@@ -170,15 +230,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
       for (int64_t g = 0; g < group; ++g) {
         // Softmax in fp32, then the weighted values (this head's rows stay in L2 for the group).
         float* s = scores.data() + g * keys;
-        float top = -std::numeric_limits<float>::infinity();
-        for (int64_t i = 0; i < keys; ++i) top = std::max(top, s[i]);
-        float total = 0.f;
-        for (int64_t i = 0; i < keys; ++i) {
-          s[i] = std::exp(s[i] - top);
-          total += s[i];
-        }
-        const float inv = 1.f / total;
-        for (int64_t i = 0; i < keys; ++i) s[i] *= inv;
+        softmax(s, keys);
         Head<T, Vectors>::weighted_sum(s, keys, v_rows, acc.data());
         for (int64_t d = 0; d < dim; ++d) o[g * dim + d] = static_cast<T>(acc[d]);
       }
