@@ -15,6 +15,7 @@ import functools
 import hashlib
 import logging
 import os
+import shutil
 from pathlib import Path
 from types import ModuleType
 
@@ -28,12 +29,16 @@ DISABLE_ENV = "KVGATE_CPU_KERNELS"
 SOURCE = Path(__file__).with_name("paged_decode.cpp")
 
 
+def _cpu_kind() -> str:
+    return hashlib.sha256(" ".join(sorted(cpu_flags())).encode()).hexdigest()[:8]
+
+
 def _build_name() -> str:
-    """A name unique to the source, torch and the CPU: a build never meets another machine's."""
+    """A name unique to the CPU kind, the source and torch: a build never meets another
+    machine's (a cache directory may be shared)."""
     digest = hashlib.sha256(SOURCE.read_bytes())
     digest.update(torch.__version__.encode())
-    digest.update(" ".join(sorted(cpu_flags())).encode())
-    return f"kvgate_cpu_attention_{digest.hexdigest()[:16]}"
+    return f"kvgate_cpu_attention_{_cpu_kind()}_{digest.hexdigest()[:12]}"
 
 
 def build_directory(name: str) -> Path:
@@ -70,7 +75,16 @@ def load() -> ModuleType | None:
     except Exception as exc:  # noqa: BLE001 - any build failure: the torch path serves
         log.warning("CPU attention kernels unavailable (%s); using the torch path", exc)
         return None
+    _remove_stale_builds(directory)
     return module
+
+
+def _remove_stale_builds(current: Path) -> None:
+    """This CPU kind's earlier builds (another source or torch) are never loaded again: drop
+    them. A process still running one keeps its mapped copy."""
+    for other in current.parent.glob(f"kvgate_cpu_attention_{_cpu_kind()}_*"):
+        if other != current:
+            shutil.rmtree(other, ignore_errors=True)
 
 
 class NativeDecode:

@@ -4,14 +4,16 @@
 // sharing a KV head walk that head's blocks once for the scores and once for the values,
 // in fp32 throughout (the cache's bf16 is widened as it is read), so nothing is gathered or
 // padded and each K/V byte is read once. Built at first use by engine/attention/cpu/__init__.py
-// with -O3 -march=native: the plain loops below vectorize to the machine's widest FMA.
+// with -O3 -march=native, which picks the AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
 
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
 
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cmath>
@@ -265,6 +267,9 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
                            const torch::Tensor& v_cache, const torch::Tensor& block_tables,
                            const torch::Tensor& seq_lens, double scale, int64_t window,
                            double softcap) {
+  TORCH_CHECK(q.device().is_cpu() && k_cache.device().is_cpu() && v_cache.device().is_cpu() &&
+                  block_tables.device().is_cpu() && seq_lens.device().is_cpu(),
+              "paged_decode: CPU tensors only");
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes(),
               "paged_decode: bad shapes");
   TORCH_CHECK(q.scalar_type() == k_cache.scalar_type() &&
@@ -288,8 +293,8 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
     TORCH_CHECK(tables[i] >= 0 && tables[i] < blocks, "paged_decode: block id out of range");
   auto out = torch::empty_like(q);
   if (q.scalar_type() == torch::kBFloat16) {
-    decode_any<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap,
-                          out);
+    decode_any<c10::BFloat16>(q, k_cache, v_cache, block_tables, seq_lens, scale, window,
+                              softcap, out);
   } else {
     TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_decode: bf16 or fp32 only");
     decode_any<float>(q, k_cache, v_cache, block_tables, seq_lens, scale, window, softcap, out);
