@@ -4,7 +4,7 @@
 tensor, each byte read once, fp32 softmax): decode attention 1.6-5x faster than the torch
 reference's gather + two batched matmuls on a 2-core Zen 4. It is built with the C++ compiler
 torch's extensions use (``-O3 -march=native``, OpenMP for torch's thread count) into the kvgate
-cache directory, once per source, torch version and CPU kind (about 25 s on 2 cores); later
+cache directory, once per source, torch version and CPU kind (30-45 s on 2 cores); later
 processes load the build. Where nothing can be built (no compiler), or with
 ``KVGATE_CPU_KERNELS=0``, `load()` returns None and the torch path serves.
 """
@@ -63,7 +63,7 @@ def load() -> ModuleType | None:
             pass
         directory.mkdir(parents=True, exist_ok=True)
         if not any(directory.glob(f"{name}*.so")):
-            log.info("building the CPU attention kernels for this machine (once, ~30 s)")
+            log.info("building the CPU attention kernels for this machine (once, 30-45 s)")
         module = cpp_extension.load(
             name=name,
             sources=[str(SOURCE)],
