@@ -1,7 +1,7 @@
 """Native CPU attention kernels, compiled for this machine on first use.
 
-`paged_decode.cpp` reads K/V where they lie in the paged cache (no gather into a padded
-tensor, each byte read once, fp32 softmax): decode attention 1.6-5x faster than the torch
+`paged_decode.cpp` reads K/V where they lie in the paged cache, bf16, fp32 or fp8 (no gather
+into a padded tensor, each byte read once, fp32 softmax): decode attention 1.6-5x faster than the torch
 reference's gather + two batched matmuls on a 2-core Zen 4. It is built with the C++ compiler
 torch's extensions use (``-O3 -march=native``, OpenMP for torch's thread count) into the kvgate
 cache directory, once per source, torch version and CPU kind (30-45 s on 2 cores); later
@@ -21,7 +21,7 @@ from types import ModuleType
 
 import torch
 
-from engine.attention.kv_cache import KVCache
+from engine.attention.kv_cache import FP8_DTYPE, KVCache
 from engine.config import cache_dir, cpu_flags
 
 log = logging.getLogger(__name__)
@@ -93,13 +93,14 @@ class NativeDecode:
     def __init__(self, module: ModuleType):
         self._decode = module.paged_decode
         self._head_dims = frozenset(module.head_dims())
+        self._no_scales = torch.empty(0)
 
     def takes(self, q: torch.Tensor, cache: KVCache) -> bool:
-        """bf16 or fp32 queries over a cache of the same dtype (not fp8), of a built head size."""
+        """bf16 or fp32 queries over a cache of the same dtype or of fp8, of a built head size."""
         return (
             q.device.type == "cpu"
             and q.dtype in (torch.bfloat16, torch.float32)
-            and cache.k.dtype == q.dtype
+            and cache.k.dtype in (q.dtype, FP8_DTYPE)
             and q.shape[-1] in self._head_dims
         )
 
@@ -107,9 +108,12 @@ class NativeDecode:
         self, q: torch.Tensor, cache: KVCache, block_tables: torch.Tensor,
         seq_lens: torch.Tensor, scale: float, window: int | None, softcap: float | None,
     ) -> torch.Tensor:  # fmt: skip
+        k_scale, v_scale = (
+            (cache.k_scale, cache.v_scale) if cache.is_fp8 else (self._no_scales, self._no_scales)
+        )
         return self._decode(
-            q.contiguous(), cache.k, cache.v, block_tables, seq_lens, scale, window or 0,
-            softcap or 0.0,
+            q.contiguous(), cache.k, cache.v, k_scale, v_scale, block_tables, seq_lens, scale,
+            window or 0, softcap or 0.0,
         )  # fmt: skip
 
 

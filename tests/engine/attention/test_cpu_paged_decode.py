@@ -10,7 +10,7 @@ from attention_cases import expected_output, make_case
 
 from engine.attention import AttentionMetadata, cpu, get_attention_backend, paged_attention
 from engine.attention.cpu import NativeDecode, native_decode
-from engine.attention.kv_cache import FP8_DTYPE
+from engine.attention.kv_cache import FP8_DTYPE, KVCache
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,16 @@ def test_block_boundaries_in_shuffled_blocks_ignore_the_garbage_around_them(
     )
 
 
+@pytest.mark.parametrize("q_dtype", [torch.float32, torch.bfloat16])
+def test_fp8_cache_with_its_per_token_scales(kernel: NativeDecode, q_dtype: torch.dtype) -> None:
+    """Against attention over the dequantized cache (what it stores), and near the unquantized."""
+    case = make_case([1, 15, 17, 90], [1] * 4, 8, 2, 64, cache_dtype=FP8_DTYPE, q_dtype=q_dtype)
+    out = _decode(kernel, case).double()
+    torch.testing.assert_close(out, expected_output(case), atol=TOLERANCE[q_dtype], rtol=0)
+    exact = expected_output(case, dequantized=False)
+    assert ((out - exact).norm() / exact.norm()).item() < 0.05
+
+
 @pytest.mark.parametrize("window,softcap", [(7, None), (None, 30.0), (20, 5.0)])
 def test_sliding_window_and_softcap(kernel: NativeDecode, window, softcap) -> None:  # type: ignore[no-untyped-def]
     case = make_case([50, 9, 33], [1, 1, 1], 4, 2, 64)
@@ -96,7 +106,8 @@ def test_takes_only_what_it_was_built_for(kernel: NativeDecode) -> None:
     assert kernel.takes(bf16.q, bf16.cache)
     assert not kernel.takes(bf16.q.float(), bf16.cache)  # dtypes differ
     fp8 = make_case([5], [1], 4, 2, 64, cache_dtype=FP8_DTYPE)
-    assert not kernel.takes(fp8.q, fp8.cache)
+    assert kernel.takes(fp8.q, fp8.cache) and kernel.takes(fp8.q.bfloat16(), fp8.cache)
+    assert not kernel.takes(fp8.q.half(), fp8.cache)
     odd = make_case([5], [1], 4, 2, 72)
     assert not kernel.takes(odd.q, odd.cache)
 
@@ -130,3 +141,20 @@ def test_a_new_build_removes_this_cpu_kinds_older_ones_only(tmp_path, monkeypatc
         folder.mkdir(parents=True)
     cpu._remove_stale_builds(current)
     assert current.is_dir() and other_machine.is_dir() and not older.exists()
+
+
+def test_every_finite_fp8_value_widens_exactly(kernel: NativeDecode) -> None:
+    """One key per sequence: the output is its value row times its scale, so each byte's fp32
+    value is seen as it left the kernel's widening (NaN bytes excluded: the cache holds none)."""
+    finite = [b for b in range(256) if b not in (0x7F, 0xFF)]
+    rows = -(-len(finite) // 64)
+    values = torch.tensor(finite + [0] * (rows * 64 - len(finite)), dtype=torch.uint8)
+    shape = (rows + 1, 1, 16, 64)
+    v = torch.zeros(shape, dtype=torch.uint8)
+    v[1:, 0, 0] = values.view(rows, 64)
+    k = torch.zeros(shape, dtype=torch.uint8)
+    ones = torch.ones(rows + 1, 1, 16)
+    cache = KVCache(k.view(FP8_DTYPE), v.view(FP8_DTYPE), ones, ones.clone())
+    md = AttentionMetadata.from_lists([1] * rows, [1] * rows, [[b] for b in range(1, rows + 1)], 16)
+    out = kernel(torch.randn(rows, 1, 64), cache, md.block_tables, md.seq_lens, 0.125, None, None)
+    assert torch.equal(out.reshape(-1), values.view(FP8_DTYPE).float())
