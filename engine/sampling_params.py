@@ -7,6 +7,9 @@ vLLM), so one request's arguments can never fail a step that other requests shar
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +80,13 @@ class StructuredOutputs:
     def value(self) -> object:
         value = getattr(self, self.kind)
         return list(value) if isinstance(value, tuple) else value
+
+    @functools.cached_property
+    def digest(self) -> str:
+        """What caches of compiled grammars key on (kind and value, canonical JSON, hashed):
+        computed once a spec, though a request asks for it when it is checked and compiled."""
+        canonical = json.dumps([self.kind, self.value], sort_keys=True).encode()
+        return hashlib.sha256(canonical).hexdigest()
 
 
 @dataclass

@@ -17,7 +17,6 @@ request resumes with its grammar exactly where its tokens are.
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
 import re
 import threading
@@ -105,11 +104,11 @@ class GrammarCache:
         """Whether ``spec`` is compiled already (a front door compiles the others off its
         event loop first: a large schema, or the first one, takes a while)."""
         with self._lock:
-            return _key(spec) in self._compiled
+            return spec.digest in self._compiled
 
     def compile(self, spec: StructuredOutputs) -> Any:
         kind, value = spec.kind, spec.value
-        key = _key(spec)
+        key = spec.digest
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
@@ -189,10 +188,6 @@ def _check_schema(schema: object, field: str) -> None:
     path = _unsupported(schema, "")
     if path is not None:
         raise ValueError(f"{field}{path}: not supported in constrained decoding")
-
-
-def _key(spec: StructuredOutputs) -> str:
-    return hashlib.sha256(json.dumps([spec.kind, spec.value], sort_keys=True).encode()).hexdigest()
 
 
 def _tag_schemas(node: object, path: str) -> Iterator[tuple[str, Any]]:

@@ -148,14 +148,15 @@ class MLP(nn.Module):
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
         packed = self.packed
         if packed:
+            rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
             if self.gelu:
                 gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
             else:
                 gate = pl.linear_silu(x, packed["gate"])
             hidden = pl.linear_mul(x, packed["up"], gate)
             if residual is None:
-                return pl.linear(hidden, packed["down"])
-            return pl.linear_add(hidden, packed["down"], residual)
+                return pl.linear(hidden, packed["down"])[:rows]
+            return pl.linear_add(hidden, packed["down"], pl.pad(residual))[:rows]
         gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         out = F.linear(gate * up, self.down_weight)

@@ -52,7 +52,10 @@ class SparseMoE(nn.Module):
     def _expert(self, j: int, h: torch.Tensor) -> torch.Tensor:
         if self.packed:
             gate, up, down = self.packed[j]
-            return pl.linear(pl.linear_mul(h, up, pl.linear_silu(h, gate)), down)
+            padded = pl.pad(h)
+            return pl.linear(pl.linear_mul(padded, up, pl.linear_silu(padded, gate)), down)[
+                : h.shape[0]
+            ]
         gate, up = F.linear(h, self.w13[j]).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.w2[j])
 

@@ -60,6 +60,13 @@ def trimmed_rows(rows: int) -> int:
     return rows // step * step
 
 
+def pad(x: torch.Tensor) -> torch.Tensor:
+    """``x`` with zero rows appended up to `padded_rows` (``x`` itself when on a size). A
+    chain of the functions below is cheaper on a padded input, sliced once at its end: each
+    of them pads and slices on its own otherwise."""
+    return _pad(x, padded_rows(x.shape[0]))
+
+
 def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
     if x.shape[0] == rows:
         return x
