@@ -195,7 +195,11 @@ def load_cov(result: RunResult) -> float:
     for s in result.sessions:
         for t in s:
             load[t.upstream] = load.get(t.upstream, 0) + t.prompt_tokens
-    values = list(load.values()) + [0] * (3 - len(load))
+    return cov(list(load.values()) + [0] * (3 - len(load)))
+
+
+def cov(values: list[int]) -> float:
+    """Coefficient of variation: how unevenly ``values`` are spread (0 = evenly)."""
     return statistics.pstdev(values) / statistics.mean(values)
 
 
@@ -239,7 +243,7 @@ def main() -> None:
     split = [sum(s[0].upstream == u.base for s in prefix.sessions) for u in upstreams]
     print(
         f"\nprefix: sessions per upstream (by their first turn) {'/'.join(map(str, split))}: "
-        f"at full affinity a load CoV near {statistics.pstdev(split) / statistics.mean(split):.2f} "
+        f"at full affinity a load CoV near {cov(split):.2f} "
         "(the hash's split of these session keys over these upstream URLs)"
     )
     print(

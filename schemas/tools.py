@@ -73,7 +73,7 @@ _CHAT_MESSAGE = {
     "required": ["role", "content"],
     "additionalProperties": False,
 }
-_FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}
+FUNCTION_NAME = {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"}  # OpenAI's rule
 _TOOL = {
     "type": "object",
     "properties": {
@@ -81,7 +81,7 @@ _TOOL = {
         "function": {
             "type": "object",
             "properties": {
-                "name": _FUNCTION_NAME,
+                "name": FUNCTION_NAME,
                 "description": {"type": "string"},
                 "parameters": {"type": "object", "description": "A JSON Schema (type object)."},
                 "strict": {"type": "boolean"},
@@ -111,7 +111,7 @@ _CHAT_OPTIONS = {
                     "type": {"const": "function"},
                     "function": {
                         "type": "object",
-                        "properties": {"name": _FUNCTION_NAME},
+                        "properties": {"name": FUNCTION_NAME},
                         "required": ["name"],
                     },
                 },

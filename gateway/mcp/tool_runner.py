@@ -75,13 +75,14 @@ class ToolRunner:
             )
         try:
             calls = ToolUse.of(arguments, self.generations.tool_family)
-            if calls is not None and calls.constraint is not None:
+            forced = calls.constraint if calls is not None else None
+            if forced is not None:
                 if constraint:
                     raise ValueError(
                         "a required or named tool_choice is a constraint already: drop "
                         f"{', '.join(STRUCTURED_FIELDS)}"
                     )
-                constraint = calls.constraint
+                constraint = forced
             params = self.generations.sampling_params(
                 {
                     "max_tokens": DEFAULT_MAX_TOKENS,

@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 import jsonschema
 
-NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+from schemas.tools import FUNCTION_NAME
+
+NAME = re.compile(FUNCTION_NAME["pattern"])  # OpenAI's rule for function names
 MAX_TOOLS = 128
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import platform
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from engine.config import cache_dir as kvgate_cache_dir
 
 CLI_PACKAGE = "@modelcontextprotocol/conformance"
 CLI_VERSION = "0.2.0-alpha.12"
@@ -90,8 +91,7 @@ class ScenarioResult:
 
 
 def cache_dir() -> Path:
-    root = os.environ.get("KVGATE_CACHE_DIR") or Path.home() / ".cache" / "kvgate"
-    return Path(root) / "conformance"
+    return kvgate_cache_dir() / "conformance"
 
 
 def _node_major(node: str) -> int:
