@@ -30,6 +30,7 @@ from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
 from gateway.catalog.reload import CatalogReloader
+from gateway.function_calls import formats as tool_formats
 from gateway.generation import Backend, EngineBackend, Generations
 from gateway.http.security import HostOriginGuard, OriginPolicy
 from gateway.http.trim import TrimAfterLargeBodies
@@ -38,7 +39,6 @@ from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
-from gateway.tool_calls import formats as tool_formats
 
 MCP_PATH = "/mcp"
 log = logging.getLogger(__name__)

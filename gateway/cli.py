@@ -349,7 +349,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = settings_from_args(args)
         configure_logging(settings.log_format)
         if settings.tool_call_parser:  # refused before a model is loaded
-            from gateway.tool_calls.formats import resolve
+            from gateway.function_calls.formats import resolve
 
             resolve(settings.tool_call_parser, None)
     except ValueError as exc:

@@ -29,12 +29,12 @@ from engine.tokenizer import Tokenizer
 from gateway.auth.budgets import metered
 from gateway.auth.identity import tenant_salt
 from gateway.catalog.catalog import ModelFacts
+from gateway.function_calls.formats import DEFAULT as DEFAULT_FAMILY
+from gateway.function_calls.formats import Family
+from gateway.function_calls.functions import Functions
+from gateway.function_calls.parser import FunctionCall
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
-from gateway.tool_calls.formats import DEFAULT as DEFAULT_FAMILY
-from gateway.tool_calls.formats import Family
-from gateway.tool_calls.parser import ToolCall
-from gateway.tool_calls.tools import ToolRequest
 
 # Prompts above this many characters are prepared off the event loop (templating and
 # tokenizing ~1 MiB takes seconds; a few KiB take microseconds, less than a thread hop).
@@ -92,7 +92,7 @@ class GenerationRequest:
     params: SamplingParams
     prompt: str | list[int] | None = None
     messages: list[dict[str, Any]] | None = None
-    tools: ToolRequest | None = None
+    tools: Functions | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     cache_key: str | None = None
     cache_salt: str | None = None
@@ -130,7 +130,7 @@ class Completion:
     stop_reason: str | None = None  # why it stopped when no stop token or string did
     # The calls a backend that reads tool calls itself found (a fleet's upstream); None: the
     # front door reads them out of ``text``.
-    tool_calls: list[ToolCall] | None = None
+    tool_calls: list[FunctionCall] | None = None
 
 
 class OffLoop:

@@ -21,9 +21,9 @@ from typing import Any
 
 from engine import EngineStepError
 from gateway.catalog.catalog import ToolSpec
+from gateway.function_calls.functions import template_messages
 from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
 from gateway.mcp.tool_use import ToolUse
-from gateway.tool_calls.tools import template_messages
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # Tool argument -> the engine's structured_outputs field (constrained decoding).

@@ -12,21 +12,21 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import StructuredOutputs
+from gateway.function_calls import parser
+from gateway.function_calls.formats import Family
+from gateway.function_calls.functions import Functions
 from gateway.generation import Completion
-from gateway.tool_calls import parser
-from gateway.tool_calls.formats import Family
-from gateway.tool_calls.tools import ToolRequest
 
 
 @dataclass(frozen=True)
 class ToolUse:
-    tools: ToolRequest
+    tools: Functions
     family: Family | None  # None: the backend reads the calls itself
 
     @classmethod
     def of(cls, arguments: Mapping[str, Any], family: Family | None) -> ToolUse | None:
-        """None without tools; ValueError (a ``ToolsError`` naming the field) when bad."""
-        tools = ToolRequest.of(
+        """None without tools; ValueError (a ``FunctionsError`` naming the field) when bad."""
+        tools = Functions.of(
             arguments.get("tools"),
             arguments.get("tool_choice"),
             arguments.get("parallel_tool_calls"),

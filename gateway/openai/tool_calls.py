@@ -15,32 +15,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from gateway.function_calls import functions as spec
+from gateway.function_calls import parser as calls
+from gateway.function_calls.formats import Family
 from gateway.generation import Completion
 from gateway.openai.errors import bad_request
 from gateway.openai.requests import Sampling
-from gateway.tool_calls import parser as calls
-from gateway.tool_calls import tools as spec
-from gateway.tool_calls.formats import Family
 
 DEPRECATED = ("functions", "function_call")
 
 
-def chat_tools(body: dict[str, Any]) -> spec.ToolRequest | None:
+def chat_tools(body: dict[str, Any]) -> spec.Functions | None:
     """The request's tools (None without any); a 400 naming the field when they are bad."""
     for name in DEPRECATED:
         if body.get(name) is not None:
             raise bad_request(f"'{name}' is deprecated and not served: use 'tools'", name)
     try:
-        return spec.ToolRequest.of(
+        return spec.Functions.of(
             body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls")
         )
-    except spec.ToolsError as exc:
+    except spec.FunctionsError as exc:
         raise bad_request(str(exc), exc.param) from None
 
 
 def apply(
     body: dict[str, Any], sampling: Sampling, family: Family | None
-) -> tuple[spec.ToolRequest | None, ToolReplies | None]:
+) -> tuple[spec.Functions | None, ToolReplies | None]:
     """Reads the tool fields into ``sampling`` (a forced choice's constraint; special tokens
     kept when calls are parsed, as markers may be ones): the tools and the reader of the
     calls in the reply (None with ``tool_choice: none``, or without a ``family``: the
@@ -66,7 +66,7 @@ def apply(
 def template_messages(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     try:
         return spec.template_messages(messages)
-    except spec.ToolsError as exc:
+    except spec.FunctionsError as exc:
         raise bad_request(str(exc), exc.param) from None
 
 
@@ -95,7 +95,7 @@ def _message(parsed: calls.Parsed) -> dict[str, Any]:
 class ToolReplies:
     """Reads each choice's calls out of its text, whole or as it streams."""
 
-    def __init__(self, tools: spec.ToolRequest, family: Family) -> None:
+    def __init__(self, tools: spec.Functions, family: Family) -> None:
         self.tools, self.family = tools, family
         self._parsers: dict[int, calls.CallParser] = {}
 

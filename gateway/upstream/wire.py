@@ -21,8 +21,8 @@ import orjson
 
 from engine import SamplingParams, StructuredOutputs
 from engine.tokenizer import Tokenizer
+from gateway.function_calls.parser import FunctionCall
 from gateway.generation import GenerationRequest
-from gateway.tool_calls.parser import ToolCall
 
 _DEFAULTS = SamplingParams()
 _OWN_FORM = ("logprobs", "structured_outputs")  # sent in the upstream's own form, below
@@ -166,7 +166,7 @@ class ToolCalls:
     argument text."""
 
     def __init__(self) -> None:
-        self.calls: list[ToolCall] = []
+        self.calls: list[FunctionCall] = []
 
     def add(self, entries: list[dict[str, Any]]) -> None:
         for entry in entries:
@@ -177,7 +177,7 @@ class ToolCalls:
                         f"malformed tool_calls from the upstream: call {index} begins without "
                         "an id and a function name"
                     )
-                self.calls.append(ToolCall(entry["id"], function["name"], ""))
+                self.calls.append(FunctionCall(entry["id"], function["name"], ""))
             elif index > len(self.calls):
                 raise StreamError(
                     f"malformed tool_calls from the upstream: call {index} before call "

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine import AsyncLLM
-from gateway.tool_calls.tools import template_messages
+from gateway.function_calls.functions import template_messages
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool
 

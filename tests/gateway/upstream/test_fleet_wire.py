@@ -17,9 +17,9 @@ from engine import AsyncLLM, SamplingParams, StructuredOutputs
 from engine.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
 from engine.tokenizer import Tokenizer
 from gateway.cli import main
+from gateway.function_calls.functions import Functions
 from gateway.generation import GenerationRequest
 from gateway.settings import Settings
-from gateway.tool_calls.tools import ToolRequest
 from gateway.upstream import Fleet, FleetConfigError
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import (
@@ -256,7 +256,7 @@ def test_tools_go_upstream_as_the_openai_fields_and_constraints_in_vllms_form() 
     request = GenerationRequest(
         SamplingParams(),
         messages=[{"role": "user", "content": "hi"}],
-        tools=ToolRequest.of(tools, named, False),
+        tools=Functions.of(tools, named, False),
     )
     _, body = request_body(request, "m")
     assert (body["tools"], body["tool_choice"], body["parallel_tool_calls"]) == (

@@ -6,11 +6,11 @@ from typing import Any
 
 import pytest
 
-from gateway.tool_calls.tools import (
+from gateway.function_calls.functions import (
     NO_PARAMETERS,
+    Functions,
+    FunctionsError,
     ToolChoice,
-    ToolRequest,
-    ToolsError,
     parse_tool_choice,
     parse_tools,
     template_messages,
@@ -45,7 +45,7 @@ GOOD = {"type": "function", "function": {"name": "f_1-x", "parameters": {"type":
     ],
 )
 def test_bad_tools_name_the_field(tools: Any, param: str) -> None:
-    with pytest.raises(ToolsError) as caught:
+    with pytest.raises(FunctionsError) as caught:
         parse_tools(tools)
     assert caught.value.param == param and param.split(".")[0].split("[")[0] in str(caught.value)
 
@@ -79,7 +79,7 @@ def test_tool_choices(raw: Any, with_tools: bool, expected: ToolChoice) -> None:
     ],
 )
 def test_bad_tool_choices(raw: Any, with_tools: bool, message: str) -> None:
-    with pytest.raises(ToolsError, match=message) as caught:
+    with pytest.raises(FunctionsError, match=message) as caught:
         parse_tool_choice(raw, parse_tools([GOOD]) if with_tools else [])
     assert caught.value.param == "tool_choice"
 
@@ -96,19 +96,19 @@ def test_earlier_calls_reach_the_template_with_object_arguments() -> None:
     assert out[0] is messages[0] and out[2] is messages[2]
     assert messages[1]["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # not mutated
     bad = {**call, "function": {"name": "f", "arguments": "{oops"}}
-    with pytest.raises(ToolsError) as caught:
+    with pytest.raises(FunctionsError) as caught:
         template_messages([{"role": "assistant", "content": None, "tool_calls": [bad]}])
     assert caught.value.param == "messages[0].tool_calls[0].function.arguments"
 
 
 def test_a_tool_request_is_none_without_tools_and_checks_parallel_calls() -> None:
-    assert ToolRequest.of(None, None, None) is None
-    assert ToolRequest.of(None, "none", False) is None
-    request = ToolRequest.of([GOOD], None, None)
+    assert Functions.of(None, None, None) is None
+    assert Functions.of(None, "none", False) is None
+    request = Functions.of([GOOD], None, None)
     assert request is not None and request.parallel and request.parsed
     assert request.choice == ToolChoice("auto") and request.raw == [GOOD]
-    rendered_only = ToolRequest.of([GOOD], "none", False)
+    rendered_only = Functions.of([GOOD], "none", False)
     assert rendered_only is not None and not rendered_only.parsed and not rendered_only.parallel
-    with pytest.raises(ToolsError) as caught:
-        ToolRequest.of([GOOD], None, "yes")
+    with pytest.raises(FunctionsError) as caught:
+        Functions.of([GOOD], None, "yes")
     assert caught.value.param == "parallel_tool_calls"

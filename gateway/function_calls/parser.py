@@ -18,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from gateway.tool_calls.formats import Family
+from gateway.function_calls.formats import Family
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 WHITESPACE = " \t\r\n"
@@ -46,7 +46,7 @@ Event = Content | CallStart | Arguments
 
 
 @dataclass
-class ToolCall:
+class FunctionCall:
     id: str
     name: str
     arguments: str  # JSON text, as the model wrote it
@@ -55,7 +55,7 @@ class ToolCall:
 @dataclass
 class Parsed:
     content: str | None  # None when the reply was only calls
-    calls: list[ToolCall] = field(default_factory=list)
+    calls: list[FunctionCall] = field(default_factory=list)
 
 
 def call_id() -> str:
@@ -189,7 +189,7 @@ class CallParser:
         self.buffer = ""  # text not yet decided
         self.raw = ""  # the current region's text while no call in it is committed
         self.call: _CallObject | None = None
-        self.calls: list[ToolCall] = []
+        self.calls: list[FunctionCall] = []
         self.listed = False  # the region's list bracket was seen
         self.committed = False  # the current call object has been announced (its name seen)
         self.calls_in_region = False  # a separator may follow
@@ -296,7 +296,7 @@ class CallParser:
             self.raw += self.buffer[:used]
         self.buffer = self.buffer[used:]
         if call.name is not None and not self.committed:
-            self.calls.append(ToolCall(self.new_id(), call.name, ""))
+            self.calls.append(FunctionCall(self.new_id(), call.name, ""))
             self.committed, self.raw = True, ""
             events.append(CallStart(len(self.calls) - 1, self.calls[-1].id, call.name))
         if self.committed:
@@ -339,7 +339,7 @@ def parse(family: Family, text: str, new_id: Callable[[], str] | None = None) ->
     return Parsed(content, parser.calls)
 
 
-def relayed(text: str, found: list[ToolCall]) -> Parsed:
+def relayed(text: str, found: list[FunctionCall]) -> Parsed:
     """A whole reply whose calls were ``found`` already (by a fleet's upstream), as ``parse``
     would give it: its content None if it was only calls."""
     return Parsed(None if found and not text.strip() else text, found)

@@ -11,14 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.tool_calls.formats import HERMES, LLAMA3_JSON, MISTRAL, Family
-from gateway.tool_calls.parser import (
+from gateway.function_calls.formats import HERMES, LLAMA3_JSON, MISTRAL, Family
+from gateway.function_calls.parser import (
     Arguments,
     CallParser,
     CallStart,
     Content,
     Event,
-    ToolCall,
+    FunctionCall,
     parse,
 )
 
@@ -178,7 +178,7 @@ def test_text_is_not_held_back_longer_than_a_possible_opener() -> None:
 
 def test_a_reply_cut_short_keeps_the_call_so_far() -> None:
     parsed = parse(HERMES, '<tool_call>{"name": "f", "arguments": {"city": "Par')
-    assert parsed.calls == [ToolCall(parsed.calls[0].id, "f", '{"city": "Par')]
+    assert parsed.calls == [FunctionCall(parsed.calls[0].id, "f", '{"city": "Par')]
     assert parsed.content is None
 
 

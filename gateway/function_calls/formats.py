@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine import StructuredOutputs
-from gateway.tool_calls.tools import Function, ToolChoice, ToolRequest
+from gateway.function_calls.functions import Function, Functions, ToolChoice
 
 
 @dataclass(frozen=True)
@@ -35,7 +35,7 @@ class Family:
     call_end: str
     short_ids: bool = False  # call ids of 9 letters and digits (Mistral's templates check)
 
-    def constraint(self, tools: ToolRequest) -> StructuredOutputs | None:
+    def constraint(self, tools: Functions) -> StructuredOutputs | None:
         """What holds the reply to calls: None unless the choice is forced."""
         if not tools.choice.forced:
             return None

@@ -1,6 +1,6 @@
 """A chat request's ``tools`` and ``tool_choice``, checked as the OpenAI API defines them.
 
-Bad input is a ``ToolsError`` naming the field (each front door words it: a 400, a tool
+Bad input is a ``FunctionsError`` naming the field (each front door words it: a 400, a tool
 error). ``tool_choice`` defaults to ``auto`` with tools and ``none`` without; a named or
 ``required`` choice needs the tools it names. Assistant turns with ``tool_calls`` whose
 arguments are JSON text get them as objects, as vLLM hands them to chat templates (which
@@ -23,7 +23,7 @@ MAX_TOOLS = 128
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class ToolsError(ValueError):
+class FunctionsError(ValueError):
     def __init__(self, message: str, param: str) -> None:
         super().__init__(message)
         self.param = param
@@ -54,7 +54,7 @@ class ToolChoice:
 
 
 @dataclass(frozen=True)
-class ToolRequest:
+class Functions:
     """What a chat call asks of tools, whichever front door it came through."""
 
     raw: list[dict[str, Any]]  # the tools as given: what the chat template renders
@@ -63,10 +63,10 @@ class ToolRequest:
     parallel: bool  # more than one call may be made
 
     @classmethod
-    def of(cls, tools: Any, tool_choice: Any, parallel: Any) -> ToolRequest | None:
-        """None without tools; a ``ToolsError`` naming the field when something is bad."""
+    def of(cls, tools: Any, tool_choice: Any, parallel: Any) -> Functions | None:
+        """None without tools; a ``FunctionsError`` naming the field when something is bad."""
         if parallel is not None and not isinstance(parallel, bool):
-            raise ToolsError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
+            raise FunctionsError("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
         functions = [] if tools is None else parse_tools(tools)
         choice = parse_tool_choice(tool_choice, functions)
         if tools is None:
@@ -92,25 +92,25 @@ def parse_tools(raw: Any) -> list[Function]:
     """``tools``: ``[{"type": "function", "function": {name, description?, parameters?,
     strict?}}]``; ``parameters`` must be a valid JSON Schema object."""
     if not isinstance(raw, list) or not raw or len(raw) > MAX_TOOLS:
-        raise ToolsError(f"'tools' must be a list of 1 to {MAX_TOOLS} tools", "tools")
+        raise FunctionsError(f"'tools' must be a list of 1 to {MAX_TOOLS} tools", "tools")
     functions: list[Function] = []
     for i, tool in enumerate(raw):
         where = f"tools[{i}]"
         if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise ToolsError(f"'{where}.type' must be 'function'", f"{where}.type")
+            raise FunctionsError(f"'{where}.type' must be 'function'", f"{where}.type")
         function = tool.get("function")
         if not isinstance(function, dict):
-            raise ToolsError(f"'{where}.function' must be an object", f"{where}.function")
+            raise FunctionsError(f"'{where}.function' must be an object", f"{where}.function")
         name = function.get("name")
         if not isinstance(name, str) or not NAME.match(name):
-            raise ToolsError(
+            raise FunctionsError(
                 f"'{where}.function.name' must be 1-64 letters, digits, '_' or '-', got {name!r}",
                 f"{where}.function.name",
             )
         if any(f.name == name for f in functions):
-            raise ToolsError(f"'{where}.function.name': {name!r} is given twice", "tools")
+            raise FunctionsError(f"'{where}.function.name': {name!r} is given twice", "tools")
         if not isinstance(function.get("description", ""), str):
-            raise ToolsError(
+            raise FunctionsError(
                 f"'{where}.function.description' must be a string", f"{where}.function"
             )
         functions.append(Function(name, _parameters(function.get("parameters"), where)))
@@ -122,15 +122,15 @@ def _parameters(schema: Any, where: str) -> dict[str, Any]:
     if schema is None:
         return NO_PARAMETERS
     if not isinstance(schema, dict):
-        raise ToolsError(f"'{field}' must be a JSON Schema object", field)
+        raise FunctionsError(f"'{field}' must be a JSON Schema object", field)
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         path = "/".join(str(p) for p in exc.absolute_path)
         message = f"'{field}' is not a valid JSON Schema at '/{path}': {exc.message}"
-        raise ToolsError(message, field) from None
+        raise FunctionsError(message, field) from None
     if schema.get("type", "object") != "object":
-        raise ToolsError(f"'{field}' must describe an object (type 'object')", field)
+        raise FunctionsError(f"'{field}' must describe an object (type 'object')", field)
     return schema
 
 
@@ -140,22 +140,22 @@ def parse_tool_choice(raw: Any, functions: list[Function]) -> ToolChoice:
         return ToolChoice("auto" if functions else "none")
     if raw in ("none", "auto", "required"):
         if raw != "none" and not functions:
-            raise ToolsError(f"'tool_choice' {raw!r} needs 'tools'", "tool_choice")
+            raise FunctionsError(f"'tool_choice' {raw!r} needs 'tools'", "tool_choice")
         return ToolChoice(raw)
     if isinstance(raw, dict) and raw.get("type") == "function":
         name = (
             raw.get("function", {}).get("name") if isinstance(raw.get("function"), dict) else None
         )
         if not isinstance(name, str):
-            raise ToolsError("'tool_choice.function.name' must be a string", "tool_choice")
+            raise FunctionsError("'tool_choice.function.name' must be a string", "tool_choice")
         if not any(f.name == name for f in functions):
             known = [f.name for f in functions]
-            raise ToolsError(
+            raise FunctionsError(
                 f"'tool_choice' names function {name!r}, which is not in 'tools' ({known})",
                 "tool_choice",
             )
         return ToolChoice("named", name)
-    raise ToolsError(
+    raise FunctionsError(
         "'tool_choice' must be 'none', 'auto', 'required' or "
         '{"type": "function", "function": {"name": ...}}',
         "tool_choice",
@@ -178,13 +178,13 @@ def _call(call: Any, i: int, j: int) -> Any:
     where = f"messages[{i}].tool_calls[{j}]"
     function = call.get("function") if isinstance(call, dict) else None
     if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-        raise ToolsError(f"'{where}.function.name' must be a string", f"{where}.function")
+        raise FunctionsError(f"'{where}.function.name' must be a string", f"{where}.function")
     arguments = function.get("arguments")
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
-            raise ToolsError(
+            raise FunctionsError(
                 f"'{where}.function.arguments' must be JSON text", f"{where}.function.arguments"
             ) from None
     elif arguments is None:

@@ -14,9 +14,9 @@ import pytest
 
 from engine import AsyncLLM, SamplingParams
 from engine.chat_template import render
-from gateway.tool_calls.formats import FAMILIES, HERMES, LLAMA3_JSON, MISTRAL, Family, resolve
-from gateway.tool_calls.parser import parse
-from gateway.tool_calls.tools import ToolChoice, ToolRequest, parse_tools, template_messages
+from gateway.function_calls.formats import FAMILIES, HERMES, LLAMA3_JSON, MISTRAL, Family, resolve
+from gateway.function_calls.functions import Functions, ToolChoice, parse_tools, template_messages
+from gateway.function_calls.parser import parse
 
 TEMPLATES = Path(__file__).parents[2] / "engine" / "chat_templates"
 WEATHER = {
@@ -97,7 +97,7 @@ async def _replies(engine: AsyncLLM, params: SamplingParams, n: int) -> list[tup
 def test_forced_choices_always_yield_valid_calls(
     engine: AsyncLLM, family: Family, choice: ToolChoice, parallel: bool
 ) -> None:
-    constraint = family.constraint(ToolRequest(TOOLS, parse_tools(TOOLS), choice, parallel))
+    constraint = family.constraint(Functions(TOOLS, parse_tools(TOOLS), choice, parallel))
     params = SamplingParams(temperature=1.0, max_tokens=400, structured_outputs=constraint)
     names = set()
     for text, reason in asyncio.run(_replies(engine, params, SEEDS)):
@@ -113,7 +113,7 @@ def test_forced_choices_always_yield_valid_calls(
 def test_required_with_parallel_calls_writes_well_formed_calls(engine: AsyncLLM) -> None:
     """Several calls may follow one another; a random model may run out of max_tokens in the
     last, but every call before it is complete and valid."""
-    tools = ToolRequest.of(TOOLS, "required", True)
+    tools = Functions.of(TOOLS, "required", True)
     assert tools is not None
     constraint = HERMES.constraint(tools)
     params = SamplingParams(temperature=1.0, max_tokens=160, structured_outputs=constraint)
