@@ -1,125 +1,554 @@
-"""Server settings: one frozen dataclass, filled from defaults, then ``KVGATE_*``, then flags."""
+"""Server settings: one frozen dataclass, filled from defaults, then ``KVGATE_*``, then flags.
+
+Each field is declared once, with what its ``kvgate serve`` flag, its ``KVGATE_<FIELD>``
+environment twin, ``--help`` and the README's flag table need::
+
+    drain_timeout_s: float = flag(
+        30.0, "seconds in-flight requests get after SIGTERM", cli="--drain-timeout", metavar="S"
+    )
+
+``gateway.cli`` builds the ``serve`` parser from :func:`options`, and :meth:`Settings.from_env`
+reads the environment through the same declarations. A field declared with :func:`env_only`
+has its environment twin and no flag.
+"""
 
 from __future__ import annotations
 
 import os
+import types
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Self, TypeVar
 
 ENV_PREFIX = "KVGATE_"
-LISTS = ("allowed_origins", "upstream", "upstream_dns")  # comma lists in the environment
+META_KEY = "kvgate"  # where a field's Flag lives in its dataclass metadata
+
+GROUPS: dict[str, str] = {  # the argparse groups of `kvgate serve`, in --help order
+    "authentication": "API keys and OAuth 2.1 access tokens",
+    "fleet": "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine",
+    "limits": "admission control and abuse limits",
+}
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Flag:
+    """What a Settings field declares beside its type and default."""
+
+    help: str  # one line for --help (the default is appended there)
+    cli: str | None = ""  # the flag's spelling; "" = --field-name, None = environment only
+    group: str | None = None  # a GROUPS title; None = serve's own options
+    choices: tuple[str, ...] | None = None  # enforced on the flag (as argparse choices)
+    repeat: bool = False  # a tuple field: the flag repeats (action="append"), else a comma list
+    metavar: str | None = None
+    # What the default means, in words: after a number's value ("0 = off"), instead of
+    # None, an empty tuple or a text.
+    shown: str | None = None
+    doc: str | None = None  # the README's meaning, where it says more than help
+
+
+def flag(
+    default: T,
+    help: str,
+    *,
+    cli: str = "",
+    group: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    repeat: bool = False,
+    metavar: str | None = None,
+    shown: str | None = None,
+    doc: str | None = None,
+) -> T:
+    """A Settings field with a ``kvgate serve`` flag and a ``KVGATE_<FIELD>`` twin."""
+    if group is not None and group not in GROUPS:
+        raise ValueError(f"unknown flag group {group!r}; one of {sorted(GROUPS)}")
+    if cli and not cli.startswith("--"):
+        raise ValueError(f"a flag starts with --: {cli!r}")
+    meta = Flag(help, cli, group, choices, repeat, metavar, shown, doc)
+    return field(default=default, metadata={META_KEY: meta})
+
+
+def env_only(default: T, help: str, *, shown: str | None = None) -> T:
+    """A Settings field with only its ``KVGATE_<FIELD>`` environment twin."""
+    return field(default=default, metadata={META_KEY: Flag(help, cli=None, shown=shown)})
 
 
 @dataclass(frozen=True)
 class Settings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    model: str | None = None  # a Hugging Face folder; None = the embedded tiny model
-    served_model_name: str | None = (
-        None  # the id OpenAI clients pass as `model` (default: the model's)
+    host: str = flag(
+        "127.0.0.1",
+        "bind address",
+        doc="bind address (the Host header is checked against DNS rebinding when bound to "
+        "loopback)",
     )
-    max_model_len: int = 0  # 0 = the model's own context length
-    tool_call_parser: str | None = None  # hermes | llama3_json | mistral; None = from the template
-    dtype: str = "auto"  # auto: bf16 where the CPU computes it natively (or on GPU), else fp32
-    threads: int = 0  # CPU compute threads; 0 = all usable cores but one for the event loop (> 2)
-    max_num_seqs: int = 64  # running requests per replica
-    max_num_batched_tokens: int = 2048  # tokens computed per replica step (prefill chunk budget)
-    replicas: int = 1
-    routing: str = "prefix"  # prefix | round_robin | random: engine replicas and upstreams alike
-    kv_cache_dtype: str = "auto"
-    kv_cache_memory: str | None = None  # bytes or "256MiB"; None = a share of free memory
-    redis_url: str | None = None
-    allowed_origins: tuple[str, ...] = ()  # beyond localhost, which is always allowed
-    max_body_bytes: int = 1 << 20
-    catalog_ttl_ms: int = 3_600_000
-    keepalive_s: float = 15.0  # SSE comment interval on subscriptions/listen
-    listen_max_s: float = 3600.0  # a listen stream ends (gracefully) after this long
-    server_name: str = "kvgate"
-    catalog_config: str | None = (
-        None  # JSON file: instructions, resources, prompts (re-read on SIGHUP)
+    port: int = flag(8000, "port")
+    model: str | None = flag(
+        None,
+        "Hugging Face model folder",
+        metavar="DIR",
+        shown="embedded tiny model",
+        doc="Hugging Face folder (built once into `$KVGATE_CACHE_DIR`, default `~/.cache/kvgate`)",
     )
-    admin_api_key: str | None = None  # enables /admin/* for "Authorization: Bearer <key>"
+    served_model_name: str | None = flag(
+        None,
+        "the model id OpenAI clients pass",
+        shown="the model's name",
+        doc="the id OpenAI clients pass as `model` (another → 404)",
+    )
+    max_model_len: int = flag(
+        0,
+        "context length served",
+        shown="the model's own",
+        doc="context length served (RoPE tables and admission sized to it)",
+    )
+    tool_call_parser: str | None = flag(
+        None,
+        "tool call syntax: hermes | llama3_json | mistral",
+        shown="from the chat template",
+        doc="tool call syntax: `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; a template "
+        "naming none gets `hermes`",
+    )
+    dtype: str = flag(
+        "auto",
+        "auto | float32 | bfloat16",
+        doc="`auto` (bf16 where the CPU computes it natively, or on GPU, else fp32), `float32`, "
+        "`bfloat16`",
+    )
+    threads: int = flag(
+        0,
+        "CPU compute threads",
+        metavar="N",
+        shown="usable cores less one, left to the HTTP loop",
+    )
+    max_num_seqs: int = flag(64, "running requests per replica")
+    max_num_batched_tokens: int = flag(
+        2048,
+        "tokens computed per replica step",
+        doc="tokens computed per replica step (the prefill chunk budget)",
+    )
+    replicas: int = flag(
+        1,
+        "engine replicas sharing one KV pool",
+        metavar="N",
+        doc="engine replicas sharing one KV block pool, routed by `--routing`",
+    )
+    routing: str = flag(
+        "prefix",
+        "replica and upstream choice; round_robin and random are baselines",
+        choices=("prefix", "round_robin", "random"),
+        doc="how a call picks an engine replica or upstream: `prefix` (bounded-load consistent "
+        "hashing of its `cache_key` or prompt prefix); `round_robin` and `random` are baselines",
+    )
+    kv_cache_dtype: str = flag(
+        "auto",
+        "auto | float32 | bfloat16 | fp8",
+        doc="`auto` (model dtype), `float32`, `bfloat16`, `fp8` (e4m3 + per-token scales)",
+    )
+    kv_cache_memory: str | None = flag(
+        None,
+        "KV cache size, e.g. 256MiB",
+        shown="10% of free memory",
+        doc="KV cache byte budget, e.g. `256MiB`",
+    )
+    redis_url: str | None = flag(
+        None,
+        "share the discovery cache through Redis",
+        doc="share the discovery cache (and catalog changes, and budgets) through Redis: "
+        "`redis://`, `rediss://user:pass@host:6380/0?ssl_ca_certs=ca.pem&ssl_certfile=…"
+        "&ssl_keyfile=…` (TLS, ACL user), `redis+sentinel://host:26379,host:26380/service` "
+        "(follows failovers), `redis+cluster://host:port`; put passwords in `KVGATE_REDIS_URL`, "
+        "not a flag",
+    )
+    allowed_origins: tuple[str, ...] = flag(
+        (),
+        "comma-separated Origins allowed beyond localhost",
+        shown="localhost only",
+        doc="comma-separated Origins allowed beyond localhost (`*` for any)",
+    )
+    max_body_bytes: int = flag(
+        1 << 20, "largest request body", shown="1 MiB", doc="largest request body; beyond → 413"
+    )
+    catalog_ttl_ms: int = env_only(
+        3_600_000, "how long clients may cache discovery results (the cache hint), in ms"
+    )
+    keepalive_s: float = env_only(15.0, "SSE comment interval on subscriptions/listen, in s")
+    listen_max_s: float = env_only(3600.0, "a listen stream ends (gracefully) after this many s")
+    server_name: str = env_only("kvgate", "the MCP server name (serverInfo)")
+    catalog_config: str | None = flag(
+        None,
+        "JSON file: instructions, resources, prompts (re-read on SIGHUP and admin reload)",
+        metavar="FILE",
+        doc="JSON: instructions, static resources, prompt templates; re-read on SIGHUP or "
+        "`POST /admin/catalog/reload`",
+    )
+    admin_api_key: str | None = flag(
+        None,
+        "enable /admin/* for 'Authorization: Bearer KEY'",
+        doc="enables `/admin/*` for `Authorization: Bearer KEY`",
+    )
     # Authentication (gateway.auth): off unless keys or an OAuth issuer are configured.
-    api_key: str | None = None  # one key for tenant "default" (like vLLM's --api-key)
-    api_keys_file: str | None = None  # "tenant: sha256-hex-of-key" lines, re-read on SIGHUP
-    oauth_issuer: str | None = None  # accept JWT access tokens from this authorization server
-    oauth_jwks_url: str | None = None  # its signing keys
-    oauth_resource: str | None = None  # this server's canonical URI: the audience tokens name
-    oauth_tenant_claim: str = "sub"  # the claim naming the tenant
-    oauth_leeway_s: float = 30.0  # clock skew allowed on exp/nbf
-    oauth_jwks_min_refresh_s: float = 10.0  # an unknown kid re-fetches the JWKS at most this often
-    oauth_inference_scope: str = "kvgate:infer"  # tools/call, completions, tokenize
-    oauth_admin_scope: str = "kvgate:admin"  # /admin/*
+    api_key: str | None = flag(
+        None,
+        "require 'Authorization: Bearer KEY' (tenant 'default')",
+        group="authentication",
+        metavar="KEY",
+        doc="every route but health/metrics needs `Authorization: Bearer KEY` (tenant "
+        "`default`; like vLLM's `--api-key`)",
+    )
+    api_keys_file: str | None = flag(
+        None,
+        "'tenant: sha256-hex-of-key' lines (SIGHUP re-reads)",
+        group="authentication",
+        metavar="FILE",
+        doc="one `tenant: <sha256 hex of the key>` per line; re-read on SIGHUP (a bad file keeps "
+        "the old keys)",
+    )
+    oauth_issuer: str | None = flag(
+        None,
+        "accept JWT access tokens from this issuer",
+        group="authentication",
+        doc="accept this authorization server's JWT access tokens whose `aud` is "
+        "`--oauth-resource` (serves `/.well-known/oauth-protected-resource`)",
+    )
+    oauth_jwks_url: str | None = flag(
+        None, "the issuer's JWKS URL", group="authentication", doc="the issuer's signing keys"
+    )
+    oauth_resource: str | None = flag(
+        None,
+        "this server's canonical URI (the token audience)",
+        group="authentication",
+        doc="this server's canonical URI: the audience tokens name",
+    )
+    oauth_tenant_claim: str = flag(
+        "sub",
+        "claim naming the tenant",
+        group="authentication",
+        doc="the token claim naming the tenant",
+    )
+    oauth_leeway_s: float = env_only(30.0, "clock skew allowed on exp/nbf, in s")
+    oauth_jwks_min_refresh_s: float = env_only(
+        10.0, "an unknown kid re-fetches the JWKS at most this often, in s"
+    )
+    oauth_inference_scope: str = env_only(
+        "kvgate:infer", "the scope tools/call, completions and tokenize need"
+    )
+    oauth_admin_scope: str = env_only("kvgate:admin", "the scope /admin/* needs")
     # Per-tenant budgets (authenticated tenants only), shared through redis_url when set.
-    budget_requests_per_min: int = 0  # inference calls per tenant per minute; 0 = off
-    budget_tokens_per_min: int = 0  # prompt + completion tokens per tenant per minute; 0 = off
-    budget_processes: int = 1  # gateway processes: each enforces budget/N while Redis is down
-    drain_timeout_s: float = 30.0  # on SIGTERM: how long in-flight requests may still run
-    log_format: str = "text"  # text | json
+    budget_requests_per_min: int = flag(
+        0,
+        "inference calls per tenant per minute",
+        group="authentication",
+        shown="off",
+        doc="inference calls per tenant per minute, shared through `--redis-url` by every "
+        "process; beyond → 429 + `Retry-After`",
+    )
+    budget_tokens_per_min: int = flag(
+        0,
+        "tokens per tenant per minute",
+        group="authentication",
+        shown="off",
+        doc="prompt + completion tokens per tenant per minute, shared through `--redis-url` by "
+        "every process; beyond → 429 + `Retry-After`",
+    )
+    budget_processes: int = flag(
+        1,
+        "gateway processes sharing the budget (Redis down)",
+        group="authentication",
+        metavar="N",
+        doc="gateway processes: while Redis is down each one enforces budget/N alone",
+    )
+    drain_timeout_s: float = flag(
+        30.0,
+        "seconds in-flight requests get after SIGTERM",
+        cli="--drain-timeout",
+        metavar="S",
+        doc="after SIGTERM: not ready at once, in-flight calls get S seconds, then are "
+        "cancelled; exit 0",
+    )
+    log_format: str = flag(
+        "text",
+        "log lines",
+        choices=("text", "json"),
+        doc="`json` for one JSON object per line (with trace and span ids)",
+    )
     # Admission and abuse limits (0 = off where it says so).
-    max_waiting: int = 256  # engine requests waiting per replica; beyond -> 503 + Retry-After
-    max_prompt_tokens: int = 0  # 0 = only the context length bounds a prompt
-    max_tokens_limit: int = 0  # largest max_tokens a call may ask for; 0 = the context length
-    max_concurrency_per_client: int = 0  # calls in flight per API key or cache_key; 0 = off
-    request_timeout_s: float = 300.0  # a tools/call deadline (a call's _meta may shorten it)
-    step_timeout_s: float = 120.0  # an engine step running longer marks its replica unready
-    body_timeout_s: float = 30.0  # the whole request body must arrive within this
-    header_timeout_s: float = 30.0  # the request line and headers must arrive within this
-    max_header_bytes: int = 32 * 1024  # request line plus headers; beyond -> 431
-    max_json_depth: int = 64  # nesting of arrays/objects in a body; beyond -> -32600
-    max_listen_streams: int = 1024  # open subscriptions/listen streams; beyond -> 503
+    max_waiting: int = flag(
+        256,
+        "requests waiting per engine replica; beyond -> 503",
+        group="limits",
+        doc="waiting requests per replica; beyond → 503 + `Retry-After`",
+    )
+    max_prompt_tokens: int = flag(
+        0,
+        "longest prompt",
+        group="limits",
+        shown="the context length",
+        doc="longer prompts are a tool error",
+    )
+    max_tokens_limit: int = flag(
+        0,
+        "largest max_tokens a call may ask for",
+        group="limits",
+        shown="the context length",
+        doc="the largest `max_tokens` a call may ask for",
+    )
+    max_concurrency_per_client: int = flag(
+        0,
+        "calls in flight per API key or cache_key; beyond -> 429",
+        group="limits",
+        shown="off",
+        doc="calls in flight per API key or `cache_key`; beyond → 429 + `Retry-After`",
+    )
+    request_timeout_s: float = flag(
+        300.0,
+        "tools/call deadline in seconds",
+        cli="--request-timeout",
+        group="limits",
+        metavar="S",
+        doc="`tools/call` deadline (a call's `_meta` `dev.kvgate/timeoutMs` may shorten it); "
+        "past it → −31002, HTTP 504 (or the stream's last event)",
+    )
+    step_timeout_s: float = flag(
+        120.0,
+        "engine step seconds before its replica counts as stuck",
+        cli="--step-timeout",
+        group="limits",
+        metavar="S",
+        doc="an engine step running longer marks its replica unready; the router skips it",
+    )
+    body_timeout_s: float = flag(
+        30.0, "seconds for a request body to arrive", cli="--body-timeout", group="limits"
+    )
+    header_timeout_s: float = flag(
+        30.0,
+        "seconds for the request line and headers to arrive",
+        cli="--header-timeout",
+        group="limits",
+    )
+    max_header_bytes: int = flag(
+        32 * 1024,
+        "request line + headers",
+        group="limits",
+        shown="32 KiB",
+        doc="request line plus headers; beyond → 431, counted on the bytes received (an endless "
+        "line is cut at the limit); a request target over min(8 KiB, half of it) → 414",
+    )
+    max_json_depth: int = flag(
+        64,
+        "JSON nesting depth",
+        group="limits",
+        doc="nesting of arrays/objects in a body; deeper → −32600",
+    )
+    max_listen_streams: int = flag(
+        1024,
+        "open subscriptions/listen streams; beyond -> 503",
+        group="limits",
+        doc="open `subscriptions/listen` streams; beyond → 503",
+    )
     # Fleet mode: upstream engine servers (vLLM, SGLang, kvgate) instead of an embedded engine.
-    upstream: tuple[str, ...] = ()  # base URLs; KVGATE_UPSTREAM takes a comma list
-    upstream_dns: tuple[str, ...] = ()  # HOST:PORT names resolving to many upstreams
-    upstream_refresh_s: float = 10.0  # re-resolve the upstream_dns names this often
-    upstream_scrape_interval_s: float = 2.0  # read each upstream's /metrics load; 0 = off
-    tokenizer: str | None = None  # a tokenizer folder for token-aligned prefix hashes
-    upstream_health_path: str = "/health"  # vLLM's and kvgate's liveness path
-    upstream_health_interval_s: float = 2.0  # active checks; 0 = passive only
-    upstream_health_timeout_s: float = 1.0
-    upstream_unhealthy_after: int = 2  # consecutive failures (passive or active) open the breaker
-    upstream_healthy_after: int = 1  # consecutive successful checks close it again
-    upstream_cooldown_s: float = 5.0  # an open breaker lets one trial call through after this
-    upstream_connect_timeout_s: float = 2.0
-    upstream_read_timeout_s: float = 60.0  # the longest silence between stream chunks
-    instructions: str = field(
-        default=(
-            "LLM inference as tools: `generate` continues a prompt, `chat` answers a "
-            "conversation, `tokenize` counts tokens. Pass the same `cache_key` for calls that "
-            "share a prefix so they reuse its KV cache."
-        )
+    upstream: tuple[str, ...] = flag(
+        (),
+        "an upstream's base URL, e.g. http://10.0.0.5:8000 (repeat for each)",
+        group="fleet",
+        repeat=True,
+        metavar="URL",
+        doc="an upstream engine server's base URL, e.g. `http://10.0.0.5:8000` (repeat the flag "
+        "for each); any runs fleet mode: no embedded engine",
+    )
+    upstream_dns: tuple[str, ...] = flag(
+        (),
+        "HOST:PORT resolving to many upstreams, e.g. a Kubernetes headless Service",
+        group="fleet",
+        repeat=True,
+        metavar="HOST:PORT",
+        doc="a name resolving to one upstream per address, e.g. a Kubernetes headless Service "
+        "(repeatable; `http[s]://HOST:PORT` too)",
+    )
+    upstream_refresh_s: float = flag(
+        10.0,
+        "seconds between re-resolving --upstream-dns",
+        cli="--upstream-refresh",
+        group="fleet",
+        metavar="S",
+    )
+    upstream_scrape_interval_s: float = flag(
+        2.0,
+        "seconds between reads of each upstream's /metrics load; 0 = off",
+        cli="--upstream-scrape-interval",
+        group="fleet",
+        metavar="S",
+    )
+    tokenizer: str | None = flag(
+        None,
+        "tokenizer folder for token-aligned prefix hashes",
+        group="fleet",
+        metavar="DIR",
+        shown="--model's folder, else none",
+        doc="tokenizer folder for token-aligned prefix hashes (without one: 64-character chunks "
+        "of the rendered prompt) and for mapping upstream logprobs back to token ids",
+    )
+    upstream_health_path: str = flag(
+        "/health",
+        "active health check path",
+        group="fleet",
+        doc="active health check path (vLLM's and kvgate's liveness path)",
+    )
+    upstream_health_interval_s: float = flag(
+        2.0,
+        "seconds between health checks; 0 = passive only",
+        cli="--upstream-health-interval",
+        group="fleet",
+        metavar="S",
+    )
+    upstream_health_timeout_s: float = flag(
+        1.0,
+        "seconds a health check may take",
+        cli="--upstream-health-timeout",
+        group="fleet",
+        metavar="S",
+    )
+    upstream_unhealthy_after: int = flag(
+        2,
+        "consecutive failures that take an upstream out",
+        group="fleet",
+        doc="consecutive failures (passive or active) that open an upstream's breaker",
+    )
+    upstream_healthy_after: int = env_only(
+        1, "consecutive successful checks that close an upstream's breaker again"
+    )
+    upstream_cooldown_s: float = env_only(
+        5.0, "an open breaker lets one trial call through after this many s"
+    )
+    upstream_connect_timeout_s: float = flag(
+        2.0,
+        "seconds a connection to an upstream may take",
+        cli="--upstream-connect-timeout",
+        group="fleet",
+        metavar="S",
+    )
+    upstream_read_timeout_s: float = flag(
+        60.0,
+        "longest silence between stream chunks",
+        cli="--upstream-read-timeout",
+        group="fleet",
+        metavar="S",
+        doc="the longest silence between an upstream's stream chunks, in seconds",
+    )
+    instructions: str = env_only(
+        "LLM inference as tools: `generate` continues a prompt, `chat` answers a "
+        "conversation, `tokenize` counts tokens. Pass the same `cache_key` for calls that "
+        "share a prefix so they reuse its KV cache.",
+        "the MCP instructions (a --catalog-config file's own replace them)",
+        shown="a line on the tools and `cache_key`",
     )
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
-        """Defaults, then ``KVGATE_<FIELD>`` variables, then non-None ``overrides``."""
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
+        """Defaults, then ``KVGATE_<FIELD>`` variables, then non-None ``overrides``.
+
+        A tuple field's override may be a comma list (a str) or a list (a repeated flag)."""
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for spec in fields(cls):
-            raw = environ.get(ENV_PREFIX + spec.name.upper())
-            if raw is not None and raw != "":
-                values[spec.name] = _convert(spec.name, raw, cls)
+        for option in options(cls):
+            raw = environ.get(option.env)
+            if raw:  # unset or empty: the default
+                values[option.name] = option.parse(raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        for name in LISTS:
-            if isinstance(values.get(name), str):
-                values[name] = _split(values[name])
-            elif isinstance(values.get(name), list):
-                values[name] = tuple(part.rstrip("/") for part in values[name])
+        for option in options(cls):
+            if option.kind is tuple:
+                value = values.get(option.name)
+                if isinstance(value, str):
+                    values[option.name] = _split(value)
+                elif isinstance(value, list):
+                    values[option.name] = tuple(part.rstrip("/") for part in value)
         return cls(**values)
 
 
-def _convert(name: str, raw: str, cls: type[Settings]) -> Any:
-    default = cls.__dataclass_fields__[name].default
-    if name in LISTS:
-        return _split(raw)
-    if isinstance(default, bool):
-        return raw.lower() in ("1", "true", "yes", "on")
-    if isinstance(default, int):
-        return int(raw)
-    if isinstance(default, float):
-        return float(raw)
-    return raw
+@dataclass(frozen=True)
+class Option:
+    """One Settings field as its flag, its environment twin and the docs see it."""
+
+    name: str  # the Settings field, and the flag's argparse dest
+    env: str  # KVGATE_<NAME>
+    flag: str | None  # --the-flag; None = environment only
+    kind: type  # int, float, bool, str or tuple (a tuple of str)
+    default: Any
+    meta: Flag
+
+    def parse(self, raw: str) -> Any:
+        """The value an environment variable's text stands for."""
+        if self.kind is tuple:
+            return _split(raw)
+        if self.kind is bool:
+            return raw.lower() in ("1", "true", "yes", "on")
+        if self.kind is int:
+            return int(raw)
+        if self.kind is float:
+            return float(raw)
+        return raw
+
+    def default_text(self, quote: str = "") -> str:
+        """The default as --help (and, with ``quote="`"``, the README) shows it."""
+        meta, default = self.meta, self.default
+        if default is None or default == () or isinstance(default, str):
+            if meta.shown is not None:
+                return meta.shown
+            if default is None or default == ():
+                return "none"
+            return f"{quote}{default}{quote}"
+        value = f"{quote}{_number(default)}{quote}"
+        return value if meta.shown is None else f"{value} = {meta.shown}"
+
+
+_OPTIONS: dict[type[Settings], tuple[Option, ...]] = {}
+
+
+def options(cls: type[Settings] = Settings) -> tuple[Option, ...]:
+    """Every field of ``cls``, in declaration order, with its flag and environment twin."""
+    found = _OPTIONS.get(cls)
+    if found is None:
+        found = _OPTIONS[cls] = _declared(cls)
+    return found
+
+
+def _declared(cls: type[Settings]) -> tuple[Option, ...]:
+    hints = typing.get_type_hints(cls)
+    found: list[Option] = []
+    for spec in fields(cls):
+        meta = spec.metadata.get(META_KEY)
+        if not isinstance(meta, Flag):
+            raise TypeError(f"Settings.{spec.name} is declared without flag() or env_only()")
+        if meta.cli is None:
+            spelling = None
+        else:
+            spelling = meta.cli or "--" + spec.name.replace("_", "-")
+        kind = _kind(spec.name, hints[spec.name])
+        if meta.repeat and kind is not tuple:
+            raise TypeError(f"Settings.{spec.name}: only a tuple field's flag repeats")
+        found.append(
+            Option(spec.name, ENV_PREFIX + spec.name.upper(), spelling, kind, spec.default, meta)
+        )
+    return tuple(found)
+
+
+def _kind(name: str, hint: Any) -> type:
+    """int, float, bool, str or tuple from a field's annotation (``X | None`` counts as X)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is tuple and args == (str, ...):
+        return tuple
+    if origin in (typing.Union, types.UnionType) and len(args) == 2 and type(None) in args:
+        return _kind(name, args[0] if args[1] is type(None) else args[1])
+    if hint in (int, float, bool, str):
+        return typing.cast(type, hint)
+    raise TypeError(f"Settings.{name}: no flag for a {hint!r} field")
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 def _split(raw: str) -> tuple[str, ...]:

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from gateway.cli import main
-from gateway.settings import Settings
+from gateway.settings import Settings, options
 
 
 def test_make_tiny_model_writes_a_loadable_folder(
@@ -28,22 +28,9 @@ def test_python_dash_m_gateway_is_the_cli() -> None:
         timeout=60,
     )
     assert done.returncode == 0
-    for flag in (
-        "--host",
-        "--port",
-        "--model",
-        "--replicas",
-        "--kv-cache-dtype",
-        "--kv-cache-memory",
-        "--redis-url",
-        "--allowed-origins",
-        "--max-body-bytes",
-        "--catalog-config",
-        "--admin-api-key",
-        "--drain-timeout",
-        "--log-format",
-    ):
-        assert flag in done.stdout
+    for option in options():
+        if option.flag is not None:
+            assert option.flag in done.stdout
 
 
 def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:

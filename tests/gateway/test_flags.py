@@ -1,0 +1,324 @@
+"""One declaration per flag: the ``serve`` parser, the environment twins and the README's
+flag table all come from the Settings fields, and stay what they were."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.cli import (
+    TABLE_BEGIN,
+    TABLE_END,
+    add_flags,
+    build_parser,
+    flags_table,
+    main,
+    replace_flags_table,
+    settings_from_args,
+)
+from gateway.settings import Option, Settings, env_only, flag, options
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser declared them by hand
+    "--host": ("host", str, "store", None, "options"),
+    "--port": ("port", int, "store", None, "options"),
+    "--model": ("model", str, "store", None, "options"),
+    "--served-model-name": ("served_model_name", str, "store", None, "options"),
+    "--max-model-len": ("max_model_len", int, "store", None, "options"),
+    "--dtype": ("dtype", str, "store", None, "options"),
+    "--tool-call-parser": ("tool_call_parser", str, "store", None, "options"),
+    "--threads": ("threads", int, "store", None, "options"),
+    "--max-num-seqs": ("max_num_seqs", int, "store", None, "options"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "store", None, "options"),
+    "--replicas": ("replicas", int, "store", None, "options"),
+    "--routing": ("routing", str, "store", ("prefix", "round_robin", "random"), "options"),
+    "--kv-cache-dtype": ("kv_cache_dtype", str, "store", None, "options"),
+    "--kv-cache-memory": ("kv_cache_memory", str, "store", None, "options"),
+    "--redis-url": ("redis_url", str, "store", None, "options"),
+    "--allowed-origins": ("allowed_origins", str, "store", None, "options"),
+    "--max-body-bytes": ("max_body_bytes", int, "store", None, "options"),
+    "--catalog-config": ("catalog_config", str, "store", None, "options"),
+    "--admin-api-key": ("admin_api_key", str, "store", None, "options"),
+    "--api-key": ("api_key", str, "store", None, "authentication"),
+    "--api-keys-file": ("api_keys_file", str, "store", None, "authentication"),
+    "--oauth-issuer": ("oauth_issuer", str, "store", None, "authentication"),
+    "--oauth-jwks-url": ("oauth_jwks_url", str, "store", None, "authentication"),
+    "--oauth-resource": ("oauth_resource", str, "store", None, "authentication"),
+    "--oauth-tenant-claim": ("oauth_tenant_claim", str, "store", None, "authentication"),
+    "--budget-requests-per-min": ("budget_requests_per_min", int, "store", None, "authentication"),
+    "--budget-tokens-per-min": ("budget_tokens_per_min", int, "store", None, "authentication"),
+    "--budget-processes": ("budget_processes", int, "store", None, "authentication"),
+    "--drain-timeout": ("drain_timeout_s", float, "store", None, "options"),
+    "--log-format": ("log_format", str, "store", ("text", "json"), "options"),
+    "--upstream": ("upstream", str, "append", None, "fleet"),
+    "--upstream-dns": ("upstream_dns", str, "append", None, "fleet"),
+    "--upstream-refresh": ("upstream_refresh_s", float, "store", None, "fleet"),
+    "--upstream-scrape-interval": ("upstream_scrape_interval_s", float, "store", None, "fleet"),
+    "--tokenizer": ("tokenizer", str, "store", None, "fleet"),
+    "--upstream-health-path": ("upstream_health_path", str, "store", None, "fleet"),
+    "--upstream-health-interval": ("upstream_health_interval_s", float, "store", None, "fleet"),
+    "--upstream-health-timeout": ("upstream_health_timeout_s", float, "store", None, "fleet"),
+    "--upstream-unhealthy-after": ("upstream_unhealthy_after", int, "store", None, "fleet"),
+    "--upstream-connect-timeout": ("upstream_connect_timeout_s", float, "store", None, "fleet"),
+    "--upstream-read-timeout": ("upstream_read_timeout_s", float, "store", None, "fleet"),
+    "--max-waiting": ("max_waiting", int, "store", None, "limits"),
+    "--max-prompt-tokens": ("max_prompt_tokens", int, "store", None, "limits"),
+    "--max-tokens-limit": ("max_tokens_limit", int, "store", None, "limits"),
+    "--max-concurrency-per-client": ("max_concurrency_per_client", int, "store", None, "limits"),
+    "--request-timeout": ("request_timeout_s", float, "store", None, "limits"),
+    "--step-timeout": ("step_timeout_s", float, "store", None, "limits"),
+    "--body-timeout": ("body_timeout_s", float, "store", None, "limits"),
+    "--header-timeout": ("header_timeout_s", float, "store", None, "limits"),
+    "--max-header-bytes": ("max_header_bytes", int, "store", None, "limits"),
+    "--max-json-depth": ("max_json_depth", int, "store", None, "limits"),
+    "--max-listen-streams": ("max_listen_streams", int, "store", None, "limits"),
+}
+
+# Settings fields that had no flag before the declarations (environment twins only).
+ENV_ONLY = {
+    "catalog_ttl_ms",
+    "keepalive_s",
+    "listen_max_s",
+    "server_name",
+    "oauth_leeway_s",
+    "oauth_jwks_min_refresh_s",
+    "oauth_inference_scope",
+    "oauth_admin_scope",
+    "upstream_healthy_after",
+    "upstream_cooldown_s",
+    "instructions",
+}
+
+
+def serve_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    parser = parser or build_parser()
+    (commands,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    serve = commands.choices["serve"]
+    assert isinstance(serve, argparse.ArgumentParser)
+    return serve
+
+
+def declared(serve: argparse.ArgumentParser) -> dict[str, tuple[Any, ...]]:
+    group_of = {id(a): g.title for g in serve._action_groups for a in g._group_actions}
+    actions = {argparse._StoreAction: "store", argparse._AppendAction: "append"}
+    return {
+        a.option_strings[0]: (
+            a.dest,
+            a.type or str,
+            actions[type(a)],
+            tuple(a.choices) if a.choices is not None else None,
+            group_of[id(a)],
+        )
+        for a in serve._actions
+        if a.dest != "help"
+    }
+
+
+def flagged() -> list[Option]:
+    return [o for o in options() if o.flag is not None]
+
+
+@pytest.fixture
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for option in options():
+        monkeypatch.delenv(option.env, raising=False)
+
+
+def test_the_flags_are_the_ones_written_by_hand_before() -> None:
+    serve = serve_parser()
+    assert declared(serve) == SERVE_FLAGS
+    assert [(g.title, g.description) for g in serve._action_groups][2:] == [
+        ("authentication", "API keys and OAuth 2.1 access tokens"),
+        ("fleet", "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine"),
+        ("limits", "admission control and abuse limits"),
+    ]
+    assert all(a.default is None for a in serve._actions if a.dest != "help")
+
+
+def test_every_field_is_declared_once_with_its_env_twin() -> None:
+    assert [o.name for o in options()] == [f.name for f in fields(Settings)]
+    assert {o.name for o in options() if o.flag is None} == ENV_ONLY
+    assert all(o.env == "KVGATE_" + o.name.upper() for o in options())
+    assert all(o.default == getattr(Settings(), o.name) for o in options())
+    assert all(o.meta.help for o in options())
+
+
+def sample(option: Option, other: bool = False) -> tuple[list[str], str]:
+    """A flag's arguments and its environment twin's text, for the same non-default value
+    (``other``: a second one)."""
+    assert option.flag is not None
+    if option.kind is tuple:
+        values = ["http://c.example:3"] if other else ["http://a.example:1/", "http://b.example:2"]
+        if option.meta.repeat:
+            return [arg for value in values for arg in (option.flag, value)], ", ".join(values)
+        return [option.flag, ", ".join(values)], ", ".join(values)
+    if option.meta.choices is not None:
+        raw = option.meta.choices[0 if other else -1]
+    elif other:
+        raw = {int: "9", float: "4.5", str: f"y-{option.name}"}[option.kind]
+    else:
+        raw = {int: "7", float: "2.5", str: f"x-{option.name}"}[option.kind]
+    return [option.flag, raw], raw
+
+
+@pytest.mark.parametrize("option", flagged(), ids=lambda o: o.flag)
+def test_every_flag_parses_like_its_env_twin(option: Option, clean_env: None) -> None:
+    argv, raw = sample(option)
+    from_flag = settings_from_args(build_parser().parse_args(["serve", *argv]))
+    from_env = Settings.from_env({option.env: raw})
+    assert from_flag == from_env
+    assert getattr(from_flag, option.name) != option.default
+    if option.kind is tuple:
+        assert getattr(from_flag, option.name) == ("http://a.example:1", "http://b.example:2")
+
+
+@pytest.mark.parametrize("option", flagged(), ids=lambda o: o.flag)
+def test_a_flag_beats_its_env_twin(option: Option, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, raw = sample(option)
+    argv, other = sample(option, other=True)
+    monkeypatch.setenv(option.env, raw)
+    from_env = getattr(Settings.from_env({option.env: raw}), option.name)
+    assert (
+        getattr(settings_from_args(build_parser().parse_args(["serve"])), option.name) == from_env
+    )
+    given = getattr(settings_from_args(build_parser().parse_args(["serve", *argv])), option.name)
+    assert given == getattr(Settings.from_env({option.env: other}), option.name) != from_env
+
+
+def test_an_empty_env_var_keeps_the_default() -> None:
+    assert Settings.from_env({o.env: "" for o in options()}) == Settings()
+
+
+def test_an_env_only_setting_has_no_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    assert Settings.from_env({"KVGATE_UPSTREAM_COOLDOWN_S": "1.5"}).upstream_cooldown_s == 1.5
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", "--upstream-cooldown", "1.5"])
+    assert exited.value.code == 2
+    assert "unrecognized arguments" in capsys.readouterr().err
+
+
+def test_choices_are_enforced_on_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--routing", "sticky"])
+    assert "invalid choice: 'sticky'" in capsys.readouterr().err
+
+
+def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--help"])
+    assert exited.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    for option in flagged():
+        assert option.flag is not None and option.flag in text
+        if option.default_text() != "none":
+            assert f"(default: {option.default_text()})" in text
+    assert "10% of free memory" in text  # a % in a help is escaped for argparse
+
+
+def readme_block() -> str:
+    text = README.read_text()
+    assert text.count(TABLE_BEGIN) == 1 and text.count(TABLE_END) == 1
+    return text[text.index(TABLE_BEGIN) : text.index(TABLE_END) + len(TABLE_END)] + "\n"
+
+
+def test_the_readme_flag_table_is_the_generated_one() -> None:
+    assert readme_block() == flags_table(), (
+        "README.md's flag table drifted from gateway/settings.py: "
+        "run `python -m gateway flags-table --readme README.md`"
+    )
+
+
+def rows(block: str) -> list[list[str]]:
+    cells = [re.split(r"(?<!\\)\|", line.strip())[1:-1] for line in block.splitlines()]
+    return [[cell.strip() for cell in row] for row in cells if row and "---" not in row[0]]
+
+
+def test_the_readme_rows_name_real_flags_with_their_env_twin_and_default() -> None:
+    """Read the table as a reader would, apart from the renderer: every declared flag has a
+    row with its env twin and default, and no row names a flag or variable that is not."""
+    table = rows(readme_block())
+    by_flag = {row[0].strip("`").split(" ")[0]: row for row in table if row[0].startswith("`--")}
+    by_env = {row[0].strip("`"): row for row in table if row[0].startswith("`KVGATE_")}
+    assert set(by_flag) == {o.flag for o in flagged()}
+    assert set(by_env) == {o.env for o in options() if o.flag is None}
+    for option in flagged():
+        _, env, default, meaning = by_flag[option.flag or ""]
+        assert env.split(" ")[0] == f"`{option.env}`"
+        assert default == option.default_text("`")
+        if option.kind in (int, float):
+            assert default.split(" ")[0].strip("`") == option.default_text().split(" ")[0]
+            assert float(default.split(" ")[0].strip("`")) == option.default
+        assert meaning
+    for option in options():
+        if option.flag is None:
+            assert by_env[option.env][1] == option.default_text("`")
+
+
+def test_flags_table_rewrites_only_its_block(tmp_path: Path) -> None:
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\nbefore\n\n{TABLE_BEGIN}\n| stale |\n{TABLE_END}\n\nafter\n")
+    main(["flags-table", "--readme", str(readme)])
+    assert readme.read_text() == f"# x\n\nbefore\n\n{flags_table()}\nafter\n"
+    assert replace_flags_table(readme.read_text(), flags_table()) == readme.read_text()
+    with pytest.raises(ValueError):
+        replace_flags_table("no markers", flags_table())
+
+
+def test_flags_table_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
+    main(["flags-table"])
+    assert capsys.readouterr().out == flags_table()
+
+
+@dataclass(frozen=True)
+class Extended(Settings):
+    verbose: bool = flag(False, "talk more", group="limits")
+    peers: tuple[str, ...] = flag((), "peer URLs", cli="--peer", repeat=True)
+    secret: str = env_only("s", "not on the command line")
+
+
+def test_one_declaration_is_all_a_new_flag_takes() -> None:
+    parser = argparse.ArgumentParser()
+    add_flags(parser, Extended)
+    args = parser.parse_args(["--verbose", "--peer", "http://p:1/", "--peer", "http://q:2"])
+    assert (args.verbose, args.peers) == (True, ["http://p:1/", "http://q:2"])
+    assert parser.parse_args(["--no-verbose"]).verbose is False
+    assert not hasattr(args, "secret")
+    from_env = Extended.from_env({"KVGATE_VERBOSE": "yes", "KVGATE_PEERS": "http://p:1/"})
+    assert isinstance(from_env, Extended)
+    assert (from_env.verbose, from_env.peers, from_env.secret) == (True, ("http://p:1",), "s")
+    assert Extended.from_env({}, peers=args.peers).peers == ("http://p:1", "http://q:2")
+    assert "| `--peer` | `KVGATE_PEERS` (comma list) | none | peer URLs |" in flags_table(Extended)
+
+
+def test_a_declaration_mistake_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown flag group"):
+        flag(0, "x", group="nope")
+    with pytest.raises(ValueError, match="starts with --"):
+        flag(0, "x", cli="-x")
+
+    @dataclass(frozen=True)
+    class Repeating(Settings):
+        count: int = flag(0, "x", repeat=True)
+
+    with pytest.raises(TypeError, match="only a tuple field"):
+        options(Repeating)
+
+    @dataclass(frozen=True)
+    class Listed(Settings):
+        counts: list[int] = flag(None, "x")  # type: ignore[arg-type]
+
+    with pytest.raises(TypeError, match="no flag for"):
+        options(Listed)
+
+    @dataclass(frozen=True)
+    class Undeclared(Settings):
+        bare: int = 0
+
+    with pytest.raises(TypeError, match="without flag"):
+        options(Undeclared)
