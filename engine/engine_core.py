@@ -16,10 +16,10 @@ from pathlib import Path
 
 import torch
 
-from engine.attention import (
+from engine.attention.backend import get_attention_backend
+from engine.attention.kv_cache import (
     allocate_kv_caches,
     cache_scheme,
-    get_attention_backend,
     kv_bytes_per_token,
     resolve_cache_dtype,
 )

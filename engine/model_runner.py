@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import torch
 
-from engine.attention import AttentionBackend, AttentionMetadata, KVCache
+from engine.attention.backend import AttentionBackend
+from engine.attention.kv_cache import KVCache
+from engine.attention.metadata import AttentionMetadata
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 

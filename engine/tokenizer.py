@@ -21,7 +21,7 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 from tokenizers import pre_tokenizers
 
-from engine import chat_template
+import engine.chat_template as chat_template
 from engine.errors import TooManyTokens
 from engine.model_config import ModelLoadError
 

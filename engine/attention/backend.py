@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import torch_backend
+import engine.attention.torch_backend as torch_backend
 from engine.attention.cpu import native_decode
 from engine.attention.kv_cache import KVCache
 from engine.config import cpu_flags

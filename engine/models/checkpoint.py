@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-from torch import nn
+
+from engine.models.moe import SparseMoE
 
 if TYPE_CHECKING:
-    from engine.models.llama import LlamaForCausalLM
+    from engine.models.llama import MLP, LlamaForCausalLM
 
 
 class WeightSlot(NamedTuple):
@@ -25,10 +26,6 @@ class WeightSlot(NamedTuple):
     start: int
     shape: tuple[int, ...]
     offset: float = 0.0
-
-
-def new_param(*shape: int, dtype: torch.dtype, device: torch.device | str) -> nn.Parameter:
-    return nn.Parameter(torch.empty(shape, dtype=dtype, device=device), requires_grad=False)
 
 
 def _whole(param: torch.Tensor, offset: float = 0.0) -> WeightSlot:
@@ -82,8 +79,8 @@ def hf_weight_slots(model: LlamaForCausalLM) -> dict[str, WeightSlot]:
     return slots
 
 
-def _mlp_slots(layout: str, prefix: str, mlp: nn.Module) -> dict[str, WeightSlot]:
-    if hasattr(mlp, "router_weight"):  # a SparseMoE
+def _mlp_slots(layout: str, prefix: str, mlp: MLP | SparseMoE) -> dict[str, WeightSlot]:
+    if isinstance(mlp, SparseMoE):
         return _expert_slots(layout, prefix, mlp)
     if layout == "fused":
         return {
@@ -96,7 +93,7 @@ def _mlp_slots(layout: str, prefix: str, mlp: nn.Module) -> dict[str, WeightSlot
     return slots
 
 
-def _expert_slots(layout: str, prefix: str, moe: nn.Module) -> dict[str, WeightSlot]:
+def _expert_slots(layout: str, prefix: str, moe: SparseMoE) -> dict[str, WeightSlot]:
     if layout == "mixtral":
         base, names = f"{prefix}block_sparse_moe.", ("w1", "w3", "w2")
     else:

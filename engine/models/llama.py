@@ -18,11 +18,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.attention import AttentionBackend, AttentionMetadata, KVCache
+import engine.models.packed_linear as pl
+from engine.attention.backend import AttentionBackend
+from engine.attention.kv_cache import KVCache
+from engine.attention.metadata import AttentionMetadata
 from engine.model_config import ModelConfig
-from engine.models import packed_linear as pl
-from engine.models.checkpoint import WeightSlot, hf_weight_slots, new_param
+from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.moe import SparseMoE
+from engine.models.params import new_param
 from engine.models.rope import rope_inv_freq, rope_tables, rotate
 
 __all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate"]
@@ -175,7 +178,7 @@ class DecoderLayer(nn.Module):
         self.attn_out_norm = _norm(config, dtype, device) if config.sandwich_norms else None
         self.mlp_out_norm = _norm(config, dtype, device) if config.sandwich_norms else None
         if config.is_moe_layer(layer):
-            self.mlp: nn.Module = SparseMoE(config, dtype, device)
+            self.mlp: SparseMoE | MLP = SparseMoE(config, dtype, device)
         else:
             self.mlp = MLP(config, config.intermediate_size, dtype, device)
 

@@ -16,9 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import engine.models.packed_linear as pl
 from engine.model_config import ModelConfig
-from engine.models import packed_linear as pl
-from engine.models.checkpoint import new_param
+from engine.models.params import new_param
 
 
 class SparseMoE(nn.Module):
