@@ -2,15 +2,29 @@
 
 from engine import LLM, SamplingParams
 LLM().generate("Hello", SamplingParams(max_tokens=16, temperature=0))
+
+The names below load their modules on first use (``engine._lazy``): importing a light
+submodule (``engine.sampling_params``, ``engine.errors``, ``engine.tokenizer``, ...) or a
+light name (``from engine import SamplingParams``) does not import torch.
 """
 
-from engine.async_llm import AsyncLLM, RequestStream
-from engine.config import EngineConfig
-from engine.errors import AdmissionRefused, EngineOverloaded, EngineStepError, EngineUnavailable
-from engine.llm import LLM
-from engine.outputs import OutputKind, RequestOutput
-from engine.sampling_params import SamplingParams, StructuredOutputs
-from engine.stats import EngineStats, ReplicaStats
+import typing
+
+import engine._lazy as _lazy
+
+if typing.TYPE_CHECKING:
+    from engine.async_llm import AsyncLLM, RequestStream
+    from engine.config import EngineConfig
+    from engine.errors import (
+        AdmissionRefused,
+        EngineOverloaded,
+        EngineStepError,
+        EngineUnavailable,
+    )
+    from engine.llm import LLM
+    from engine.outputs import OutputKind, RequestOutput
+    from engine.sampling_params import SamplingParams, StructuredOutputs
+    from engine.stats import EngineStats, ReplicaStats
 
 __all__ = [
     "LLM",
@@ -28,3 +42,21 @@ __all__ = [
     "SamplingParams",
     "StructuredOutputs",
 ]
+
+__getattr__, __dir__ = _lazy.exports(
+    __name__,
+    {
+        "engine.async_llm": ("AsyncLLM", "RequestStream"),
+        "engine.config": ("EngineConfig",),
+        "engine.errors": (
+            "AdmissionRefused",
+            "EngineOverloaded",
+            "EngineStepError",
+            "EngineUnavailable",
+        ),
+        "engine.llm": ("LLM",),
+        "engine.outputs": ("OutputKind", "RequestOutput"),
+        "engine.sampling_params": ("SamplingParams", "StructuredOutputs"),
+        "engine.stats": ("EngineStats", "ReplicaStats"),
+    },
+)

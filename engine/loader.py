@@ -16,7 +16,7 @@ import torch
 from safetensors import safe_open
 
 from engine.model_config import ModelConfig, ModelLoadError
-from engine.models import model_class
+from engine.models.registry import model_class
 from engine.tokenizer import Tokenizer
 
 __all__ = ["LoadedModel", "ModelLoadError", "load_model", "resolve_dtype"]

@@ -1,16 +1,25 @@
-"""Paged KV cache and attention over it (layout and contracts: ARCHITECTURE.md)."""
+"""Paged KV cache and attention over it (layout and contracts: ARCHITECTURE.md).
 
-from engine.attention.backend import BACKEND_NAMES, AttentionBackend, get_attention_backend
-from engine.attention.kv_cache import (
-    FP8_DTYPE,
-    KVCache,
-    allocate_kv_caches,
-    cache_scheme,
-    kv_bytes_per_token,
-    resolve_cache_dtype,
-)
-from engine.attention.metadata import AttentionMetadata
-from engine.attention.torch_backend import paged_attention, write_kv
+The names below load their modules on first use (``engine._lazy``); inside the engine, import
+them from the modules that define them.
+"""
+
+import typing
+
+import engine._lazy as _lazy
+
+if typing.TYPE_CHECKING:
+    from engine.attention.backend import BACKEND_NAMES, AttentionBackend, get_attention_backend
+    from engine.attention.kv_cache import (
+        FP8_DTYPE,
+        KVCache,
+        allocate_kv_caches,
+        cache_scheme,
+        kv_bytes_per_token,
+        resolve_cache_dtype,
+    )
+    from engine.attention.metadata import AttentionMetadata
+    from engine.attention.torch_backend import paged_attention, write_kv
 
 __all__ = [
     "BACKEND_NAMES",
@@ -26,3 +35,20 @@ __all__ = [
     "resolve_cache_dtype",
     "write_kv",
 ]
+
+__getattr__, __dir__ = _lazy.exports(
+    __name__,
+    {
+        "engine.attention.backend": ("BACKEND_NAMES", "AttentionBackend", "get_attention_backend"),
+        "engine.attention.kv_cache": (
+            "FP8_DTYPE",
+            "KVCache",
+            "allocate_kv_caches",
+            "cache_scheme",
+            "kv_bytes_per_token",
+            "resolve_cache_dtype",
+        ),
+        "engine.attention.metadata": ("AttentionMetadata",),
+        "engine.attention.torch_backend": ("paged_attention", "write_kv"),
+    },
+)

@@ -1,17 +1,19 @@
-"""Model implementations, looked up by the Hugging Face architecture name."""
+"""Model implementations, looked up by the Hugging Face architecture name
+(``engine.models.registry``).
 
-from __future__ import annotations
+The names below load their modules on first use (``engine._lazy``): importing one of the
+package's modules does not import the others; inside the engine, import from the modules.
+"""
 
-from engine.model_config import SUPPORTED_ARCHITECTURES, ModelLoadError
-from engine.models.llama import LlamaForCausalLM
+import typing
 
-MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
-    name: LlamaForCausalLM for name in SUPPORTED_ARCHITECTURES
-}
+import engine._lazy as _lazy
 
+if typing.TYPE_CHECKING:
+    from engine.models.registry import MODEL_CLASSES, model_class
 
-def model_class(architecture: str) -> type[LlamaForCausalLM]:
-    try:
-        return MODEL_CLASSES[architecture]
-    except KeyError:
-        raise ModelLoadError(f"unsupported architecture {architecture!r}") from None
+__all__ = ["MODEL_CLASSES", "model_class"]
+
+__getattr__, __dir__ = _lazy.exports(
+    __name__, {"engine.models.registry": ("MODEL_CLASSES", "model_class")}
+)
