@@ -1,10 +1,13 @@
-"""What the engine raises to its callers beyond ValueError (bad input).
+"""What the engine raises to its callers beyond a plain ValueError (bad input).
 
 AdmissionRefused        nothing was queued; retry after ``retry_after_s``
   ├── EngineOverloaded      every live replica's waiting queue is full
   └── EngineUnavailable     every replica is stalled or failed
 EngineStepError         the step computing this request failed; its blocks are freed and
                         the replica keeps serving, so a retry may well succeed
+InvalidArgument         (a ValueError) a bad sampling field: ``field`` names it (``temperature``,
+                        ``stop``, ``structured_outputs``, an unknown field's own name), so a
+                        front door need not read it out of the message
 TooManyTokens           (a ValueError) a prompt or text over a token limit, often found
                         from its length alone, before tokenizing it
 """
@@ -30,6 +33,14 @@ class EngineUnavailable(AdmissionRefused):
 
 class EngineStepError(RuntimeError):
     """The engine step that was computing this request raised."""
+
+
+class InvalidArgument(ValueError):
+    """A request field the caller must change; the message says how, ``field`` names it."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class TooManyTokens(ValueError):

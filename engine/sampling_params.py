@@ -2,7 +2,8 @@
 
 Every value that passes ``validate`` is safe to sample with, whatever it is combined with:
 the sampler clamps the numeric corners (a temperature below ``GREEDY_BELOW`` is greedy, as in
-vLLM), so one request's arguments can never fail a step that other requests share.
+vLLM), so one request's arguments can never fail a step that other requests share. A bad field
+is an ``InvalidArgument`` (a ValueError) whose ``field`` names it.
 """
 
 from __future__ import annotations
@@ -10,14 +11,24 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
+
+from engine.errors import InvalidArgument
 
 # Temperatures below this are greedy (vLLM's _SAMPLING_EPS): dividing by them overflows fp32.
 GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed accepts
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
+
+
+class _Unknown(frozenset):  # type: ignore[type-arg]
+    """``SamplingParams.given`` before ``__post_init__`` when the constructor was not told
+    (its own type: the empty frozenset is a singleton, so no identity test could tell)."""
+
+
+_UNKNOWN: frozenset[str] = _Unknown()
 
 
 @dataclass(frozen=True)
@@ -39,37 +50,53 @@ class StructuredOutputs:
     def __post_init__(self) -> None:
         given = [k for k in STRUCTURED_KINDS if getattr(self, k) not in (None, False)]
         if len(given) != 1:
-            raise ValueError(
+            raise InvalidArgument(
                 "structured_outputs: exactly one of json, json_object, regex, choice, grammar, "
                 "structural_tag "
-                f"must be given, got {given or 'none'}"
+                f"must be given, got {given or 'none'}",
+                "structured_outputs",
             )
         if self.json is not None and not isinstance(self.json, (dict, str)):
-            raise ValueError("structured_outputs.json must be a JSON Schema object or its text")
+            raise InvalidArgument(
+                "structured_outputs.json must be a JSON Schema object or its text",
+                "structured_outputs",
+            )
         if self.structural_tag is not None and not isinstance(self.structural_tag, (dict, str)):
-            raise ValueError("structured_outputs.structural_tag must be an object or its text")
+            raise InvalidArgument(
+                "structured_outputs.structural_tag must be an object or its text",
+                "structured_outputs",
+            )
         if not isinstance(self.json_object, bool):
-            raise ValueError("structured_outputs.json_object must be a bool")
+            raise InvalidArgument(
+                "structured_outputs.json_object must be a bool", "structured_outputs"
+            )
         for name in ("regex", "grammar"):
             value = getattr(self, name)
             if value is not None and not (isinstance(value, str) and value):
-                raise ValueError(f"structured_outputs.{name} must be a non-empty string")
+                raise InvalidArgument(
+                    f"structured_outputs.{name} must be a non-empty string", "structured_outputs"
+                )
         if self.choice is not None and not (
             isinstance(self.choice, (list, tuple))
             and self.choice
             and all(isinstance(c, str) and c for c in self.choice)
         ):
-            raise ValueError("structured_outputs.choice must be a non-empty list of strings")
+            raise InvalidArgument(
+                "structured_outputs.choice must be a non-empty list of strings",
+                "structured_outputs",
+            )
 
     @classmethod
     def from_dict(cls, fields: object) -> StructuredOutputs:
         if isinstance(fields, StructuredOutputs):
             return fields
         if not isinstance(fields, dict):
-            raise ValueError("structured_outputs must be an object")
+            raise InvalidArgument("structured_outputs must be an object", "structured_outputs")
         unknown = sorted(set(fields) - set(STRUCTURED_KINDS))
         if unknown:
-            raise ValueError(f"unknown structured_outputs field {unknown[0]!r}")
+            raise InvalidArgument(
+                f"unknown structured_outputs field {unknown[0]!r}", "structured_outputs"
+            )
         return cls(**fields)
 
     @property
@@ -100,6 +127,12 @@ class SamplingParams:
     ids cannot be sampled, and no stop rule ends the request, before that many tokens.
     ``structured_outputs``: the output is held to it, and the request stops ("stop") as soon
     as it is complete, whatever ``min_tokens`` and ``ignore_eos`` say.
+
+    ``given``: the names of the fields the caller chose, explicit defaults included (fleet
+    mode sends exactly these to the upstream, whose own defaults fill the rest). ``from_dict``
+    sets it to the caller's keys; built directly, it is the fields that differ from the
+    defaults (all a constructor can tell). Ignored by ``==``; ``dataclasses.replace`` keeps it
+    as it was, so set a field the caller did not give with ``with_fields``.
     """
 
     max_tokens: int = 16
@@ -117,6 +150,7 @@ class SamplingParams:
     skip_special_tokens: bool = True  # False: special tokens (tool-call markers) stay in the text
     logprobs: int | None = None  # top-N logprobs per generated token (plus the chosen one)
     structured_outputs: StructuredOutputs | None = None  # constrained decoding
+    given: frozenset[str] = field(default=_UNKNOWN, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.structured_outputs is not None:
@@ -124,27 +158,43 @@ class SamplingParams:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not isinstance(self.stop, (list, tuple)):
-            raise ValueError(f"stop must be a string or a list of strings, got {self.stop!r}")
+            raise InvalidArgument(
+                f"stop must be a string or a list of strings, got {self.stop!r}", "stop"
+            )
         if not isinstance(self.stop_token_ids, (list, tuple)):
-            raise ValueError(
-                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}"
+            raise InvalidArgument(
+                f"stop_token_ids must be a list of integers, got {self.stop_token_ids!r}",
+                "stop_token_ids",
             )
         self.stop = list(self.stop)
         self.stop_token_ids = list(self.stop_token_ids)
         if self.top_k == -1:
             self.top_k = 0
+        if self.given is _UNKNOWN:  # built directly: what differs from the defaults
+            self.given = frozenset(n for n, d in _DEFAULTS.items() if getattr(self, n) != d)
+        elif not (isinstance(self.given, frozenset) and self.given <= _DEFAULTS.keys()):
+            raise InvalidArgument(
+                f"given must be a frozenset of sampling field names, got {self.given!r}", "given"
+            )
         self.validate()
 
     @classmethod
     def from_dict(
         cls, fields: dict[str, object], defaults: dict[str, object] | None = None
     ) -> SamplingParams:
-        """Build from untrusted key/values (JSON); an unknown key is a ValueError naming it.
-        ``defaults`` (the model's generation_config.json) fill the fields left unset."""
-        unknown = sorted(set(fields) - set(cls.__dataclass_fields__))
+        """Build from untrusted key/values (JSON); an unknown key is an ``InvalidArgument``
+        naming it. ``defaults`` (the model's generation_config.json) fill the fields left
+        unset; ``given`` is the keys of ``fields`` alone (explicit defaults included)."""
+        unknown = sorted(set(fields) - _DEFAULTS.keys())
         if unknown:
-            raise ValueError(f"unknown sampling field {unknown[0]!r}")
-        return cls(**{**(defaults or {}), **fields})  # type: ignore[arg-type]
+            raise InvalidArgument(f"unknown sampling field {unknown[0]!r}", unknown[0])
+        values = {**(defaults or {}), **fields}
+        return cls(**values, given=frozenset(fields))  # type: ignore[arg-type]
+
+    def with_fields(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` set and counted as given (``dataclasses.replace`` would
+        keep ``given`` as it was)."""
+        return replace(self, **changes, given=self.given | frozenset(changes))
 
     @property
     def greedy(self) -> bool:
@@ -158,13 +208,13 @@ class SamplingParams:
         )
 
     def validate(self) -> None:
-        """Raise ValueError naming the offending field."""
+        """Raise ``InvalidArgument`` naming the offending field."""
         _check_int("max_tokens", self.max_tokens, minimum=1)
         _check_int("min_tokens", self.min_tokens, minimum=0, maximum=self.max_tokens)
         _check_number("temperature", self.temperature, minimum=0.0)
         _check_number("top_p", self.top_p)
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InvalidArgument(f"top_p must be in (0, 1], got {self.top_p}", "top_p")
         _check_int("top_k", self.top_k, minimum=0)
         if self.seed is not None:
             _check_int("seed", self.seed, minimum=0, maximum=MAX_SEED)
@@ -172,34 +222,45 @@ class SamplingParams:
         _check_number("frequency_penalty", self.frequency_penalty, minimum=-2.0, maximum=2.0)
         _check_number("repetition_penalty", self.repetition_penalty)
         if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+            raise InvalidArgument(
+                f"repetition_penalty must be > 0, got {self.repetition_penalty}",
+                "repetition_penalty",
+            )
         if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError("stop must be a list of non-empty strings")
+            raise InvalidArgument("stop must be a list of non-empty strings", "stop")
         for token_id in self.stop_token_ids:
             _check_int("stop_token_ids", token_id, minimum=0)
         for name in ("ignore_eos", "skip_special_tokens"):
             if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
+                raise InvalidArgument(f"{name} must be a bool, got {getattr(self, name)!r}", name)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}", name)
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"in [{minimum}, {maximum}]"
-        raise ValueError(f"{name} must be {bound}, got {value}")
+        raise InvalidArgument(f"{name} must be {bound}, got {value}", name)
 
 
 def _check_number(
     name: str, value: object, minimum: float | None = None, maximum: float | None = None
 ) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}", name)
     if value != value or value in (float("inf"), float("-inf")):
-        raise ValueError(f"{name} must be a finite number, got {value!r}")
+        raise InvalidArgument(f"{name} must be a finite number, got {value!r}", name)
     if minimum is not None and value < minimum:
-        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+        raise InvalidArgument(f"{name} must be >= {minimum}, got {value}", name)
     if maximum is not None and value > maximum:
-        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+        raise InvalidArgument(f"{name} must be <= {maximum}, got {value}", name)
+
+
+# Each sampling field's default ("given" is not one of them).
+_DEFAULTS: dict[str, Any] = {
+    f.name: f.default_factory() if f.default_factory is not MISSING else f.default
+    for f in fields(SamplingParams)
+    if f.name != "given"
+}

@@ -17,6 +17,10 @@ client closed when its last call ends. Each upstream keeps the index it was firs
 (``replica`` in results, the ``upstream`` metric label). Every ``--upstream-scrape-interval``
 seconds each member's ``/metrics`` is read for its queue, batch and KV usage (``scrape``),
 which routing weighs with this gateway's own in-flight calls (``routing.Load``).
+
+Tokenizing: with ``--tokenizer`` (or ``--model``) the gateway tokenizes itself; without it
+``tokenize`` and ``tokenize_request`` (a vLLM ``/tokenize`` body, answered in full) ask a
+healthy upstream, whose answer is checked before it is relayed.
 """
 
 from __future__ import annotations
@@ -28,12 +32,14 @@ from dataclasses import asdict
 from typing import Any
 
 import httpx
+import orjson
 from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine import EngineUnavailable
+from engine.errors import EngineOverloaded, EngineUnavailable, InvalidArgument
 from engine.tokenizer import Tokenizer
+from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
     GenerationRequest,
@@ -56,6 +62,22 @@ logger = logging.getLogger("kvgate.fleet")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call is noise
 DEFAULT_MAX_MODEL_LEN = 32_768  # when an upstream's /v1/models does not say
 SCRAPES_FRESH = 3  # a scrape older than this many intervals is no longer routed on
+# What of a vLLM /tokenize body goes upstream (its completion and chat forms); ``model`` is
+# always the fleet's.
+TOKENIZE_FIELDS = (
+    "prompt",
+    "messages",
+    "add_special_tokens",
+    "return_token_strs",
+    "add_generation_prompt",
+    "continue_final_message",
+    "chat_template_kwargs",
+    "tools",
+)
+# A /tokenize answer is read up to this many bytes per byte of the request (a token's id and
+# text in JSON, escapes included, for each byte tokenized), plus a fixed allowance.
+TOKENIZE_BYTES_PER_BYTE = 64
+TOKENIZE_MIN_BYTES = 1 << 16
 
 
 class FleetConfigError(Exception):
@@ -216,9 +238,10 @@ class Fleet:
 
     async def start(self, request: GenerationRequest) -> Stream:
         if request.params.logprobs is not None and self.token_ids is None:
-            raise ValueError(
+            raise InvalidArgument(
                 "logprobs: in fleet mode they need --tokenizer (or --model), to map the "
-                "upstream's tokens to ids"
+                "upstream's tokens to ids",
+                "logprobs",
             )
         path, body = wire.request_body(request, self.model_name)
         hashes: list[bytes] = []  # a cache_key routes on its own: no prompt to hash
@@ -246,6 +269,45 @@ class Fleet:
         if response.status_code != 200:
             raise ValueError(f"upstream /tokenize answered {response.status_code}")
         return list(response.json()["tokens"])
+
+    async def tokenize_request(self, body: dict[str, Any]) -> dict[str, Any]:
+        """A vLLM ``/tokenize`` body (``prompt`` or ``messages``, ``add_special_tokens``,
+        ``return_token_strs``, the chat form's template fields) sent to a healthy upstream;
+        its answer checked and rebuilt: ``{"count", "max_model_len", "tokens",
+        "token_strs"}``. An upstream 4xx is ``BadInput`` (its message, at most 200
+        characters), 429/503 ``EngineOverloaded``, a transport failure ``EngineUnavailable``
+        (the upstream counted as failed), anything else ``UpstreamFailed``."""
+        sent = {"model": self.model_name, **{k: body[k] for k in TOKENIZE_FIELDS if k in body}}
+        content = orjson.dumps(sent)
+        limit = TOKENIZE_MIN_BYTES + TOKENIZE_BYTES_PER_BYTE * len(content)
+        upstream, _ = self.choose([], None, set())
+        headers = {"content-type": "application/json"}
+        request = upstream.client.build_request(
+            "POST", "/tokenize", content=content, headers=headers
+        )
+        try:
+            response = await upstream.client.send(request, stream=True)
+            try:
+                answer = await _read_within(response, limit)
+            finally:
+                await response.aclose()
+        except httpx.TransportError as exc:
+            failure = failure_of(exc, upstream.url)
+            self.failed(upstream, failure)
+            raise EngineUnavailable(str(failure)) from None
+        where = f"upstream {upstream.url} /tokenize"
+        if answer is None:
+            raise UpstreamFailed(f"{where}: its answer is over {limit} bytes")
+        status = response.status_code
+        if status in (429, 503):
+            retry_after = _retry_after(response.headers.get("retry-after"))
+            raise EngineOverloaded(f"{where}: answered {status}", retry_after)
+        if 400 <= status < 500:
+            message, param = _error_of(answer)
+            raise BadInput(message[:200], param)  # as a direct call would answer
+        if status != 200:
+            raise UpstreamFailed(f"{where} answered {status}")
+        return _tokenized(answer, where)
 
     # -- routing and health ------------------------------------------------------------------
 
@@ -404,6 +466,72 @@ async def _every(interval_s: float, work: Callable[[], Awaitable[None]]) -> None
 def _union(static: tuple[str, ...], resolved: dict[DnsTarget, list[str]]) -> list[str]:
     """Every member URL once: the configured ones first, then the resolved ones."""
     return list(dict.fromkeys([*static, *(url for urls in resolved.values() for url in urls)]))
+
+
+async def _read_within(response: httpx.Response, limit: int) -> bytes | None:
+    """The response body, or None once it runs past ``limit`` bytes (the rest unread)."""
+    data = bytearray()
+    async for piece in response.aiter_bytes():
+        data += piece
+        if len(data) > limit:
+            return None
+    return bytes(data)
+
+
+def _retry_after(value: str | None) -> float:
+    try:
+        return max(float(value or 1), 0.0)
+    except ValueError:
+        return 1.0
+
+
+def _error_of(answer: bytes) -> tuple[str, str | None]:
+    """An OpenAI-shaped error body's message and ``param`` (vLLM writes either
+    ``{"error": {...}}`` or the error object itself); any other body as text."""
+    try:
+        body = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        return answer.decode(errors="replace").strip() or "no message", None
+    error = body.get("error", body) if isinstance(body, dict) else body
+    if not isinstance(error, dict):
+        return str(error), None
+    message = error.get("message") or error.get("detail") or error
+    param = error.get("param")
+    field = param if isinstance(param, str) and 0 < len(param) <= 64 else None
+    return (message if isinstance(message, str) else str(message)), field
+
+
+def _tokenized(answer: bytes, where: str) -> dict[str, Any]:
+    """A ``/tokenize`` answer's four fields, each of the type vLLM gives it (UpstreamFailed
+    for anything else)."""
+    try:
+        body = orjson.loads(answer)
+    except orjson.JSONDecodeError:
+        raise UpstreamFailed(f"{where}: its answer is not JSON: {answer[:200]!r}") from None
+    if not isinstance(body, dict):
+        raise UpstreamFailed(f"{where}: its answer is not an object")
+    tokens, count, max_model_len = body.get("tokens"), body.get("count"), body.get("max_model_len")
+    strs = body.get("token_strs")
+    problem = None
+    if not (isinstance(tokens, list) and all(_natural(t) for t in tokens)):
+        problem = "'tokens' is not a list of token ids"
+    elif not (_natural(count) and count == len(tokens)):
+        problem = "'count' is not the number of tokens"
+    elif not (_natural(max_model_len) and max_model_len > 0):
+        problem = "'max_model_len' is not a positive integer"
+    elif strs is not None and not (
+        isinstance(strs, list)
+        and len(strs) == len(tokens)
+        and all(isinstance(t, str) for t in strs)
+    ):
+        problem = "'token_strs' is not null or a string for each token"
+    if problem is not None:
+        raise UpstreamFailed(f"{where}: malformed answer: {problem}")
+    return {"count": count, "max_model_len": max_model_len, "tokens": tokens, "token_strs": strs}
+
+
+def _natural(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _served_model(response: httpx.Response) -> tuple[str, int]:

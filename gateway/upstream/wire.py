@@ -14,24 +14,26 @@ render, through the gateway's own tokenizer, so fleet logprobs need ``--tokenize
 from __future__ import annotations
 
 import contextlib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from engine import SamplingParams, StructuredOutputs
+from engine import StructuredOutputs
 from engine.tokenizer import Tokenizer
 from gateway.function_calls.parser import FunctionCall
 from gateway.generation import GenerationRequest
 
-_DEFAULTS = SamplingParams()
-_OWN_FORM = ("logprobs", "structured_outputs")  # sent in the upstream's own form, below
-_SAMPLING = tuple(f.name for f in fields(SamplingParams) if f.name not in _OWN_FORM)
+# Sent in the upstream's own form (below), or always (max_tokens), whoever chose them.
+_OWN_FORM = frozenset(("logprobs", "structured_outputs", "max_tokens"))
 
 
 def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str, Any]]:
-    """The upstream path and body. Sampling fields at their defaults are left out, so the
-    upstream's own generation_config defaults apply as they would to a direct call."""
+    """The upstream path and body. The sampling fields are exactly those the caller gave
+    (``SamplingParams.given``), explicit defaults included (``temperature: 1.0`` is sent, not
+    left to the upstream's generation_config); those it did not give are left out, so the
+    upstream's own defaults apply to them as they would to a direct call. ``max_tokens`` is
+    always sent (kvgate's limit, whoever chose it)."""
     params = request.params
     body: dict[str, Any] = {
         "model": model,
@@ -39,10 +41,10 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         "stream_options": {"include_usage": True},
         "max_tokens": params.max_tokens,
     }
-    for name in _SAMPLING:
-        value = getattr(params, name)
-        if value != getattr(_DEFAULTS, name):
-            body[name] = value
+    for name in sorted(params.given - _OWN_FORM):
+        body[name] = getattr(params, name)
+    if body.get("top_k") == 0:
+        body["top_k"] = -1  # off: vLLM and SGLang both read -1 so (SGLang refuses 0)
     if params.structured_outputs is not None:
         body["structured_outputs"] = _structured(params.structured_outputs)
     if request.cache_key is not None:

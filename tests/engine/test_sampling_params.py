@@ -1,10 +1,14 @@
-"""SamplingParams: every bad value is a ValueError naming its field; the greedy threshold."""
+"""SamplingParams: every bad value is an ``InvalidArgument`` (a ValueError) naming its field;
+the greedy threshold; ``given``, the fields the caller chose."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from engine.sampling_params import GREEDY_BELOW, MAX_SEED, SamplingParams
+from engine.errors import InvalidArgument, TooManyTokens
+from engine.sampling_params import GREEDY_BELOW, MAX_SEED, SamplingParams, StructuredOutputs
 
 
 @pytest.mark.parametrize(
@@ -40,8 +44,49 @@ from engine.sampling_params import GREEDY_BELOW, MAX_SEED, SamplingParams
     ],
 )
 def test_bad_values_name_their_field(fields: dict, field: str) -> None:
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(InvalidArgument, match=field) as raised:
         SamplingParams(**fields)
+    assert raised.value.field == field and isinstance(raised.value, ValueError)
+    with pytest.raises(InvalidArgument, match=field) as raised:
+        SamplingParams.from_dict(fields)
+    assert raised.value.field == field
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {},
+        {"regex": "a", "choice": ["b"]},
+        {"json": 5},
+        {"structural_tag": 5},
+        {"json_object": 1},
+        {"regex": ""},
+        {"grammar": 5},
+        {"choice": []},
+        {"choice": ["a", ""]},
+        {"regexp": "a"},
+        "a+",
+    ],
+)
+def test_bad_constraints_name_structured_outputs(spec: object) -> None:
+    with pytest.raises(InvalidArgument, match="structured_outputs") as raised:
+        SamplingParams.from_dict({"structured_outputs": spec})
+    assert raised.value.field == "structured_outputs"
+    if isinstance(spec, dict) and "regexp" not in spec:
+        with pytest.raises(InvalidArgument, match="structured_outputs"):
+            StructuredOutputs(**spec)
+
+
+def test_an_unknown_field_is_named() -> None:
+    for name in ("temprature", "given"):  # ``given`` is not the caller's to set
+        with pytest.raises(InvalidArgument, match=f"unknown sampling field '{name}'") as raised:
+            SamplingParams.from_dict({name: 0.5})
+        assert raised.value.field == name
+
+
+def test_too_many_tokens_is_still_a_value_error() -> None:
+    error = TooManyTokens("too long", at_least=10, limit=5)
+    assert isinstance(error, ValueError) and (error.at_least, error.limit) == (10, 5)
 
 
 def test_unknown_fields_are_refused() -> None:
@@ -72,3 +117,31 @@ def test_below_the_epsilon_is_greedy_as_in_vllm() -> None:
     assert not SamplingParams(temperature=GREEDY_BELOW).greedy
     assert not SamplingParams().penalized
     assert SamplingParams(repetition_penalty=1.1).penalized
+
+
+def test_given_is_the_callers_fields_explicit_defaults_included() -> None:
+    params = SamplingParams.from_dict(
+        {"temperature": 1.0, "top_k": -1, "seed": 3}, defaults={"top_p": 0.9, "temperature": 0.6}
+    )
+    assert params.given == {"temperature", "top_k", "seed"}  # not the defaults' top_p
+    assert (params.temperature, params.top_p, params.top_k) == (1.0, 0.9, 0)
+    assert params == SamplingParams(top_p=0.9, seed=3)  # given is not compared
+    assert "given" not in repr(params)
+    assert SamplingParams.from_dict({}).given == frozenset()
+
+
+def test_given_of_direct_construction_is_what_differs_from_the_defaults() -> None:
+    assert SamplingParams().given == frozenset()
+    assert SamplingParams(temperature=0, top_k=-1, stop="x").given == {"temperature", "stop"}
+    assert SamplingParams(given=frozenset({"top_p"})).given == {"top_p"}
+    with pytest.raises(InvalidArgument, match="given") as raised:
+        SamplingParams(given=frozenset({"temprature"}))
+    assert raised.value.field == "given"
+
+
+def test_given_survives_replace_and_with_fields_adds_to_it() -> None:
+    params = SamplingParams.from_dict({"seed": 1})
+    assert replace(params, seed=2).given == {"seed"}
+    changed = params.with_fields(temperature=1.0, top_p=1.0)
+    assert changed.given == {"seed", "temperature", "top_p"}
+    assert type(changed.given) is frozenset and changed.temperature == 1.0
