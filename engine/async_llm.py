@@ -86,10 +86,9 @@ class RequestStream:
             self._replica.abort(self._request)
 
 
-def _engine_error(replica: Replica, exc: Exception) -> Exception:
-    if isinstance(exc, EngineStepError):
-        return EngineStepError(f"engine replica {replica.index}: {exc}")
-    return RuntimeError(f"engine replica {replica.index}: {exc}")
+def _engine_error(replica: Replica, exc: Exception) -> EngineStepError:
+    """Whatever failed the step computing a request, its reader gets one error type."""
+    return EngineStepError(f"engine replica {replica.index}: {exc}")
 
 
 class AsyncLLM:

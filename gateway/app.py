@@ -22,23 +22,29 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from gateway.admin import admin_routes
-from gateway.admission import ConcurrencyLimit
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.budgets import Budgets
-from gateway.auth.middleware import AuthMiddleware
+from gateway.auth.challenge import Challenge
+from gateway.auth.middleware import AuthMiddleware, plain
+from gateway.calls.generations import Generations
+from gateway.calls.lifecycle import Lifecycle
 from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
 from gateway.catalog.reload import CatalogReloader
+from gateway.embedded import EngineBackend
 from gateway.function_calls import formats as tool_formats
-from gateway.generation import Backend, EngineBackend, Generations
+from gateway.generation import Backend
 from gateway.http.security import HostOriginGuard, OriginPolicy
 from gateway.http.trim import TrimAfterLargeBodies
 from gateway.mcp.endpoint import McpEndpoint
+from gateway.mcp.errors import protocol_error
 from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
+from gateway.openai.errors import wire as openai_error
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
+from protocol import jsonrpc
 
 MCP_PATH = "/mcp"
 log = logging.getLogger(__name__)
@@ -90,26 +96,30 @@ def create_app(
     reloader = CatalogReloader(served, cache, lambda: build_catalog(facts, settings), metrics)
     tokenizer = backend.tokenizer
     templates = None if tokenizer is None else tokenizer.chat_template
-    generations = Generations(backend, tool_formats.resolve(settings.tool_call_parser, templates))
-    authenticator = Authenticator(settings)
     budgets = Budgets(
         settings.budget_requests_per_min,
         settings.budget_tokens_per_min,
         settings.redis_url,
         settings.budget_processes,
     )
-    clients = ConcurrencyLimit(settings.max_concurrency_per_client)  # both front doors count
+    family = tool_formats.resolve(settings.tool_call_parser, templates)
+    generations = Generations(backend, budgets, family)
+    calls = Lifecycle(settings, budgets)  # both doors: one client counter, one set of budgets
     endpoint = McpEndpoint(
-        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, clients
+        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls
     )
-    openai = OpenAIEndpoint(
-        settings,
-        generations,
-        settings.served_model_name or backend.model_name,
-        backend.max_model_len,
-        metrics,
-        clients,
-    )
+    model = settings.served_model_name or backend.model_name
+    openai = OpenAIEndpoint(generations, model, metrics, calls)
+    authenticator = Authenticator(settings, openai.inference_paths)
+
+    def challenge_body(path: str, challenge: Challenge) -> bytes:
+        """A refused credential in the words of the door ``path`` belongs to."""
+        if path == MCP_PATH:
+            return jsonrpc.encode_error(protocol_error(challenge))
+        if openai.owns(path):
+            return openai_error(challenge).encode()
+        return plain(path, challenge)
+
     metrics.gauge(
         "kvgate_discovery_cache_degraded",
         "1 while Redis is unreachable and discovery is answered by this process alone.",
@@ -180,9 +190,9 @@ def create_app(
     app.add_middleware(
         AuthMiddleware,
         authenticator=authenticator,
-        budgets=budgets,
         metrics=metrics,
         server_name=settings.server_name,
+        render=challenge_body,
     )
     app.state.served = served  # served.current is the catalog being served
     app.state.mcp = endpoint
@@ -223,4 +233,4 @@ def _on_sighup(
         task.add_done_callback(pending.discard)
 
     loop.add_signal_handler(signal.SIGHUP, schedule)
-    return lambda: loop.remove_signal_handler(signal.SIGHUP)
+    return lambda: None if loop.remove_signal_handler(signal.SIGHUP) else None

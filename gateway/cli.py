@@ -153,7 +153,7 @@ def serve(settings: Settings) -> None:
 def serve_fleet(settings: Settings) -> None:
     """Fleet mode: no embedded engine; calls go to the upstreams (a model mismatch among
     them, or none answering, is a startup error)."""
-    from gateway.upstream import Fleet, FleetConfigError
+    from gateway.upstream.fleet import Fleet, FleetConfigError
 
     try:
         fleet = Fleet.connect(settings)

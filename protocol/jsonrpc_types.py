@@ -21,6 +21,13 @@ class Message:
         return self.id is None
 
     @property
+    def request_id(self) -> RequestId:
+        """The id of a request (a notification has none: answer those before asking)."""
+        if self.id is None:
+            raise ValueError("a notification has no id")
+        return self.id
+
+    @property
     def meta(self) -> dict[str, Any]:
         meta = self.params.get("_meta")
         return meta if isinstance(meta, dict) else {}

@@ -13,6 +13,7 @@ import hashlib
 import hmac
 import logging
 import re
+from collections.abc import Iterable
 from urllib.parse import urlsplit
 
 from gateway.auth.api_keys import ApiKeys
@@ -26,7 +27,6 @@ log = logging.getLogger("kvgate.auth")
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 section 2.1: a bearer token
 OPEN_PATHS = frozenset(("/healthz", "/readyz", "/metrics"))
 METADATA_PATH = "/.well-known/oauth-protected-resource"
-INFERENCE_PATHS = frozenset(("/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"))
 
 
 def metadata_url(resource: str) -> str:
@@ -36,7 +36,10 @@ def metadata_url(resource: str) -> str:
 
 
 class Authenticator:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, inference_paths: Iterable[str] = ()) -> None:
+        """``inference_paths``: the routes that run inference (they need the inference scope;
+        the doors name them)."""
+        self.inference_paths = frozenset(inference_paths)
         self.api_keys = ApiKeys(settings.api_key, settings.api_keys_file)
         self._admin = (
             hashlib.sha256(settings.admin_api_key.encode()).digest()
@@ -94,9 +97,9 @@ class Authenticator:
         """The scopes a path needs before its endpoint runs (``/mcp`` checks per method)."""
         if path.startswith("/admin/"):
             return (self.admin_scope,)
-        return (self.inference_scope,) if path in INFERENCE_PATHS else ()
+        return (self.inference_scope,) if path in self.inference_paths else ()
 
-    def call_scopes(self, method: str, tool: object) -> tuple[str, ...]:
+    def call_scopes(self, method: str) -> tuple[str, ...]:
         """The scopes an MCP method needs: running a tool takes the inference scope; discovery
         (lists, reads, ping) takes only a valid credential."""
         return (self.inference_scope,) if method == "tools/call" else ()

@@ -18,21 +18,16 @@ import hashlib
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
-from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any
 
 from redis.exceptions import RedisError
 
-from gateway.admission import Refusal
-from gateway.auth.identity import current
+from gateway.calls.errors import Refused
 from gateway.redis_connection import connect
 
 log = logging.getLogger("kvgate.auth")
 REDIS_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 PROBE_EVERY_S = 1.0
-CHARGE_EVERY = 16  # completion tokens debited in batches of this many (and at the end)
 NO_NEED = -1e300  # a debit that is always allowed
 
 # KEYS: buckets. ARGV: 4 per bucket (capacity, refill per ms, cost, need). Returns the wait in
@@ -122,7 +117,7 @@ class Budgets:
         return self._down_since is not None
 
     async def admit(self, tenant: str) -> None:
-        """Take one request for ``tenant``; Refusal (429 + Retry-After) if its budget is spent."""
+        """Take one request for ``tenant``; Refused (429 + Retry-After) if its budget is spent."""
         takes = []
         if self.requests_per_min:
             takes.append(self._take(tenant, "requests", self.requests_per_min, 1, 1))
@@ -132,7 +127,7 @@ class Budgets:
             return
         wait_ms = await self._run(takes)
         if wait_ms > 0:
-            raise Refusal(
+            raise Refused(
                 429, "tenant_budget", "This tenant's budget is spent for now", wait_ms / 1000
             )
 
@@ -145,24 +140,10 @@ class Budgets:
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    async def _metered(self, tenant: str, items: AsyncIterator[Any]) -> AsyncIterator[Any]:
-        owed = 0
-        try:
-            async for item in items:
-                if hasattr(item, "token_ids"):  # a delta
-                    owed += len(item.token_ids)
-                    if owed >= CHARGE_EVERY:
-                        self.charge(tenant, owed)
-                        owed = 0
-                elif hasattr(item, "prompt_tokens"):  # the end: debited before the answer goes
-                    cost = owed + item.prompt_tokens
-                    owed = 0
-                    await self._run(
-                        [self._take(tenant, "tokens", self.tokens_per_min, cost, NO_NEED)]
-                    )
-                yield item
-        finally:
-            self.charge(tenant, owed)  # what a call cut short (client gone, deadline) produced
+    async def settle(self, tenant: str, tokens: int) -> None:
+        """Debit ``tokens`` from ``tenant`` now (a call's last ones, before its answer goes)."""
+        if self.tokens_per_min and tokens > 0:
+            await self._run([self._take(tenant, "tokens", self.tokens_per_min, tokens, NO_NEED)])
 
     async def close(self) -> None:
         if self._pending:
@@ -198,18 +179,6 @@ class Budgets:
 
     def _redis_worth_trying(self) -> bool:
         return self._down_since is None or time.monotonic() - self._down_since >= PROBE_EVERY_S
-
-
-CURRENT: ContextVar[Budgets | None] = ContextVar("kvgate_budgets", default=None)
-
-
-def metered(items: AsyncIterator[Any]) -> AsyncIterator[Any]:
-    """A generation's items (deltas, then its completion), debiting the caller's tenant as
-    tokens are produced; ``items`` itself when there is no tenant or no token budget."""
-    budgets, identity = CURRENT.get(), current()
-    if budgets is None or identity is None or not budgets.tokens_per_min:
-        return items
-    return budgets._metered(identity.tenant, items)
 
 
 def _share(take: Take, n: int) -> Take:

@@ -1,26 +1,19 @@
-"""Authentication failures as RFC 6750 / RFC 9728 challenges, worded per front door.
+"""Authentication failures as RFC 6750 / RFC 9728 challenges.
 
 ``401`` carries ``WWW-Authenticate: Bearer resource_metadata="…", scope="…"`` (no error code
 when no credentials came, ``error="invalid_token"`` when they did not verify); ``403``
 carries ``error="insufficient_scope"`` with every scope the operation needs; ``400``
-``error="invalid_request"`` is a malformed ``Authorization`` header. The body is a JSON-RPC
-error on ``/mcp``, an OpenAI error on the OpenAI routes, ``{"error": "…"}`` elsewhere.
+``error="invalid_request"`` is a malformed ``Authorization`` header. A ``Challenge`` is a call
+error: the door a path belongs to words its body (a JSON-RPC error on ``/mcp``, an OpenAI
+error on the OpenAI routes); the header is the same everywhere.
 """
 
 from __future__ import annotations
 
-import orjson
-
-from gateway.openai.errors import OpenAIError
-from protocol import jsonrpc
-from protocol.errors import ProtocolError
-
-AUTH_ERROR_CODE = -31010  # kvgate's JSON-RPC code for a refused credential (outside -32768..-32000)
-OPENAI_PATHS = ("/v1/", "/tokenize", "/detokenize")
-OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error"}
+from gateway.calls.errors import CallError
 
 
-class Challenge(Exception):
+class Challenge(CallError):
     def __init__(
         self,
         status: int,
@@ -34,10 +27,7 @@ class Challenge(Exception):
         self.error = error  # None | invalid_request | invalid_token | insufficient_scope
         self.scope = scope
         self.resource_metadata = resource_metadata
-
-    @property
-    def reason(self) -> str:
-        return self.error or "unauthenticated"
+        self.reason: str = error or "unauthenticated"
 
     def www_authenticate(self) -> str:
         """In the order the MCP authorization spec's examples use."""
@@ -60,16 +50,6 @@ class Challenge(Exception):
 
     def headers(self) -> list[tuple[bytes, bytes]]:
         return [(b"www-authenticate", self.www_authenticate().encode("latin-1", "replace"))]
-
-    def body(self, path: str, request_id: object = None) -> bytes:
-        if path == "/mcp":
-            data = {"reason": self.reason}
-            error = ProtocolError(AUTH_ERROR_CODE, str(self), data, request_id)  # type: ignore[arg-type]
-            return jsonrpc.encode_error(error)
-        if path.startswith(OPENAI_PATHS):
-            type_ = OPENAI_TYPES.get(self.status, "invalid_request_error")
-            return OpenAIError(self.status, str(self), type_, code=self.reason).encode()
-        return orjson.dumps({"error": str(self)})
 
 
 def _quotable(text: str) -> str:

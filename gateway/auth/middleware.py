@@ -1,30 +1,34 @@
 """The ASGI middleware that authenticates each HTTP request before any endpoint runs.
 
-It answers refusals itself (a challenge, shaped for the path's front door; a spent tenant
-budget on the OpenAI routes), serves the Protected Resource Metadata, and otherwise leaves
-the identity in ``scope["state"]`` and ``identity.CURRENT`` (and the budgets in
-``budgets.CURRENT``) for the request. ``/mcp`` checks per-method scopes and budgets with
-``authorize_call`` once it has parsed the method.
+It serves the Protected Resource Metadata, answers a refused credential itself (its body
+worded by the door the path belongs to: ``render``, composed by the app, so auth knows no
+door), and otherwise leaves the identity in ``scope["state"]`` and ``identity.CURRENT`` for the
+request. ``/mcp`` checks per-method scopes with ``authorize_call`` once it has parsed the
+method; tenant budgets are taken where every call is admitted (``gateway.calls.lifecycle``).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import orjson
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from gateway.admission import Refusal
-from gateway.auth import budgets as budgets_module
-from gateway.auth.authenticator import INFERENCE_PATHS, Authenticator
-from gateway.auth.budgets import Budgets
+from gateway.auth.authenticator import Authenticator
 from gateway.auth.challenge import Challenge
 from gateway.auth.identity import CURRENT
 from gateway.http import io as http_io
-from gateway.openai.errors import from_refusal
 from gateway.ops.metrics import Metrics
 
 STATE_IDENTITY = "identity"
 STATE_AUTHENTICATOR = "authenticator"
-STATE_BUDGETS = "budgets"
+# A challenge's body for a path (the challenge's status and WWW-Authenticate go as they are).
+Render = Callable[[str, Challenge], bytes]
+
+
+def plain(path: str, challenge: Challenge) -> bytes:
+    """The body on routes that belong to no door: ``{"error": "…"}``."""
+    return orjson.dumps({"error": str(challenge)})
 
 
 class AuthMiddleware:
@@ -32,15 +36,15 @@ class AuthMiddleware:
         self,
         app: ASGIApp,
         authenticator: Authenticator,
-        budgets: Budgets,
         metrics: Metrics,
         server_name: str,
+        render: Render = plain,
     ) -> None:
         self.app = app
         self.auth = authenticator
-        self.budgets = budgets
         self.metrics = metrics  # refusals count in kvgate_rejected_requests_total{reason}
         self.server_name = server_name
+        self.render = render
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -54,41 +58,25 @@ class AuthMiddleware:
         authorization = [v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"]
         try:
             identity = await self.auth.authenticate(path, authorization)
-            if identity is not None and path in INFERENCE_PATHS and self.budgets:
-                await self.budgets.admit(identity.tenant)
         except Challenge as challenge:
             self.metrics.count("kvgate_rejected_requests", reason=challenge.reason)
-            await http_io.send_response(
-                send, challenge.status, challenge.body(path), headers=challenge.headers()
-            )
-            return
-        except Refusal as refusal:  # the tenant's budget is spent (OpenAI routes)
-            self.metrics.count("kvgate_rejected_requests", reason=refusal.reason)
-            error = from_refusal(refusal)
-            await http_io.send_response(send, 429, error.encode(), headers=error.headers())
+            body = self.render(path, challenge)
+            await http_io.send_response(send, challenge.status, body, headers=challenge.headers())
             return
         state = scope.setdefault("state", {})
         state[STATE_IDENTITY] = identity
         state[STATE_AUTHENTICATOR] = self.auth
-        state[STATE_BUDGETS] = self.budgets
         token = CURRENT.set(identity)
-        budgets_token = budgets_module.CURRENT.set(self.budgets)
         try:
             await self.app(scope, receive, send)
         finally:
-            budgets_module.CURRENT.reset(budgets_token)
             CURRENT.reset(token)
 
 
-async def authorize_call(scope: Scope, method: str, tool: object) -> None:
-    """Raise Challenge (403 insufficient_scope) unless the caller may run ``method``/``tool``,
-    or Refusal (429) when a tools/call finds its tenant's budget spent."""
+def authorize_call(scope: Scope, method: str) -> None:
+    """Raise Challenge (403 insufficient_scope) unless the caller may run MCP ``method``."""
     state = scope.get("state") or {}
     auth: Authenticator | None = state.get(STATE_AUTHENTICATOR)
     identity = state.get(STATE_IDENTITY)
-    if auth is None or identity is None:
-        return
-    auth.require(identity, auth.call_scopes(method, tool))
-    budgets: Budgets | None = state.get(STATE_BUDGETS)
-    if method == "tools/call" and budgets:
-        await budgets.admit(identity.tenant)
+    if auth is not None and identity is not None:
+        auth.require(identity, auth.call_scopes(method))

@@ -44,6 +44,8 @@ class Rejected(CallError):
 
 
 class Refused(CallError):
+    reason: str
+
     def __init__(self, status: int, reason: str, message: str, retry_after_s: float) -> None:
         super().__init__(message)
         self.status = status  # 429: this client's or tenant's own limit; 503: capacity
@@ -52,7 +54,7 @@ class Refused(CallError):
 
 
 class DeadlineExceeded(CallError):
-    reason = "deadline"
+    reason: str | None = "deadline"
 
     def __init__(self, timeout_s: float) -> None:
         super().__init__(f"Request timed out after {timeout_s:g} s; the generation was cancelled")

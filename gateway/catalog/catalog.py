@@ -128,7 +128,7 @@ class Catalog:
             "resources": {"listChanged": True},
             "prompts": {"listChanged": True},
         }
-        results = {
+        results: dict[str, dict[str, Any]] = {
             "server/discover": {
                 "supportedVersions": list(SUPPORTED_VERSIONS),
                 "capabilities": capabilities,

@@ -88,7 +88,7 @@ class StaticResource:
 
     @property
     def uri(self) -> str:
-        return self.listing["uri"]
+        return str(self.listing["uri"])
 
     def contents(self) -> dict[str, Any]:
         """The resources/read result body."""
@@ -103,7 +103,7 @@ class PromptTemplate:
 
     @property
     def name(self) -> str:
-        return self.listing["name"]
+        return str(self.listing["name"])
 
     def render(self, arguments: Any) -> dict[str, Any]:
         """The prompts/get result body; a missing required argument is -32602."""

@@ -149,7 +149,8 @@ class RedisDiscoveryCache(DiscoveryCache):
         async with self._redis.pipeline(transaction=False) as pipe:
             pipe.set(VERSION_KEY, version)
             pipe.publish(EVENTS_CHANNEL, version)
-            return await pipe.execute()
+            written: list[Any] = await pipe.execute()
+            return written
 
     # --- the supervisor: (re)connect, re-subscribe, listen, probe ---
 

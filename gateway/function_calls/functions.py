@@ -1,6 +1,6 @@
 """A chat request's ``tools`` and ``tool_choice``, checked as the OpenAI API defines them.
 
-Bad input is a ``FunctionsError`` naming the field (each front door words it: a 400, a tool
+Bad input is a ``FunctionsError`` (a ``BadInput``) naming the field (each front door words it: a 400, a tool
 error). ``tool_choice`` defaults to ``auto`` with tools and ``none`` without; a named or
 ``required`` choice needs the tools it names. Assistant turns with ``tool_calls`` whose
 arguments are JSON text get them as objects, as vLLM hands them to chat templates (which
@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import jsonschema
 
+from gateway.calls.errors import BadInput
 from schemas.tools import FUNCTION_NAME
 
 NAME = re.compile(FUNCTION_NAME["pattern"])  # OpenAI's rule for function names
@@ -23,10 +24,9 @@ MAX_TOOLS = 128
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
 
 
-class FunctionsError(ValueError):
-    def __init__(self, message: str, param: str) -> None:
-        super().__init__(message)
-        self.param = param
+class FunctionsError(BadInput):
+    """A bad ``tools``, ``tool_choice``, ``parallel_tool_calls`` or earlier call; ``field``
+    names it."""
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
+from uvicorn.config import LOGGING_CONFIG
 
 from gateway.http.limits import LimitedHttpToolsProtocol
 from gateway.settings import Settings
@@ -82,8 +83,9 @@ def serve_app(
         port=port,
         log_level="warning",
         access_log=False,
-        timeout_graceful_shutdown=drain_timeout_s,
+        # uvicorn waits on this with asyncio.wait_for: a float works as well as its int hint
+        timeout_graceful_shutdown=drain_timeout_s,  # type: ignore[arg-type]
         http=http,
-        **({} if uvicorn_logging else {"log_config": None}),
+        log_config=LOGGING_CONFIG if uvicorn_logging else None,
     )
     DrainingServer(config, app.state.begin_drain).run()

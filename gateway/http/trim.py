@@ -23,7 +23,10 @@ TRIM_BODY_BYTES = 256 * 1024  # smaller bodies leave too little behind to be wor
 def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none."""
     try:
-        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim  # type: ignore[no-any-return]
+        trim: Callable[[int], int] = ctypes.CDLL(
+            ctypes.util.find_library("c") or "libc.so.6"
+        ).malloc_trim
+        return trim
     except (OSError, AttributeError):
         return None
 

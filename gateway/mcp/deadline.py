@@ -1,12 +1,12 @@
 """A tools/call's deadline: the server's ``--request-timeout``, which a call's ``_meta``
-``dev.kvgate/timeoutMs`` may shorten (never lengthen), and the error for running past it."""
+``dev.kvgate/timeoutMs`` may shorten (never lengthen)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from protocol.errors import REQUEST_TIMEOUT, ProtocolError, invalid_params
+from protocol.errors import invalid_params
 
 TIMEOUT_META_KEY = "dev.kvgate/timeoutMs"
 
@@ -21,11 +21,3 @@ def call_timeout_s(meta: Mapping[str, Any], server_timeout_s: float) -> float:
             f"_meta[{TIMEOUT_META_KEY!r}] must be a positive number of milliseconds"
         )
     return min(server_timeout_s, value / 1000)
-
-
-def deadline_exceeded(timeout_s: float) -> ProtocolError:
-    return ProtocolError(
-        REQUEST_TIMEOUT,
-        f"Request timed out after {timeout_s:g} s; the generation was cancelled",
-        data={"reason": "deadline", "timeoutS": timeout_s},
-    )

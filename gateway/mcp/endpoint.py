@@ -6,11 +6,13 @@ notification (202) → era from ``MCP-Protocol-Version`` → modern envelope and
 around the request id; tool calls run on the engine, as JSON or as SSE when the caller sent a
 ``progressToken`` and accepts ``text/event-stream``.
 
-Limits (``gateway.admission``, ``gateway.mcp.deadline``): a body must arrive within ``body_timeout_s`` and nest no
-deeper than ``max_json_depth``; a tools/call runs under its client's concurrency limit, is
-refused (503) when the engine is at capacity — its SSE response starts only once the engine
-has admitted it — and is cancelled at its deadline; listen streams are capped. Each SSE response is its own task whose sends wait on that client only,
-so a reader that stops reading stalls nothing else (and its deadline still ends it).
+The steps both doors share are ``gateway.calls.lifecycle``'s: Origin/Host, the body within
+its size and time, its media type; a tools/call is admitted there (the client's concurrency
+slot, the tenant's budget), refused (503) when the backend is at capacity — its SSE response
+starts only once the call is admitted — and cancelled at its deadline (``gateway.mcp.deadline``
+lets ``_meta`` shorten it). Failures are call errors, worded for MCP by ``gateway.mcp.errors``.
+Listen streams are capped. Each SSE response is its own task whose sends wait on that client
+only, so a reader that stops reading stalls nothing else (and its deadline still ends it).
 """
 
 from __future__ import annotations
@@ -20,28 +22,23 @@ import functools
 import hashlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
-from engine import AdmissionRefused
-from gateway.admission import (
-    ConcurrencyLimit,
-    Refusal,
-    client_key,
-    client_limited,
-    engine_refused,
-    listen_limited,
-)
 from gateway.auth.challenge import Challenge
 from gateway.auth.middleware import authorize_call
+from gateway.calls.admission import ConcurrencyLimit, listen_limited
+from gateway.calls.errors import CallError, Rejected
+from gateway.calls.lifecycle import Lifecycle
 from gateway.catalog.catalog import Catalog, CatalogHolder
 from gateway.catalog.discovery_cache import DiscoveryCache
 from gateway.http import io as http_io
-from gateway.http.security import DECIDING_HEADERS, OriginPolicy, repeated
-from gateway.mcp.deadline import call_timeout_s, deadline_exceeded
+from gateway.http.security import repeated
+from gateway.mcp.deadline import call_timeout_s
+from gateway.mcp.errors import http_status, protocol_error
 from gateway.mcp.streaming import (
     STREAM_CLOSE_GRACE_S,
     accepted_filter,
@@ -49,21 +46,19 @@ from gateway.mcp.streaming import (
     send_sse,
     tool_call_events,
 )
-from gateway.mcp.tool_runner import Progress, ToolRunner
+from gateway.mcp.tool_runner import Items, Progress, ToolRunner
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
 from protocol import jsonrpc
 from protocol.errors import (
     INTERNAL_ERROR,
-    INVALID_REQUEST,
     RATE_LIMITED,
     REQUEST_TIMEOUT,
     SERVER_OVERLOADED,
     ProtocolError,
     header_mismatch,
     invalid_params,
-    refused,
 )
 from protocol.headers import check_param_headers, is_routing_header
 from protocol.jsonrpc_types import Message, RequestId
@@ -84,15 +79,6 @@ METHOD_LABELS = MODERN_METHODS | LEGACY_METHODS  # anything else is counted as "
 MRTR_RETRY_PARAMS = frozenset(("inputResponses", "requestState"))  # caching.mdx: MUST NOT cache
 
 
-class Rejected(Exception):
-    """A transport-level refusal: an HTTP status and a JSON-RPC error without an id."""
-
-    def __init__(self, status: int, message: str, reason: str | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.reason = reason  # counted in kvgate_rejected_requests_total when set
-
-
 class McpEndpoint:
     """An ASGI app for the MCP endpoint path."""
 
@@ -104,24 +90,18 @@ class McpEndpoint:
         cache: DiscoveryCache,
         metrics: Metrics,
         versions: Callable[[], AsyncIterator[str]],
-        clients: ConcurrencyLimit | None = None,
+        calls: Lifecycle,
     ) -> None:
         """``served`` holds the catalog being served (the reloader swaps it); ``versions``
         yields each catalog version this process starts serving (what listen streams follow);
-        ``clients`` is the per-client concurrency limit (shared with the other front doors)."""
+        ``calls`` is the lifecycle every call goes through (shared with the other door)."""
         self.settings = settings
         self.served = served
         self.tools = tools
         self.cache = cache
         self.metrics = metrics
         self.versions = versions
-        self.origins = OriginPolicy(settings.host, settings.allowed_origins)
-        # "is None", not "or": an empty ConcurrencyLimit is falsy (len 0) and would not be shared
-        self.clients = (
-            clients
-            if clients is not None
-            else ConcurrencyLimit(settings.max_concurrency_per_client)
-        )
+        self.calls = calls
         self.listens = ConcurrencyLimit(settings.max_listen_streams)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -147,7 +127,7 @@ class McpEndpoint:
             else:
                 check_legacy_meta(message, headers.get("mcp-protocol-version"))
             check_method(message.method, era)
-            await authorize_call(scope, message.method, message.params.get("name"))
+            authorize_call(scope, message.method)
             with tracing.request_span(message.method, message.params, message.meta, message.id):
                 if message.method == "tools/call":
                     name = message.params.get("name")
@@ -164,69 +144,34 @@ class McpEndpoint:
                     body = await self._result(catalog, message, era)
                     await http_io.send_response(send, 200, body)
                     outcome = "ok"
-        except Rejected as rejection:
-            self._count_rejection(rejection.reason)
-            error = jsonrpc.encode_error(ProtocolError(INVALID_REQUEST, str(rejection)))
-            extra = ALLOW_POST if rejection.status == 405 else ()
-            if rejection.status in (408, 413):  # the rest of the body may still come: hang up
-                extra = CLOSE
-            await http_io.send_response(send, rejection.status, error, headers=extra)
-        except Challenge as challenge:  # a credential without the scope this method needs
-            self._count_rejection(challenge.reason)
-            body = challenge.body(MCP_PATH, message and message.id)
-            await http_io.send_response(send, challenge.status, body, headers=challenge.headers())
-        except (AdmissionRefused, Refusal) as exc:
-            outcome = "rejected"
-            error = _refusal_error(
-                engine_refused(exc) if isinstance(exc, AdmissionRefused) else exc
-            )
-            error.request_id = message and message.id
-            await self._error(send, error.http_status(era is Era.MODERN), error)
+        except CallError as error:
+            wire = protocol_error(error)
+            outcome = "rejected" if _rejection_reason(wire) else "error"
+            await self._error(send, wire, error, era, message)
         except ProtocolError as error:
-            if error.request_id is None and message is not None:
-                error.request_id = message.id
             if _rejection_reason(error):
                 outcome = "rejected"
-            await self._error(send, error.http_status(era is Era.MODERN), error)
+            await self._send_error(send, error.http_status(era is Era.MODERN), error, message)
         except http_io.ClientGone:
             outcome = "cancelled"
         except Exception:
             logger.exception("internal error answering %s", label)
-            error = ProtocolError(
-                INTERNAL_ERROR, "Internal error", request_id=message and message.id
-            )
-            await self._error(send, 500, error)
+            internal = ProtocolError(INTERNAL_ERROR, "Internal error")
+            await self._send_error(send, 500, internal, message)
         finally:
             self.metrics.observe(label, tool, outcome, time.perf_counter() - started)
 
     async def _transport_checks(
         self, scope: Scope, receive: Receive, headers: dict[str, str]
     ) -> bytes:
-        """HTTP-level rules, in the spec's order; returns the body."""
+        """HTTP-level rules, in the spec's order (``Rejected`` or −32020); returns the body."""
         if scope["method"] != "POST":
             raise Rejected(405, "Method Not Allowed: the MCP endpoint takes POST only")
-        duplicate = repeated(scope["headers"], DECIDING_HEADERS.__contains__)
-        if duplicate is not None:
-            raise Rejected(400, f"Bad Request: more than one {duplicate} header")
         duplicate = repeated(scope["headers"], lambda name: is_routing_header(name.decode()))
+        self.calls.check_origin(scope["headers"])  # a repeated Host/Origin too: 400
         if duplicate is not None:
             raise header_mismatch(f"more than one {duplicate} header")
-        if not (
-            self.origins.origin_allowed(headers.get("origin"))
-            and self.origins.host_allowed(headers.get("host"))
-        ):
-            raise Rejected(403, "Forbidden: Origin or Host not allowed")
-        limit, timeout = self.settings.max_body_bytes, self.settings.body_timeout_s
-        try:
-            body = await http_io.read_bounded(receive, headers, limit, timeout)
-        except http_io.BodyTooLarge:
-            raise Rejected(413, f"Request body exceeds {limit} bytes", "body_too_large") from None
-        except TimeoutError:
-            raise Rejected(
-                408, f"Request body not received within {timeout:g} s", "body_timeout"
-            ) from None
-        if http_io.media_type(headers.get("content-type")) != "application/json":
-            raise Rejected(415, "Unsupported Media Type: Content-Type must be application/json")
+        body = await self.calls.read_body(receive, headers)
         if not _accepts_mcp(headers.get("accept")):
             raise Rejected(406, "Not Acceptable: accept application/json and text/event-stream")
         return body
@@ -246,7 +191,7 @@ class McpEndpoint:
                 )
             else:  # a retry's result depends on inputs outside the cache key: never cached
                 body = catalog.result_bytes(method, params)
-            return jsonrpc.splice_result(message.id, body)
+            return jsonrpc.splice_result(message.request_id, body)
         if method == "initialize":  # stateless: no session is minted, one sent is ignored
             result = {
                 "protocolVersion": negotiate_legacy(params.get("protocolVersion")),
@@ -258,7 +203,7 @@ class McpEndpoint:
             result = {}
         else:  # prompts/get
             result = catalog.get_prompt(params.get("name"), params.get("arguments"))
-        return jsonrpc.encode_result(message.id, _shape(catalog, result, era))
+        return jsonrpc.encode_result(message.request_id, _shape(catalog, result, era))
 
     async def _tools_call(
         self,
@@ -279,30 +224,23 @@ class McpEndpoint:
         token = message.meta.get("progressToken")
         timeout = call_timeout_s(message.meta, self.settings.request_timeout_s)
         cache_key = arguments.get("cache_key") if isinstance(arguments, dict) else None
-        client = client_key(headers.get("authorization"), cache_key)
-        if self.clients.full(client):
-            raise client_limited(self.settings.max_concurrency_per_client)
-        streaming = isinstance(token, str | int) and not isinstance(token, bool)
-        streaming = streaming and http_io.accepts(headers.get("accept"), "text/event-stream")
-        deadline = asyncio.get_running_loop().time() + timeout
-        with self.clients.hold(client):
-            try:
-                # Admitted (or refused: then the answer is still a plain 503) before anything
-                # is sent, so an SSE response starts only once the engine has taken the call.
-                start = http_io.before(deadline, self.tools.start(spec, arguments, body_size))
-                items = await http_io.until_disconnect(receive, start)
-                if streaming:
-                    shape = functools.partial(_shape, catalog, era=era)
-                    events = tool_call_events(message.id, token, items, shape)
-                    stream = self._stream(send, events, message.id, deadline, timeout)
-                    await http_io.until_disconnect(receive, stream)
-                    return "ok"
-                result = await http_io.until_disconnect(
-                    receive, http_io.before(deadline, _result(items))
+        if isinstance(token, bool) or not isinstance(token, str | int):
+            token = None  # progress is streamed only to a caller that names a token
+        if not http_io.accepts(headers.get("accept"), "text/event-stream"):
+            token = None
+        async with self.calls.admit(receive, headers, cache_key, timeout) as call:
+            # Admitted (or refused: then the answer is still a plain 503) before anything is
+            # sent, so an SSE response starts only once the backend has taken the call.
+            items = await call.run(self.tools.start(spec, arguments, body_size))
+            if token is not None:
+                shape = functools.partial(_shape, catalog, era=era)
+                events = tool_call_events(message.request_id, token, items, shape)
+                await call.watch(
+                    self._stream(send, events, message.request_id, call.deadline, timeout)
                 )
-            except TimeoutError:
-                raise deadline_exceeded(timeout) from None
-        body = jsonrpc.encode_result(message.id, _shape(catalog, result, era))
+                return "ok"
+            result = await call.run(_result(items))
+        body = jsonrpc.encode_result(message.request_id, _shape(catalog, result, era))
         await http_io.send_response(send, 200, body)
         return "tool_error" if result.get("isError") else "ok"
 
@@ -311,7 +249,7 @@ class McpEndpoint:
     ) -> str:
         honoured = accepted_filter(message.params.get("notifications"))
         events = listen_events(
-            message.id,
+            message.request_id,
             honoured,
             self.versions(),
             self.settings.keepalive_s,
@@ -321,14 +259,14 @@ class McpEndpoint:
         # It ends itself after listen_max_s; the deadline only cuts off a reader that stalled.
         timeout = self.settings.listen_max_s + STREAM_CLOSE_GRACE_S
         deadline = asyncio.get_running_loop().time() + timeout
-        stream = self._stream(send, events, message.id, deadline, timeout)
+        stream = self._stream(send, events, message.request_id, deadline, timeout)
         await http_io.until_disconnect(receive, stream)
         return "ok"
 
     async def _stream(
         self,
         send: Send,
-        events: AsyncIterator[bytes],
+        events: AsyncGenerator[bytes],
         request_id: RequestId,
         deadline: float,
         timeout_s: float,
@@ -339,13 +277,46 @@ class McpEndpoint:
         if error is not None:
             self._count_rejection(_rejection_reason(error))
 
-    async def _error(self, send: Send, status: int, error: ProtocolError) -> None:
-        reason = _rejection_reason(error)
-        self._count_rejection(reason)
-        headers = ()
+    async def _error(
+        self,
+        send: Send,
+        wire: ProtocolError,
+        error: CallError,
+        era: Era,
+        message: Message | None,
+    ) -> None:
+        """Answer a call error: its JSON-RPC error (no id for a transport refusal, which may
+        come before the body was read) and HTTP status; ``Allow`` for a 405, ``Connection:
+        close`` where the rest of the body may still come, a challenge's ``WWW-Authenticate``."""
+        headers: list[tuple[bytes, bytes]] = []
+        if isinstance(error, Rejected):
+            message = None
+            if error.status == 405:
+                headers = ALLOW_POST
+            elif error.status in (408, 413):
+                headers = CLOSE
+        elif isinstance(error, Challenge):
+            headers = error.headers()
+        if isinstance(error, Rejected | Challenge):
+            self._count_rejection(error.reason)
+        status = http_status(error, wire, era is Era.MODERN)
+        await self._send_error(send, status, wire, message, headers)
+
+    async def _send_error(
+        self,
+        send: Send,
+        status: int,
+        error: ProtocolError,
+        message: Message | None,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
+        if error.request_id is None and message is not None:
+            error.request_id = message.id
+        self._count_rejection(_rejection_reason(error))
+        extra = list(headers or ())
         if isinstance(error.data, dict) and "retryAfterS" in error.data:
-            headers = ((b"retry-after", str(error.data["retryAfterS"]).encode()),)
-        await http_io.send_response(send, status, jsonrpc.encode_error(error), headers=headers)
+            extra.append((b"retry-after", str(error.data["retryAfterS"]).encode()))
+        await http_io.send_response(send, status, jsonrpc.encode_error(error), headers=extra)
 
     def _count_rejection(self, reason: str | None) -> None:
         if reason is not None:
@@ -357,18 +328,13 @@ def _shape(catalog: Catalog, result: dict[str, Any], era: Era) -> dict[str, Any]
     return complete(result, catalog.server_info) if era is Era.MODERN else result
 
 
-async def _result(items: AsyncIterator[Progress | dict[str, Any]]) -> dict[str, Any]:
+async def _result(items: Items) -> dict[str, Any]:
     """Drain a tool call, keeping only its result."""
     async with aclosing(items):
         async for item in items:
             if not isinstance(item, Progress):
                 return item
     raise RuntimeError("tool call ended without a result")
-
-
-def _refusal_error(refusal: Refusal) -> ProtocolError:
-    code = RATE_LIMITED if refusal.status == 429 else SERVER_OVERLOADED
-    return refused(code, str(refusal), refusal.reason, refusal.retry_after_s)
 
 
 def _rejection_reason(error: ProtocolError) -> str | None:

@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from contextlib import aclosing
 from typing import Any
 
 from starlette.types import Send
 
+from gateway.calls.errors import DeadlineExceeded
 from gateway.http import io as http_io
-from gateway.mcp.deadline import deadline_exceeded
-from gateway.mcp.tool_runner import Progress
+from gateway.mcp.errors import protocol_error
+from gateway.mcp.tool_runner import Items, Progress
 from protocol.errors import INTERNAL_ERROR, ProtocolError
 from protocol.jsonrpc import encode_error, encode_notification, encode_result
 from protocol.jsonrpc_types import RequestId
@@ -41,7 +42,7 @@ def sse_event(data: bytes) -> bytes:
 
 async def send_sse(
     send: Send,
-    events: AsyncIterator[bytes],
+    events: AsyncGenerator[bytes],
     request_id: RequestId,
     deadline: float,
     timeout_s: float,
@@ -59,7 +60,7 @@ async def send_sse(
                 async for chunk in events:
                     await http_io.send_chunk(send, chunk)
         except TimeoutError:
-            error = deadline_exceeded(timeout_s)
+            error = protocol_error(DeadlineExceeded(timeout_s))
         except Exception:
             logger.exception("internal error while streaming request %r", request_id)
             error = ProtocolError(INTERNAL_ERROR, "Internal error")
@@ -77,9 +78,9 @@ async def send_sse(
 async def tool_call_events(
     request_id: RequestId,
     progress_token: str | int,
-    items: AsyncIterator[Progress | dict[str, Any]],
+    items: Items,
     shape: Callable[[dict[str, Any]], dict[str, Any]],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """Progress notifications as text arrives (progress = tokens so far), then the result.
     Closing this closes ``items`` at once (which aborts the generation)."""
     async with aclosing(items):
@@ -109,7 +110,7 @@ async def listen_events(
     keepalive_s: float,
     max_s: float,
     server_info: dict[str, str],
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes]:
     """Acknowledge, then one notification per opted-in list kind on every catalog change.
 
     Ends gracefully (a result tagged with the subscription id) after ``max_s``, so no stream

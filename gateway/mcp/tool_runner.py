@@ -1,29 +1,34 @@
 """Runs the inference tools ``generate``, ``chat`` and ``tokenize`` (their schemas: ``schemas/``).
 
-``start`` validates a call's arguments and starts its generation (the engine admits it or
-refuses at once); what it returns is the call as an async iterator: zero or more
-``Progress`` updates (one per chunk of new text), then the ``CallToolResult`` body. The JSON
-path drains it; the SSE path forwards each item. Closing it early (a client gone) aborts the
-request and frees its KV blocks. Anything the caller can fix — bad arguments, a prompt that
-does not fit, bad sampling values, a schema the engine cannot enforce, a JSON reply cut short
-by max_tokens — is a tool error (``isError``) whose text says what to change. With
-``json_schema`` the result's ``structuredContent.json`` holds the reply parsed; with ``tools``
-(``chat``), ``structuredContent.tool_calls`` holds the calls in the reply.
+``start`` validates a call's arguments and starts its generation (the backend admits it or
+refuses at once: ``Refused`` propagates, a JSON-RPC error); what it returns is the call as an
+async iterator: zero or more ``Progress`` updates (one per chunk of new text), then the
+``CallToolResult`` body. The JSON path drains it; the SSE path forwards each item. Closing it
+early (a client gone) aborts the request and frees its KV blocks. Anything the caller can fix
+— bad arguments, a prompt that does not fit, bad sampling values, a schema the engine cannot
+enforce, a JSON reply cut short by max_tokens — is a tool error (``isError``) whose text says
+what to change; so is a generation that broke. With ``json_schema`` the result's
+``structuredContent.json`` holds the reply parsed; with ``tools`` (``chat``),
+``structuredContent.tool_calls`` holds the calls the reply made (read below the doors, the
+same for both backends), their arguments parsed into objects (the text as written if a reply
+cut short left it unfinished).
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
 
-from engine import EngineStepError
+from gateway.calls.errors import BadInput, GenerationFailed
+from gateway.calls.generations import Generations
 from gateway.catalog.catalog import ToolSpec
-from gateway.function_calls.functions import template_messages
-from gateway.generation import Completion, GenerationRequest, Generations, TextDelta
-from gateway.mcp.tool_use import ToolUse
+from gateway.function_calls.functions import Functions, template_messages
+from gateway.function_calls.parser import FunctionCall
+from gateway.generation import Completion, GenerationRequest, Stream, TextDelta, TokenizeRequest
+from gateway.mcp.errors import failed_call, tool_error
 
 SAMPLING_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "seed", "stop")
 # Tool argument -> the engine's structured_outputs field (constrained decoding).
@@ -37,8 +42,7 @@ class Progress:
     text: str  # the text new since the previous update
 
 
-def tool_error(text: str) -> dict[str, Any]:
-    return {"content": [{"type": "text", "text": text}], "isError": True}
+Items = AsyncGenerator[Progress | dict[str, Any]]
 
 
 class ToolRunner:
@@ -46,10 +50,8 @@ class ToolRunner:
         self.generations = generations
         self.model_name = generations.model_name
 
-    async def start(
-        self, spec: ToolSpec, arguments: Mapping[str, Any], size: int = 0
-    ) -> AsyncIterator[Progress | dict[str, Any]]:
-        """The call's items; raises ``engine.AdmissionRefused`` when the engine is full.
+    async def start(self, spec: ToolSpec, arguments: Mapping[str, Any], size: int = 0) -> Items:
+        """The call's items; raises ``Refused`` when the backend cannot take it now.
         ``size`` (the request body's bytes) moves the validation of large arguments off the
         event loop: a 1 MiB message list takes the validator about a second."""
         validator = spec.validator
@@ -59,58 +61,42 @@ class ToolRunner:
                 tool_error(f"Invalid arguments for tool '{spec.name}': " + "; ".join(problems))
             )
         arguments = validator.with_integers(arguments)
-        if spec.name == "tokenize":
-            try:
-                ids = await self.generations.tokenize(arguments["text"])
-            except ValueError as exc:  # too long to fit (TooManyTokens), an upstream's refusal
-                return _only(tool_error(f"Invalid arguments for tool 'tokenize': {exc}"))
-            return _only(self._tokenized(ids))
+        try:
+            if spec.name == "tokenize":
+                tokenized = await self.generations.tokenize(TokenizeRequest(arguments["text"]))
+                return _only(self._tokenized(tokenized.ids))
+            generation = await self.generations.start(self._request(arguments))
+        except BadInput as exc:
+            return _only(failed_call(spec.name, exc))
+        return self._items(spec.name, generation, "json_schema" in arguments)
+
+    def _request(self, arguments: Mapping[str, Any]) -> GenerationRequest:
         constraint = {v: arguments[k] for k, v in STRUCTURED_FIELDS.items() if k in arguments}
         if len(constraint) > 1:
-            return _only(
-                tool_error(
-                    f"Invalid arguments for tool '{spec.name}': give at most one of "
-                    f"{', '.join(STRUCTURED_FIELDS)}"
-                )
-            )
-        try:
-            calls = ToolUse.of(arguments, self.generations.tool_family)
-            forced = calls.constraint if calls is not None else None
-            if forced is not None:
-                if constraint:
-                    raise ValueError(
-                        "a required or named tool_choice is a constraint already: drop "
-                        f"{', '.join(STRUCTURED_FIELDS)}"
-                    )
-                constraint = forced
-            params = self.generations.sampling_params(
-                {
-                    "max_tokens": DEFAULT_MAX_TOKENS,
-                    **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
-                    **({"structured_outputs": constraint} if constraint else {}),
-                    **({"skip_special_tokens": False} if calls and calls.parsed else {}),
-                }
-            )
-            messages = arguments.get("messages")
-            request = GenerationRequest(
-                params,
-                prompt=arguments.get("prompt"),
-                messages=None if messages is None else template_messages(messages),
-                tools=None if calls is None else calls.tools,
-                chat_template_kwargs=arguments.get("chat_template_kwargs"),
-                cache_key=arguments.get("cache_key"),
-            )
-            generation = await self.generations.start(request)
-        except ValueError as exc:
-            return _only(tool_error(f"Invalid arguments for tool '{spec.name}': {exc}"))
-        return self._items(generation, "json_schema" in arguments, calls)
+            raise BadInput(f"give at most one of {', '.join(STRUCTURED_FIELDS)}")
+        functions = Functions.of(
+            arguments.get("tools"),
+            arguments.get("tool_choice"),
+            arguments.get("parallel_tool_calls"),
+        )
+        messages = arguments.get("messages")
+        params = self.generations.sampling_params(
+            {
+                "max_tokens": DEFAULT_MAX_TOKENS,
+                **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
+                **({"structured_outputs": constraint} if constraint else {}),
+            }
+        )
+        return GenerationRequest(
+            params,
+            prompt=arguments.get("prompt"),
+            messages=None if messages is None else template_messages(messages),
+            functions=functions,
+            chat_template_kwargs=arguments.get("chat_template_kwargs"),
+            cache_key=arguments.get("cache_key"),
+        )
 
-    async def _items(
-        self,
-        generation: AsyncIterator[TextDelta | Completion],
-        parse_json: bool,
-        calls: ToolUse | None,
-    ) -> AsyncIterator[Progress | dict[str, Any]]:
+    async def _items(self, tool: str, generation: Stream, parse_json: bool) -> Items:
         try:
             async with aclosing(generation):
                 async for item in generation:
@@ -118,11 +104,11 @@ class ToolRunner:
                         if item.text:  # progress is text: a token still held back waits
                             yield Progress(item.tokens, item.text)
                     else:
-                        yield self._result(item, parse_json, calls)
-        except (EngineStepError, RuntimeError) as exc:
-            yield tool_error(f"Generation failed: {exc}; retry the call")
+                        yield self._result(item, parse_json)
+        except GenerationFailed as exc:
+            yield failed_call(tool, exc)
 
-    def _result(self, done: Completion, parse_json: bool, calls: ToolUse | None) -> dict[str, Any]:
+    def _result(self, done: Completion, parse_json: bool) -> dict[str, Any]:
         structured: dict[str, Any] = {
             "text": done.text,
             "finish_reason": done.finish_reason,
@@ -136,8 +122,8 @@ class ToolRunner:
             structured["upstream"] = done.upstream
         if done.stop_reason is not None:
             structured["stop_reason"] = done.stop_reason
-        if calls is not None:
-            structured.update(calls.result(done))
+        if done.tool_calls is not None:
+            structured["tool_calls"] = [_call(c) for c in done.tool_calls]
         if parse_json:
             try:
                 structured["json"] = json.loads(done.text)
@@ -162,5 +148,21 @@ class ToolRunner:
         }
 
 
-async def _only(result: dict[str, Any]) -> AsyncIterator[Progress | dict[str, Any]]:
+def _call(call: FunctionCall) -> dict[str, Any]:
+    return {
+        "id": call.id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": _arguments(call.arguments)},
+    }
+
+
+def _arguments(text: str) -> Any:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, dict) else text
+
+
+async def _only(result: dict[str, Any]) -> Items:
     yield result

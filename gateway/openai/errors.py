@@ -1,4 +1,9 @@
-"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the status."""
+"""The call errors (``gateway.calls.errors``) in OpenAI's words, in one place:
+``{"error": {"message", "type", "param", "code"}}`` with the status clients expect.
+
+``OpenAIError`` is the wire form, and also the error for what only this door has (an unknown
+model or route, a route a fleet cannot serve); ``wire`` maps every other call error to it.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +11,22 @@ from typing import Any
 
 import orjson
 
-from gateway.admission import Refusal
+from gateway.auth.challenge import Challenge
+from gateway.calls.errors import (
+    BadInput,
+    CallError,
+    DeadlineExceeded,
+    GenerationFailed,
+    Refused,
+    Rejected,
+    UpstreamFailed,
+)
 
 # HTTP status → the OpenAI error ``type`` clients (and the openai SDK) expect for it
 TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
     408: "invalid_request_error",
@@ -18,13 +34,15 @@ TYPES = {
     415: "invalid_request_error",
     429: "rate_limit_error",
     500: "server_error",
+    501: "server_error",
     502: "server_error",
     503: "server_error",
     504: "timeout_error",
 }
+REJECTED_CODES = {400: "forbidden", 403: "forbidden", 413: "too_large"}  # Origin/Host; size
 
 
-class OpenAIError(Exception):
+class OpenAIError(CallError):
     def __init__(
         self,
         status: int,
@@ -60,18 +78,24 @@ class OpenAIError(Exception):
         return [(b"retry-after", str(self.retry_after_s).encode())]
 
 
-def bad_request(message: str, param: str | None = None) -> OpenAIError:
-    return OpenAIError(400, message, param=param)
-
-
-def from_refusal(refusal: Refusal) -> OpenAIError:
-    code = "rate_limit_exceeded" if refusal.status == 429 else "service_unavailable"
-    return OpenAIError(refusal.status, str(refusal), code=code, retry_after_s=refusal.retry_after_s)
-
-
-def deadline_exceeded(timeout_s: float) -> OpenAIError:
-    return OpenAIError(
-        504,
-        f"Request timed out after {timeout_s:g} s; the generation was cancelled",
-        code="timeout",
-    )
+def wire(error: CallError) -> OpenAIError:
+    """What the client is told for ``error``."""
+    message = str(error)
+    if isinstance(error, OpenAIError):
+        return error
+    if isinstance(error, BadInput):
+        return OpenAIError(400, message, param=error.field)
+    if isinstance(error, Rejected):
+        return OpenAIError(error.status, message, code=REJECTED_CODES.get(error.status))
+    if isinstance(error, Refused):
+        code = "rate_limit_exceeded" if error.status == 429 else "service_unavailable"
+        return OpenAIError(error.status, message, code=code, retry_after_s=error.retry_after_s)
+    if isinstance(error, DeadlineExceeded):
+        return OpenAIError(504, message, code="timeout")
+    if isinstance(error, UpstreamFailed):
+        return OpenAIError(502, f"Upstream failed: {message}", code="bad_gateway")
+    if isinstance(error, GenerationFailed):
+        return OpenAIError(500, f"Generation failed: {message}", code="generation_failed")
+    if isinstance(error, Challenge):
+        return OpenAIError(error.status, message, code=error.reason)
+    return OpenAIError(500, "Internal error")

@@ -3,8 +3,9 @@
 Known fields of the wrong type or out of range are a 400 naming the field (never a 500);
 unknown fields are ignored, as OpenAI clients send many. Structured outputs are served
 (``response_format`` json_object / json_schema, and vLLM's ``structured_outputs`` extras:
-json, regex, choice, grammar); the chat route's tool fields are read by
-``gateway.openai.tool_calls`` (on ``/v1/completions`` they are a 400).
+json, regex, choice, grammar); the chat route's ``tools`` / ``tool_choice`` /
+``parallel_tool_calls`` become the request's ``Functions`` (on ``/v1/completions`` they are a
+400; the calls are read below the doors, ``gateway.function_calls.reading``).
 """
 
 from __future__ import annotations
@@ -12,14 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine import StructuredOutputs
-from gateway.openai.errors import OpenAIError, bad_request
+from engine.sampling_params import StructuredOutputs
+from gateway.calls.errors import BadInput
+from gateway.function_calls.functions import Functions
+from gateway.openai.errors import OpenAIError
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
 ROLES = frozenset(("system", "developer", "user", "assistant", "tool"))
 CHAT_ONLY = ("tools", "tool_choice", "parallel_tool_calls", "functions", "function_call")
 RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+DEPRECATED = ("functions", "function_call")
 
 _NUMBER = (int, float)
 
@@ -41,15 +45,15 @@ def _get(body: dict[str, Any], name: str, types: tuple[type, ...], what: str) ->
     if value is None:
         return None
     if isinstance(value, bool) and bool not in types:
-        raise bad_request(f"'{name}' must be {what}, got a boolean", name)
+        raise BadInput(f"'{name}' must be {what}, got a boolean", name)
     if not isinstance(value, types):
-        raise bad_request(f"'{name}' must be {what}, got {type(value).__name__}", name)
+        raise BadInput(f"'{name}' must be {what}, got {type(value).__name__}", name)
     return value
 
 
 def _in_range(name: str, value: Any, low: float, high: float, what: str) -> None:
     if value is not None and not low <= value <= high:
-        raise bad_request(f"'{name}' must be {what}, got {value}", name)
+        raise BadInput(f"'{name}' must be {what}, got {value}", name)
 
 
 def _integer(body: dict[str, Any], name: str) -> int | None:
@@ -57,15 +61,15 @@ def _integer(body: dict[str, Any], name: str) -> int | None:
     value = _get(body, name, _NUMBER, "an integer")
     if isinstance(value, float):
         if not value.is_integer():
-            raise bad_request(f"'{name}' must be an integer, got {value}", name)
+            raise BadInput(f"'{name}' must be an integer, got {value}", name)
         value = int(value)
-    return value
+    return value if value is None else int(value)
 
 
 def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     for name in () if chat else CHAT_ONLY:
         if body.get(name) is not None:
-            raise bad_request(f"'{name}' is only for /v1/chat/completions", name)
+            raise BadInput(f"'{name}' is only for /v1/chat/completions", name)
     fields: dict[str, Any] = {}
     max_tokens = _integer(body, "max_completion_tokens" if chat else "max_tokens")
     if max_tokens is None and chat:
@@ -105,7 +109,7 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     elif isinstance(stop, list) and all(isinstance(s, str) and s for s in stop):
         fields["stop"] = stop
     elif stop is not None:
-        raise bad_request("'stop' must be a string or a list of non-empty strings", "stop")
+        raise BadInput("'stop' must be a string or a list of non-empty strings", "stop")
     fields.update(_logprobs(body, chat))
     structured = _structured_outputs(body)
     if structured is not None:
@@ -116,7 +120,7 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     stream = bool(_get(body, "stream", (bool,), "a boolean"))
     options = _get(body, "stream_options", (dict,), "an object")
     if options is not None and not stream:
-        raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
+        raise BadInput("'stream_options' is only allowed with 'stream': true", "stream_options")
     include_usage = bool(options and _get(options, "include_usage", (bool,), "a boolean"))
     _get(body, "user", (str,), "a string")
     return Sampling(
@@ -138,7 +142,7 @@ def _structured_outputs(body: dict[str, Any]) -> StructuredOutputs | None:
     if response_format is not None:
         kind = response_format.get("type")
         if kind not in RESPONSE_FORMATS:
-            raise bad_request(
+            raise BadInput(
                 f"'response_format.type' must be one of {list(RESPONSE_FORMATS)}, got {kind!r}",
                 "response_format.type",
             )
@@ -148,7 +152,7 @@ def _structured_outputs(body: dict[str, Any]) -> StructuredOutputs | None:
             fields = {"json": _json_schema(response_format.get("json_schema"))}
     if extras is not None:
         if fields is not None:
-            raise bad_request(
+            raise BadInput(
                 "give either 'response_format' or 'structured_outputs', not both",
                 "structured_outputs",
             )
@@ -158,7 +162,7 @@ def _structured_outputs(body: dict[str, Any]) -> StructuredOutputs | None:
     try:
         return StructuredOutputs.from_dict(fields)
     except ValueError as exc:
-        raise bad_request(str(exc), "structured_outputs" if extras else "response_format") from None
+        raise BadInput(str(exc), "structured_outputs" if extras else "response_format") from None
 
 
 def _json_schema(spec: Any) -> dict[str, Any]:
@@ -166,10 +170,10 @@ def _json_schema(spec: Any) -> dict[str, Any]:
     is always enforced (``strict`` or not); a missing one allows any JSON object."""
     where = "response_format.json_schema"
     if not isinstance(spec, dict):
-        raise bad_request(f"'{where}' must be an object", where)
+        raise BadInput(f"'{where}' must be an object", where)
     name = spec.get("name")
     if not isinstance(name, str) or not name:
-        raise bad_request(f"'{where}.name' must be a non-empty string", f"{where}.name")
+        raise BadInput(f"'{where}.name' must be a non-empty string", f"{where}.name")
     for key, types, what in (
         ("schema", (dict,), "an object"),
         ("strict", (bool,), "a boolean"),
@@ -186,7 +190,7 @@ def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
         top = _integer(body, "top_logprobs")
         _in_range("top_logprobs", top, 0, MAX_TOP_LOGPROBS, f"between 0 and {MAX_TOP_LOGPROBS}")
         if top is not None and not wanted:
-            raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+            raise BadInput("'top_logprobs' needs 'logprobs': true", "top_logprobs")
         return {"logprobs": top or 0} if wanted else {}
     top = _integer(body, "logprobs")
     _in_range("logprobs", top, 0, MAX_TOP_LOGPROBS, f"between 0 and {MAX_TOP_LOGPROBS}")
@@ -205,7 +209,7 @@ def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
             return [list(prompt)]
         if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in prompt):
             return [list(p) for p in prompt]
-    raise bad_request(
+    raise BadInput(
         "'prompt' must be a string, a list of strings, a list of token ids, or a list of "
         "token-id lists (none empty)",
         "prompt",
@@ -222,13 +226,13 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     vLLM does for templates that read ``content`` as text."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty list", "messages")
+        raise BadInput("'messages' must be a non-empty list", "messages")
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
-            raise bad_request(f"'{where}' must be an object", where)
+            raise BadInput(f"'{where}' must be an object", where)
         if message.get("role") not in ROLES:
-            raise bad_request(
+            raise BadInput(
                 f"'{where}.role' must be one of {sorted(ROLES)}, got {message.get('role')!r}",
                 f"{where}.role",
             )
@@ -236,17 +240,17 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
         if isinstance(content, list):
             for j, part in enumerate(content):
                 if not (isinstance(part, dict) and part.get("type") == "text"):
-                    raise bad_request(
+                    raise BadInput(
                         f"'{where}.content[{j}]' must be a text part (this model reads text)",
                         f"{where}.content",
                     )
                 if not isinstance(part.get("text"), str):
-                    raise bad_request(
+                    raise BadInput(
                         f"'{where}.content[{j}].text' must be a string", f"{where}.content"
                     )
             messages[i] = {**message, "content": "\n".join(part["text"] for part in content)}
         elif content is not None and not isinstance(content, str):
-            raise bad_request(
+            raise BadInput(
                 f"'{where}.content' must be a string, a list of text parts or null",
                 f"{where}.content",
             )
@@ -258,7 +262,7 @@ def check_model(body: dict[str, Any], served: str) -> None:
     if model is None:
         return
     if not isinstance(model, str):
-        raise bad_request("'model' must be a string", "model")
+        raise BadInput("'model' must be a string", "model")
     if model != served:
         raise OpenAIError(
             404,
@@ -267,3 +271,11 @@ def check_model(body: dict[str, Any], served: str) -> None:
             "model",
             "model_not_found",
         )
+
+
+def chat_functions(body: dict[str, Any]) -> Functions | None:
+    """The functions the model may call (None without ``tools``)."""
+    for name in DEPRECATED:
+        if body.get(name) is not None:
+            raise BadInput(f"'{name}' is deprecated and not served: use 'tools'", name)
+    return Functions.of(body.get("tools"), body.get("tool_choice"), body.get("parallel_tool_calls"))

@@ -124,7 +124,7 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
-        self._request_counters: dict[tuple[str, str, str], Counter] = {}
+        self._request_counters: dict[tuple[str, str, str, str], Counter] = {}
         self._durations: dict[str, Histogram] = {}
         self._counters: dict[str, tuple[Counter, tuple[str, ...]]] = {}
         if engine_stats is not None:

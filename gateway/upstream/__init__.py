@@ -1,6 +1,2 @@
-"""Fleet mode: kvgate as the gateway for engine servers on other machines."""
-
-from gateway.upstream.call import UpstreamError
-from gateway.upstream.fleet import Fleet, FleetConfigError
-
-__all__ = ["Fleet", "FleetConfigError", "UpstreamError"]
+"""Fleet mode: kvgate as the gateway for engine servers on other machines (``fleet.Fleet``,
+the backend; ``call``, ``wire``, ``routing``, ``health``, ``members``, ``scrape``: its parts)."""

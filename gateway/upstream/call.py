@@ -3,7 +3,7 @@
 
 ``connect`` opens the stream on the best untried upstream, trying the next choice on the ring
 once when one fails; a failure before anything was yielded is retried the same way from inside
-the stream, one after is ``UpstreamError``. ``Relay.aclose`` always releases the upstream.
+the stream, one after is ``UpstreamFailed``. ``Call.aclose`` always releases the upstream.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import httpx
 
-from engine import AdmissionRefused, EngineOverloaded, EngineUnavailable
+from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
+from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
 from gateway.upstream import wire
 from gateway.upstream.upstream import Upstream, UpstreamFailure, failure_of
@@ -23,10 +24,6 @@ if TYPE_CHECKING:
     from gateway.upstream.fleet import Fleet
 
 RETRIES = 1
-
-
-class UpstreamError(RuntimeError):
-    """An upstream failed a call after it had begun streaming to its client."""
 
 
 class Call:
@@ -100,15 +97,14 @@ class Call:
                     upstream = await self._release()
                     if sent:
                         self.fleet.failed(upstream, failure)
-                        raise UpstreamError(f"{failure} after {sent} chunks") from None
+                        raise UpstreamFailed(f"{failure} after {sent} chunks") from None
                     try:
                         self._retry_or_refuse(upstream, failure)
                         await self.connect()
                     except (AdmissionRefused, ValueError) as exc:  # say what failed first
-                        raise UpstreamError(f"{failure}; no retry: {exc}") from None
+                        raise UpstreamFailed(f"{failure}; no retry: {exc}") from None
         finally:
-            if self.upstream is not None:
-                await self._close()
+            await self.aclose()
 
     async def _items(self) -> AsyncIterator[TextDelta | Completion]:
         """The current upstream's stream as deltas then one Completion (UpstreamFailure if it
@@ -150,7 +146,7 @@ class Call:
             cached_tokens=wire.cached_tokens(usage),
             replica=upstream.index,
             upstream=upstream.url,
-            tool_calls=calls.calls,
+            tool_calls=calls.calls or None,  # read into shape below (function_calls.reading)
         )
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
@@ -168,30 +164,11 @@ class Call:
         await response.aclose()
         return upstream
 
-    async def _close(self) -> None:
+    async def aclose(self) -> None:
         """The call is done or abandoned: closing the response drops the connection when the
         stream is unfinished, which aborts the request upstream."""
-        assert self.upstream is not None and self.response is not None
+        if self.upstream is None or self.response is None:
+            return
         self.upstream.in_flight -= 1
         response, self.upstream, self.response = self.response, None, None
         await response.aclose()
-
-
-class Relay:
-    """A call's items; ``aclose`` releases its upstream even when it was never iterated (an
-    async generator that never started would skip its ``finally``)."""
-
-    def __init__(self, call: Call) -> None:
-        self._call = call
-        self._items = call.relay()
-
-    def __aiter__(self) -> Relay:
-        return self
-
-    async def __anext__(self) -> TextDelta | Completion:
-        return await anext(self._items)
-
-    async def aclose(self) -> None:
-        await self._items.aclose()
-        if self._call.upstream is not None:
-            await self._call._close()

@@ -4,7 +4,7 @@ A call is routed (``routing``), sent streamed over the OpenAI wire (``wire``) an
 the same ``TextDelta``s and ``Completion`` the embedded engine yields, so both front doors
 serve unchanged on top of it. Faults: a call that has yielded nothing yet is retried once on
 the next choice on the ring (the failed upstream excluded); one that has begun ends with
-``UpstreamError`` (a tool error, an SSE error event), never a hang (``upstream_read_timeout_s``
+``UpstreamFailed`` (a tool error, an SSE error event), never a hang (``upstream_read_timeout_s``
 bounds every silence). With no upstream available a call is refused like a full engine
 (−31000 / 503 + Retry-After); an upstream's own 429/503 is passed on the same way when no
 other upstream can take the call. Closing a call's stream closes the upstream connection,
@@ -43,16 +43,19 @@ from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
     GenerationRequest,
+    Guarded,
     OffLoop,
     Stream,
-    encode_within,
+    Tokenized,
+    TokenizeRequest,
     prompt_chars,
+    tokenize_here,
 )
 from gateway.ops import tracing
 from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
 from gateway.settings import Settings
 from gateway.upstream import scrape, wire
-from gateway.upstream.call import Call, Relay
+from gateway.upstream.call import Call
 from gateway.upstream.health import Breaker
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.routing import PrefixKeys, UpstreamRouter
@@ -251,24 +254,23 @@ class Fleet:
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = Call(self, request, hashes, path, body, headers)
         await call.connect()
-        return Relay(call)
+        return Guarded(call.relay(), call)
 
-    async def tokenize(self, text: str) -> list[int]:
+    async def tokenize(self, request: TokenizeRequest) -> Tokenized:
+        """With a local tokenizer (``--tokenizer``) here; else by an upstream's ``/tokenize``."""
         if self._tokenizer is not None:
             tokenizer, limit = self._tokenizer, self.max_model_len
-            return await self.off_loop.run(len(text), encode_within, tokenizer, limit, text)
-        upstream, _ = self.choose([], None, set())
-        try:
-            response = await upstream.client.post(
-                "/tokenize", json={"model": self.model_name, "prompt": text}
-            )
-        except httpx.TransportError as exc:
-            failure = failure_of(exc, upstream.url)
-            self.failed(upstream, failure)
-            raise EngineUnavailable(str(failure)) from None
-        if response.status_code != 200:
-            raise ValueError(f"upstream /tokenize answered {response.status_code}")
-        return list(response.json()["tokens"])
+            return await self.off_loop.run(request.chars, tokenize_here, tokenizer, limit, request)
+        body: dict[str, Any] = {
+            "add_special_tokens": request.add_special_tokens,
+            "return_token_strs": request.token_strs,
+        }
+        if request.messages is not None:
+            body["messages"] = request.messages
+        else:
+            body["prompt"] = request.text
+        answer = await self.tokenize_request(body)
+        return Tokenized(answer["tokens"], answer["token_strs"] if request.token_strs else None)
 
     async def tokenize_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """A vLLM ``/tokenize`` body (``prompt`` or ``messages``, ``add_special_tokens``,
@@ -517,7 +519,7 @@ def _tokenized(answer: bytes, where: str) -> dict[str, Any]:
         problem = "'tokens' is not a list of token ids"
     elif not (_natural(count) and count == len(tokens)):
         problem = "'count' is not the number of tokens"
-    elif not (_natural(max_model_len) and max_model_len > 0):
+    elif not (isinstance(max_model_len, int) and _natural(max_model_len) and max_model_len > 0):
         problem = "'max_model_len' is not a positive integer"
     elif strs is not None and not (
         isinstance(strs, list)

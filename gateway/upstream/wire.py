@@ -61,8 +61,8 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
     if top is not None:
         body["logprobs"], body["top_logprobs"] = True, top
     body["messages"] = request.messages
-    if request.tools is not None:
-        body.update(request.tools.openai_fields())
+    if request.functions is not None:
+        body.update(request.functions.openai_fields())
     if request.chat_template_kwargs is not None:
         body["chat_template_kwargs"] = request.chat_template_kwargs
     return "/v1/chat/completions", body

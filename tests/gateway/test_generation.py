@@ -18,7 +18,8 @@ import httpx
 import pytest
 
 from engine import AsyncLLM, SamplingParams, StructuredOutputs
-from gateway.generation import Completion, EngineBackend, GenerationRequest
+from gateway.embedded import EngineBackend
+from gateway.generation import Completion, GenerationRequest
 from tests.engine.test_tokenizer import CountingBackend
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool

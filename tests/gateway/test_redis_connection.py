@@ -23,9 +23,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from engine import AsyncLLM
-from gateway.admission import Refusal
 from gateway.auth import budgets as budgets_module
 from gateway.auth.budgets import Budgets
+from gateway.calls.errors import Refused as Refusal
 from gateway.redis_connection import connect
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.redis_fixtures import requires_redis_server

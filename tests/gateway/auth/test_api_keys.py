@@ -18,7 +18,7 @@ import pytest
 from engine import AsyncLLM
 from gateway.auth.api_keys import ApiKeys, KeysFileError, parse_keys_file
 from gateway.auth.authenticator import Authenticator
-from gateway.auth.challenge import AUTH_ERROR_CODE
+from gateway.mcp.errors import AUTH_ERROR_CODE
 from gateway.settings import Settings
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from engine import AsyncLLM
-from gateway.auth.challenge import AUTH_ERROR_CODE
+from gateway.mcp.errors import AUTH_ERROR_CODE
 from tests.gateway.auth.issuer import ISSUER, RESOURCE, Issuer
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call

@@ -12,9 +12,9 @@ import httpx
 import pytest
 
 from engine import AsyncLLM
+from tests.gateway.calls.test_admission import LONG, streaming_call
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_streaming import wait_idle
-from tests.gateway.test_admission import LONG, streaming_call
 from tests.gateway.wire import call
 
 

@@ -47,7 +47,7 @@ GOOD = {"type": "function", "function": {"name": "f_1-x", "parameters": {"type":
 def test_bad_tools_name_the_field(tools: Any, param: str) -> None:
     with pytest.raises(FunctionsError) as caught:
         parse_tools(tools)
-    assert caught.value.param == param and param.split(".")[0].split("[")[0] in str(caught.value)
+    assert caught.value.field == param and param.split(".")[0].split("[")[0] in str(caught.value)
 
 
 def test_parameters_default_to_an_empty_object() -> None:
@@ -81,7 +81,7 @@ def test_tool_choices(raw: Any, with_tools: bool, expected: ToolChoice) -> None:
 def test_bad_tool_choices(raw: Any, with_tools: bool, message: str) -> None:
     with pytest.raises(FunctionsError, match=message) as caught:
         parse_tool_choice(raw, parse_tools([GOOD]) if with_tools else [])
-    assert caught.value.param == "tool_choice"
+    assert caught.value.field == "tool_choice"
 
 
 def test_earlier_calls_reach_the_template_with_object_arguments() -> None:
@@ -98,7 +98,7 @@ def test_earlier_calls_reach_the_template_with_object_arguments() -> None:
     bad = {**call, "function": {"name": "f", "arguments": "{oops"}}
     with pytest.raises(FunctionsError) as caught:
         template_messages([{"role": "assistant", "content": None, "tool_calls": [bad]}])
-    assert caught.value.param == "messages[0].tool_calls[0].function.arguments"
+    assert caught.value.field == "messages[0].tool_calls[0].function.arguments"
 
 
 def test_a_tool_request_is_none_without_tools_and_checks_parallel_calls() -> None:
@@ -111,4 +111,4 @@ def test_a_tool_request_is_none_without_tools_and_checks_parallel_calls() -> Non
     assert rendered_only is not None and not rendered_only.parsed and not rendered_only.parallel
     with pytest.raises(FunctionsError) as caught:
         Functions.of([GOOD], None, "yes")
-    assert caught.value.param == "parallel_tool_calls"
+    assert caught.value.field == "parallel_tool_calls"

@@ -19,7 +19,7 @@ import pytest
 
 from engine.tiny_model import make_tiny_model
 from gateway.settings import Settings
-from gateway.upstream import Fleet
+from gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.openai.test_tool_calls import MESSAGES, SCHEMAS, TOOLS, accumulate
 from tests.gateway.upstream.processes import call_tool, generate

@@ -20,7 +20,7 @@ from gateway.cli import main
 from gateway.function_calls.functions import Functions
 from gateway.generation import GenerationRequest
 from gateway.settings import Settings
-from gateway.upstream import Fleet, FleetConfigError
+from gateway.upstream.fleet import Fleet, FleetConfigError
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import (
     AFFINITY_SLACK,
@@ -256,7 +256,7 @@ def test_tools_go_upstream_as_the_openai_fields_and_constraints_in_vllms_form() 
     request = GenerationRequest(
         SamplingParams(),
         messages=[{"role": "user", "content": "hi"}],
-        tools=Functions.of(tools, named, False),
+        functions=Functions.of(tools, named, False),
     )
     _, body = request_body(request, "m")
     assert (body["tools"], body["tool_choice"], body["parallel_tool_calls"]) == (

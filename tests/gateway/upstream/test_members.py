@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from gateway.settings import Settings
-from gateway.upstream import Fleet, FleetConfigError
+from gateway.upstream.fleet import Fleet, FleetConfigError
 from gateway.upstream.members import DnsTarget
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.upstream.processes import FLEET_FLAGS, Process, generate, running

@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from gateway.settings import Settings
-from gateway.upstream import Fleet
+from gateway.upstream.fleet import Fleet
 from gateway.upstream.routing import QUEUE_SLACK, Load
 from gateway.upstream.scrape import Scraped, ScrapeError, parse
 from tests.gateway.live_server import LiveServer

@@ -1,33 +1,22 @@
-"""Who may start a call now: per-client concurrency, open listen streams, engine capacity.
+"""Who may start a call now: per-client concurrency and open listen streams.
 
-Front-door neutral: a refusal is a ``Refusal`` (HTTP status 429 for this client's own limit,
-503 for capacity, a reason for ``kvgate_rejected_requests_total{reason}`` and a
-``Retry-After``); each front door words it in its own protocol. Counters hold only keys with
-calls in flight, so they stay as small as the traffic itself.
+Door-neutral: a refusal is a ``Refused`` (429 for this client's own limit, 503 for capacity,
+a reason for ``kvgate_rejected_requests_total{reason}`` and a ``Retry-After``); each door
+words it in its own protocol. Counters hold only keys with calls in flight, so they stay as
+small as the traffic itself.
 """
 
 from __future__ import annotations
 
 import hashlib
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from engine import AdmissionRefused
 from gateway.auth.identity import current as current_identity
+from gateway.calls.errors import Refused
 
 CLIENT_RETRY_AFTER_S = 1.0
 LISTEN_RETRY_AFTER_S = 5.0
-
-
-class Refusal(Exception):
-    """A call refused before it started; nothing was queued."""
-
-    def __init__(self, status: int, reason: str, message: str, retry_after_s: float) -> None:
-        super().__init__(message)
-        self.status = status  # 429: this client's own limit; 503: the server's capacity
-        self.reason = reason
-        self.retry_after_s = max(1, math.ceil(retry_after_s))  # whole seconds, as HTTP says
 
 
 def client_key(authorization: str | None, cache_key: object) -> str | None:
@@ -76,8 +65,8 @@ class ConcurrencyLimit:
         return sum(self._held.values())
 
 
-def client_limited(limit: int) -> Refusal:
-    return Refusal(
+def client_limited(limit: int) -> Refused:
+    return Refused(
         429,
         "client_concurrency",
         f"Too many concurrent calls from this client (limit {limit})",
@@ -85,14 +74,10 @@ def client_limited(limit: int) -> Refusal:
     )
 
 
-def listen_limited(limit: int) -> Refusal:
-    return Refusal(
+def listen_limited(limit: int) -> Refused:
+    return Refused(
         503,
         "listen_streams",
         f"Too many open subscriptions/listen streams ({limit})",
         LISTEN_RETRY_AFTER_S,
     )
-
-
-def engine_refused(exc: AdmissionRefused) -> Refusal:
-    return Refusal(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s)

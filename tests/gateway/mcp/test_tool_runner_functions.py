@@ -85,7 +85,7 @@ def test_named_choice_and_none(http: httpx.Client, server: LiveServer) -> None:
     [
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "'nope'"),
         ({"tools": None, "tool_choice": "required"}, "'tool_choice' 'required' needs 'tools'"),
-        ({"tool_choice": "required", "regex": "a+"}, "a constraint already"),
+        ({"tool_choice": "required", "regex": "a+"}, "already a constraint"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 3}}}]},
             "tools[0].function.parameters",

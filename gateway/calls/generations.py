@@ -1,0 +1,138 @@
+"""What the doors hold to run generations: the one place a backend is called.
+
+``Generations.start`` salts a request with the caller's tenant (never another tenant's cached
+blocks), reads its function calls (``gateway.function_calls.reading``), meters its tokens
+against the tenant's budget, and translates what the backend raises — bad input, a refusal,
+a failed step, a broken upstream — into ``gateway.calls.errors``, so a door neither knows
+which backend ran the call nor catches an engine's or an upstream's exceptions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, Callable
+from contextlib import aclosing
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from engine.errors import AdmissionRefused, EngineStepError, InvalidArgument
+from engine.sampling_params import SamplingParams
+from engine.tokenizer import Tokenizer
+from gateway.auth.budgets import Budgets
+from gateway.auth.identity import current as current_identity
+from gateway.auth.identity import tenant_salt
+from gateway.calls.errors import BadInput, GenerationFailed, Refused
+from gateway.function_calls.formats import DEFAULT as DEFAULT_FAMILY
+from gateway.function_calls.formats import Family
+from gateway.function_calls.reading import FunctionCalling
+from gateway.generation import (
+    Backend,
+    Completion,
+    GenerationRequest,
+    Guarded,
+    Stream,
+    TextDelta,
+    Tokenized,
+    TokenizeRequest,
+)
+
+T = TypeVar("T")
+CHARGE_EVERY = 16  # completion tokens debited in batches of this many (and at the end)
+
+
+class Generations:
+    def __init__(
+        self, backend: Backend, budgets: Budgets, tool_family: Family = DEFAULT_FAMILY
+    ) -> None:
+        self.backend = backend
+        self.budgets = budgets
+        self.model_name = backend.model_name
+        self.max_model_len = backend.max_model_len
+        # How this model writes function calls; None where the backend reads them itself.
+        self._family = None if backend.reads_tool_calls else tool_family
+
+    @property
+    def tokenizer(self) -> Tokenizer | None:
+        return self.backend.tokenizer
+
+    def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
+        """``SamplingParams`` from a request's fields; the model's generation_config.json
+        defaults fill those it leaves unset (BadInput naming a bad field)."""
+        try:
+            return SamplingParams.from_dict(fields, defaults=self.backend.default_sampling_fields)
+        except ValueError as exc:
+            raise _bad_input(exc) from None
+
+    async def start(self, request: GenerationRequest) -> Stream:
+        """Prepare and admit ``request``: BadInput or Refused if not (nothing was queued);
+        its stream may end in GenerationFailed."""
+        calling = None
+        if request.functions is not None:
+            calling = FunctionCalling(request.functions, self._family)
+            request = replace(request, params=calling.constrain(request.params))
+        request = replace(request, cache_salt=tenant_salt(request.cache_salt))
+        try:
+            source = await self.backend.start(request)
+        except ValueError as exc:
+            raise _bad_input(exc) from None
+        except AdmissionRefused as exc:
+            raise Refused(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s) from None
+        items: Stream = _translated(source)
+        if calling is not None:
+            items = calling.read(items)
+        identity = current_identity()
+        if identity is not None and self.budgets.tokens_per_min:
+            items = metered(items, self.budgets, identity.tenant)
+        return Guarded(items, source)
+
+    async def tokenize(self, request: TokenizeRequest) -> Tokenized:
+        """Token ids (BadInput when it cannot fit the context or a template refuses it)."""
+        try:
+            return await self.backend.tokenize(request)
+        except ValueError as exc:
+            raise _bad_input(
+                exc, "messages" if request.messages is not None else "prompt"
+            ) from None
+        except AdmissionRefused as exc:
+            raise Refused(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s) from None
+
+    async def off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
+        """Work for a door (parsing, validating a large body) on the backend's worker pool
+        when it is large."""
+        return await self.backend.off_loop.run(size, work, *args)
+
+
+def _bad_input(exc: ValueError, field: str | None = None) -> BadInput:
+    return BadInput(str(exc), exc.field if isinstance(exc, InvalidArgument) else field)
+
+
+async def _translated(source: Stream) -> AsyncGenerator[TextDelta | Completion]:
+    """The backend's items; a failed engine step becomes GenerationFailed (an upstream's
+    failure already is one)."""
+    async with aclosing(source):
+        try:
+            async for item in source:
+                yield item
+        except EngineStepError as exc:
+            raise GenerationFailed(str(exc)) from exc
+
+
+async def metered(
+    items: Stream, budgets: Budgets, tenant: str
+) -> AsyncGenerator[TextDelta | Completion]:
+    """Debit the tenant as tokens are produced: completion tokens in batches, the rest and
+    the prompt before the answer goes; what a call cut short produced when it is closed."""
+    owed = 0
+    try:
+        async with aclosing(items):
+            async for item in items:
+                if isinstance(item, TextDelta):
+                    owed += len(item.token_ids)
+                    if owed >= CHARGE_EVERY:
+                        budgets.charge(tenant, owed)
+                        owed = 0
+                else:
+                    cost, owed = owed + item.prompt_tokens, 0
+                    await budgets.settle(tenant, cost)
+                yield item
+    finally:
+        budgets.charge(tenant, owed)
