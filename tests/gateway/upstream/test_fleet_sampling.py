@@ -352,3 +352,17 @@ def test_tokenize_request_without_an_answer_marks_the_upstream_failed() -> None:
             await fleet.aclose()
 
     asyncio.run(run())
+
+
+def test_the_tokenize_doors_of_a_fleet_without_a_tokenizer_ask_the_upstream(
+    log_dir: Path, kvgate_upstream: Process
+) -> None:
+    """OpenAI ``/tokenize`` and MCP ``tokenize`` on a fleet gateway with no ``--tokenizer``
+    answer what the upstream's own ``/tokenize`` does (it was a 501)."""
+    body = {"prompt": "The quick brown fox", "return_token_strs": True}
+    direct = post(kvgate_upstream, "/tokenize", body)
+    with running([gateway(log_dir, [kvgate_upstream])]) as (fleet,):
+        via_fleet = post(fleet, "/tokenize", body)
+        tool = call_tool(fleet.base, "tokenize", {"text": body["prompt"]})
+    assert via_fleet == direct and direct["count"] > 0
+    assert tool["structuredContent"]["token_ids"] == direct["tokens"]
