@@ -227,10 +227,13 @@ def _on_sighup(
         log.info("SIGHUP: catalog %s", "now " + result.version if result.changed else "unchanged")
 
     def schedule() -> None:
-        also()
-        task = loop.create_task(reload())
+        task = loop.create_task(reload())  # the catalog reloads whatever ``also`` does
         pending.add(task)
         task.add_done_callback(pending.discard)
+        try:
+            also()
+        except Exception:  # noqa: BLE001 - a signal handler must not raise; the keys stay
+            log.exception("SIGHUP: API keys not reloaded, the previous keys stay in force")
 
     loop.add_signal_handler(signal.SIGHUP, schedule)
     return lambda: None if loop.remove_signal_handler(signal.SIGHUP) else None

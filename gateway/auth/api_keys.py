@@ -1,8 +1,8 @@
 """API keys: ``--api-key KEY`` (one tenant, ``default``) and ``--api-keys-file FILE``.
 
 The file holds one ``tenant: sha256-hex-of-key`` per line (``#`` comments and blank lines
-skipped), so it never stores a usable key; it is re-read on SIGHUP, and a file that fails to
-parse leaves the keys in force unchanged. Every stored digest is compared, in constant time,
+skipped), so it never stores a usable key; it is re-read on SIGHUP, and a file that cannot be
+read, is not UTF-8 or fails to parse leaves the keys in force unchanged (and is logged). Every stored digest is compared, in constant time,
 so neither a key nor how many are configured leaks through timing.
 """
 
@@ -75,7 +75,12 @@ class ApiKeys:
     def _read(self) -> list[tuple[str, bytes]]:
         assert self._file is not None
         try:
-            text = Path(self._file).read_text()
+            text = Path(self._file).read_bytes().decode("utf-8")
         except OSError as exc:
             raise KeysFileError(f"cannot read API keys file {self._file}: {exc}") from None
+        except UnicodeDecodeError as exc:
+            raise KeysFileError(
+                f"API keys file {self._file} is not UTF-8 text: byte "
+                f"0x{exc.object[exc.start]:02x} at offset {exc.start}"
+            ) from None
         return parse_keys_file(text, self._file)

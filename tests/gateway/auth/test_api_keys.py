@@ -56,6 +56,24 @@ def test_a_reload_that_fails_keeps_the_keys_in_force(tmp_path: Path) -> None:
     assert keys.tenant_of("solo") == "default"  # --api-key is not in the file
 
 
+def test_a_keys_file_that_is_not_utf8_keeps_the_keys_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A non-UTF-8 file raised UnicodeDecodeError out of ``reload`` (inside the SIGHUP
+    handler); now the keys in force stay and the log names the file and the byte."""
+    path = tmp_path / "keys"
+    path.write_text(line("acme", "k1"))
+    keys = ApiKeys(None, str(path))
+    path.write_bytes(b"acme: \xff\xfe" + b"0" * 62 + b"\n")
+    with caplog.at_level("ERROR", logger="kvgate.auth"):
+        keys.reload()
+    assert keys.tenant_of("k1") == "acme"
+    assert "previous keys stay in force" in caplog.text
+    assert f"{path} is not UTF-8 text: byte 0xff at offset 6" in caplog.text
+    with pytest.raises(KeysFileError, match="not UTF-8"):  # at startup: a reason, not a trace
+        ApiKeys(None, str(path))
+
+
 @pytest.fixture(scope="module")
 def live(engine: AsyncLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     path = tmp_path_factory.mktemp("keys") / "keys"
@@ -139,6 +157,34 @@ def test_sighup_rereads_the_keys_file(kvgate_factory, tmp_path: Path) -> None:
         assert time.monotonic() < deadline, "SIGHUP did not re-read the keys file"
         time.sleep(0.1)
     assert httpx.get(url, headers=bearer("old-key")).status_code == 401
+
+
+def test_sighup_with_a_non_utf8_keys_file_still_reloads_the_catalog(
+    kvgate_factory, tmp_path: Path
+) -> None:
+    """The keys file's UnicodeDecodeError escaped the SIGHUP handler before the catalog
+    reload was scheduled: the catalog stayed old. Now the old keys stay, the error is
+    logged, and the same signal reloads the catalog."""
+    keys, config = tmp_path / "keys", tmp_path / "catalog.json"
+    keys.write_text(line("acme", "old-key"))
+    config.write_text('{"instructions": "Before the signal."}')
+    kvgate = kvgate_factory("--api-keys-file", str(keys), "--catalog-config", str(config))
+    auth = bearer("old-key")
+    keys.write_bytes(b"\xff\xfe\x00garbage\n")
+    config.write_text('{"instructions": "After the signal."}')
+    kvgate.process.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    with httpx.Client(timeout=30) as http:
+        while (
+            call(http, kvgate.url, "server/discover", headers=auth).result["instructions"]
+            != "After the signal."
+        ):
+            assert time.monotonic() < deadline, "SIGHUP did not reload the catalog"
+            time.sleep(0.05)
+        assert http.get(kvgate.base + "/v1/models", headers=auth).status_code == 200
+    assert kvgate.process.poll() is None
+    errors = [e["message"] for e in kvgate.log_entries() if e.get("level") == "ERROR"]
+    assert any("not UTF-8 text" in m and "previous keys stay in force" in m for m in errors)
 
 
 def test_a_bad_keys_file_or_oauth_setting_stops_startup_with_its_reason(tmp_path: Path) -> None:
