@@ -170,12 +170,14 @@ def create_app(
     app = Starlette(
         routes=[
             Route(MCP_PATH, endpoint),
-            *(Route(path, openai, methods=[method]) for path, (method, _) in openai.routes.items()),
+            # every method, and any other /v1/ path: the door answers 404 and 405 in its words
+            *(Route(path, openai) for path in openai.routes),
             Route("/healthz", healthz),
             Route("/health", healthz),  # vLLM's path, so fleet health checks find either
             Route("/readyz", readyz),
             Route("/metrics", prometheus),
             *admin_routes(authenticator.admin_enabled, reloader),
+            Route("/v1/{rest:path}", openai),
         ],
         lifespan=lifespan,
         middleware=[  # /healthz, /readyz, /metrics and /admin/* follow the Origin/Host rules too

@@ -69,7 +69,8 @@ class OpenAIEndpoint:
         self.inference_paths = frozenset(p for p, (m, _) in self.routes.items() if m == "POST")
 
     def owns(self, path: str) -> bool:
-        """Whether an answer on ``path`` speaks OpenAI (its routes, and anything under /v1/)."""
+        """Whether an answer on ``path`` speaks OpenAI (its routes, and anything under /v1/:
+        the app routes both here, so an unknown one is this door's 404)."""
         return path in self.routes or path.startswith("/v1/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -78,10 +79,8 @@ class OpenAIEndpoint:
         headers = http_io.header_map(scope)
         outcome = "error"
         try:
-            method, handler = self.routes[path]
-            if scope["method"] != method:
-                raise OpenAIError(405, f"{path} takes {method}")
             self.calls.check_origin(scope["headers"])
+            method, handler = self._route(path, scope["method"])
             body: dict[str, Any] = {}
             if method == "POST":
                 body = self.calls.parse_object(await self.calls.read_body(receive, headers))
@@ -96,6 +95,21 @@ class OpenAIEndpoint:
             await self._error(send, OpenAIError(500, "Internal error"))
         finally:
             self.metrics.observe(path, None, outcome, time.perf_counter() - started, "openai")
+
+    def _route(self, path: str, method: str) -> tuple[str, Handler]:
+        """The route's method and handler: an unknown path is a 404 and a wrong method a 405
+        (with ``Allow``), in OpenAI's words as every other error here."""
+        route = self.routes.get(path)
+        if route is None:
+            raise OpenAIError(404, f"Invalid URL ({method} {path})", code="not_found")
+        if method != route[0] and not (method == "HEAD" and route[0] == "GET"):
+            raise OpenAIError(
+                405,
+                f"Method {method} not allowed on {path}: it takes {route[0]}",
+                code="method_not_allowed",
+                allow=route[0] if route[0] == "POST" else "GET, HEAD",
+            )
+        return route
 
     async def _error(self, send: Send, error: CallError) -> None:
         if error.reason is not None:

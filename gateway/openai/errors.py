@@ -51,6 +51,7 @@ class OpenAIError(CallError):
         param: str | None = None,
         code: str | None = None,
         retry_after_s: int | None = None,
+        allow: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -58,6 +59,7 @@ class OpenAIError(CallError):
         self.param = param
         self.code = code
         self.retry_after_s = retry_after_s
+        self.allow = allow  # a 405's ``Allow`` header
 
     def body(self) -> dict[str, Any]:
         return {
@@ -73,9 +75,10 @@ class OpenAIError(CallError):
         return orjson.dumps(self.body())
 
     def headers(self) -> list[tuple[bytes, bytes]]:
-        if self.retry_after_s is None:
-            return []
-        return [(b"retry-after", str(self.retry_after_s).encode())]
+        headers = [] if self.allow is None else [(b"allow", self.allow.encode())]
+        if self.retry_after_s is not None:
+            headers.append((b"retry-after", str(self.retry_after_s).encode()))
+        return headers
 
 
 def wire(error: CallError) -> OpenAIError:
