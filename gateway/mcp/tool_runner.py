@@ -53,7 +53,8 @@ class ToolRunner:
     async def start(self, spec: ToolSpec, arguments: Mapping[str, Any], size: int = 0) -> Items:
         """The call's items; raises ``Refused`` when the backend cannot take it now.
         ``size`` (the request body's bytes) moves the validation of large arguments off the
-        event loop: a 1 MiB message list takes the validator about a second."""
+        event loop: a 1 MiB message list takes the validator about a second, 128 tools' JSON
+        Schemas in 1 MiB several."""
         validator = spec.validator
         problems = await self.generations.off_loop(size, validator.problems, arguments)
         if problems:
@@ -65,7 +66,9 @@ class ToolRunner:
             if spec.name == "tokenize":
                 tokenized = await self.generations.tokenize(TokenizeRequest(arguments["text"]))
                 return _only(self._tokenized(tokenized.ids))
-            generation = await self.generations.start(self._request(arguments))
+            # a large call's tools (JSON Schemas to check) and messages are read on a worker
+            request = await self.generations.off_loop(size, self._request, arguments)
+            generation = await self.generations.start(request)
         except BadInput as exc:
             return _only(failed_call(spec.name, exc))
         return self._items(spec.name, generation, "json_schema" in arguments)

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import AsyncExitStack, aclosing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import orjson
@@ -39,7 +39,17 @@ from gateway.ops.metrics import Metrics
 logger = logging.getLogger("kvgate.openai")
 DONE = b"data: [DONE]\n\n"
 CLOSE = [(b"connection", b"close")]
-Handler = Callable[[dict[str, Any], dict[str, str], Receive, Send], Awaitable[str]]
+
+
+@dataclass(frozen=True)
+class Body:
+    """A request's JSON object and its size in bytes (large ones are read on a worker)."""
+
+    fields: dict[str, Any]
+    size: int = 0
+
+
+Handler = Callable[[Body, dict[str, str], Receive, Send], Awaitable[str]]
 
 
 def sse(chunk: dict[str, Any]) -> bytes:
@@ -81,9 +91,12 @@ class OpenAIEndpoint:
         try:
             self.calls.check_origin(scope["headers"])
             method, handler = self._route(path, scope["method"])
-            body: dict[str, Any] = {}
+            body = Body({})
             if method == "POST":
-                body = self.calls.parse_object(await self.calls.read_body(receive, headers))
+                raw = await self.calls.read_body(receive, headers)
+                # a large body is parsed (and depth-checked) on a worker: other clients wait not
+                fields = await self.generations.off_loop(len(raw), self.calls.parse_object, raw)
+                body = Body(fields, len(raw))
             outcome = await handler(body, headers, receive, send)
         except CallError as error:
             outcome = "rejected" if error.reason is not None else "error"
@@ -121,7 +134,7 @@ class OpenAIEndpoint:
     # -- routes ------------------------------------------------------------------------------
 
     async def _models(
-        self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         model = {
             "id": self.model,
@@ -136,8 +149,21 @@ class OpenAIEndpoint:
         return "ok"
 
     async def _completions(
-        self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
+        prompts, sampling, echo, base = await self.generations.off_loop(
+            request.size, self._read_completions, request.fields
+        )
+        requests = [replace(base, prompt=p) for p in prompts]
+        envelope = Envelope.new("cmpl", self.model)
+        tokenizer = self.generations.tokenizer
+        answer = CompletionsAnswer(envelope, sampling, self.token_text, prompts, echo, tokenizer)
+        return await self._run(requests, sampling, headers, receive, send, answer)
+
+    def _read_completions(
+        self, body: dict[str, Any]
+    ) -> tuple[list[str | list[int]], parse.Sampling, bool, GenerationRequest]:
+        """The body's fields (on a worker when the body is large)."""
         parse.check_model(body, self.model)
         prompts = parse.completion_prompts(body)
         sampling = parse.sampling(body, chat=False)
@@ -149,15 +175,20 @@ class OpenAIEndpoint:
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
         )
-        requests = [replace(base, prompt=p) for p in prompts]
-        envelope = Envelope.new("cmpl", self.model)
-        tokenizer = self.generations.tokenizer
-        answer = CompletionsAnswer(envelope, sampling, self.token_text, prompts, echo, tokenizer)
-        return await self._run(requests, sampling, headers, receive, send, answer)
+        return prompts, sampling, echo, base
 
     async def _chat(
-        self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
+        generation, sampling = await self.generations.off_loop(
+            request.size, self._read_chat, request.fields
+        )
+        answer = ChatAnswer(Envelope.new("chatcmpl", self.model), sampling, self.token_text)
+        return await self._run([generation], sampling, headers, receive, send, answer)
+
+    def _read_chat(self, body: dict[str, Any]) -> tuple[GenerationRequest, parse.Sampling]:
+        """The body's fields, on a worker when the body is large: checking the tools' JSON
+        Schemas takes seconds for 128 tools in 1 MiB, the messages tens of milliseconds."""
         parse.check_model(body, self.model)
         messages = template_messages(parse.chat_messages(body))
         sampling = parse.sampling(body, chat=True)
@@ -165,7 +196,7 @@ class OpenAIEndpoint:
         kwargs = body.get("chat_template_kwargs")
         if kwargs is not None and not isinstance(kwargs, dict):
             raise BadInput("'chat_template_kwargs' must be an object", "chat_template_kwargs")
-        request = GenerationRequest(
+        generation = GenerationRequest(
             self.generations.sampling_params(sampling.fields),
             messages=messages,
             functions=functions,
@@ -173,12 +204,12 @@ class OpenAIEndpoint:
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
         )
-        answer = ChatAnswer(Envelope.new("chatcmpl", self.model), sampling, self.token_text)
-        return await self._run([request], sampling, headers, receive, send, answer)
+        return generation, sampling
 
     async def _tokenize(
-        self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
+        body = request.fields
         parse.check_model(body, self.model)
         if "messages" in body:
             text, messages = None, parse.chat_messages(body)
@@ -186,14 +217,14 @@ class OpenAIEndpoint:
             text, messages = body["prompt"], None
         else:
             raise BadInput("'prompt' (a string) or 'messages' is required", "prompt")
-        request = TokenizeRequest(
+        tokenize = TokenizeRequest(
             text,
             messages,
             _flag(body, "add_special_tokens", default=True),
             _flag(body, "return_token_strs"),
         )
         async with self.calls.admit(receive, headers) as call:
-            tokenized = await call.run(self.generations.tokenize(request))
+            tokenized = await call.run(self.generations.tokenize(tokenize))
         result = {
             "count": len(tokenized.ids),
             "max_model_len": self.max_model_len,
@@ -204,8 +235,9 @@ class OpenAIEndpoint:
         return "ok"
 
     async def _detokenize(
-        self, body: dict[str, Any], headers: dict[str, str], receive: Receive, send: Send
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
+        body = request.fields
         parse.check_model(body, self.model)
         tokens = body.get("tokens")
         tokenizer = self.generations.tokenizer
