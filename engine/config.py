@@ -53,6 +53,10 @@ class EngineConfig:
     max_prompt_tokens: int | None = None  # None = only max_model_len bounds a prompt
     max_tokens_limit: int | None = None  # largest SamplingParams.max_tokens; None = no cap
     step_timeout_s: float = 120.0  # a step running longer marks its replica stalled
+    # Structured outputs (engine/structured.py): compiled grammars kept, by their memory, and
+    # the largest spec (canonical JSON bytes) compiled at all.
+    grammar_cache_bytes: int | str = 256 * 2**20
+    max_grammar_bytes: int | str = 128 * 2**10
     threads: int | None = None  # CPU compute threads; None = torch's setting (physical cores)
 
     def __post_init__(self) -> None:
@@ -81,19 +85,21 @@ class EngineConfig:
             raise ValueError("max_model_len must be >= 2")
         if self.kv_cache_memory is not None:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
+        for name in ("grammar_cache_bytes", "max_grammar_bytes"):
+            setattr(self, name, parse_bytes(getattr(self, name), name))
 
 
-def parse_bytes(value: int | str) -> int:
-    """``268435456``, ``"256MiB"``, ``"1.5 GB"`` -> bytes."""
+def parse_bytes(value: int | str, name: str = "kv_cache_memory") -> int:
+    """``268435456``, ``"256MiB"``, ``"1.5 GB"`` -> bytes (errors name ``name``)."""
     if isinstance(value, int) and not isinstance(value, bool):
         number = value
     else:
         match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(value))
         if not match or match.group(2).lower() not in _UNITS:
-            raise ValueError(f"kv_cache_memory: cannot read {value!r} as a size like '256MiB'")
+            raise ValueError(f"{name}: cannot read {value!r} as a size like '256MiB'")
         number = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     if number <= 0:
-        raise ValueError(f"kv_cache_memory must be > 0, got {value!r}")
+        raise ValueError(f"{name} must be > 0, got {value!r}")
     return number
 
 

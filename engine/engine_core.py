@@ -34,7 +34,7 @@ from engine.config import (
     log_dtype_choice,
     log_threads,
 )
-from engine.errors import EngineOverloaded, EngineUnavailable, TooManyTokens
+from engine.errors import EngineOverloaded, EngineUnavailable, InvalidArgument, TooManyTokens
 from engine.kv_cache_manager import KVCacheManager
 from engine.loader import load_model
 from engine.model_runner import ModelRunner
@@ -126,6 +126,8 @@ class EngineCore:
             self.tokenizer,
             mc.vocab_size,
             sorted(set(mc.eos_token_ids) | set(self.tokenizer.eos_token_ids)),
+            max_bytes=int(config.grammar_cache_bytes),
+            max_spec_bytes=int(config.max_grammar_bytes),
         )
 
     def _num_blocks(self) -> int:
@@ -160,7 +162,15 @@ class EngineCore:
         params.validate()
         limit = self.config.max_tokens_limit
         if limit is not None and params.max_tokens > limit:
-            raise ValueError(f"max_tokens: at most {limit} on this server, got {params.max_tokens}")
+            raise InvalidArgument(
+                f"max_tokens: at most {limit} on this server, got {params.max_tokens}", "max_tokens"
+            )
+        vocab = self.model_config.vocab_size
+        if params.logit_bias and (bad := [t for t in params.logit_bias if t >= vocab]):
+            raise InvalidArgument(
+                f"logit_bias: token id {min(bad)} is out of vocabulary (size {vocab})",
+                "logit_bias",
+            )
         token_ids = self._prompt_ids(prompt)
         if len(token_ids) > self.max_prompt_len:
             raise self._too_long(str(len(token_ids)), len(token_ids))
@@ -280,6 +290,10 @@ class EngineCore:
             cache_dtype=str(self.cache_dtype).removeprefix("torch."),
             enable_prefix_caching=self.config.enable_prefix_caching,
             per_replica=per_replica,
+            grammar_cache_bytes=self.grammars.resident_bytes,
+            grammar_cache_limit_bytes=self.grammars.max_bytes,
+            grammar_cache_entries=len(self.grammars),
+            max_grammar_bytes=self.grammars.max_spec_bytes,
         )
 
 

@@ -1,6 +1,6 @@
 """Choose the next token of every sequence in a step from its logits.
 
-    logits → min_tokens ban → repetition penalty → frequency/presence penalties
+    logits → min_tokens ban → logit_bias → repetition penalty → frequency/presence penalties
            → grammar bitmask (structured outputs) → greedy argmax | temperature → top-k → top-p → draw with the row's generator
 
 Every stage is vectorised over the batch (the per-request loops build index lists, never
@@ -78,11 +78,12 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
 
 
 def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
-    """The logits after min_tokens bans, the penalties and the grammar masks (one bitmask
-    for the batch); ``logits`` itself (no copy) when no row asks for any."""
+    """The logits after min_tokens bans, logit_bias, the penalties and the grammar masks (one
+    bitmask for the batch); ``logits`` itself (no copy) when no row asks for any."""
     vocab = logits.shape[1]
     banned: list[tuple[int, list[int]]] = []
     penalized: list[int] = []
+    biased = [i for i, row in enumerate(rows) if row.params.logit_bias]
     for i, row in enumerate(rows):
         p = row.params
         if p.min_tokens and len(row.token_ids) - row.num_prompt_tokens < p.min_tokens:
@@ -93,7 +94,7 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
         if p.penalized:
             penalized.append(i)
     bitmask = fill_bitmask([row.grammar for row in rows], vocab)
-    if not banned and not penalized and bitmask is None:
+    if not banned and not penalized and not biased and bitmask is None:
         return logits
     out = logits.clone()
     device = logits.device
@@ -101,11 +102,28 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
         ban_rows = torch.tensor([i for i, ids in banned for _ in ids], dtype=torch.int64)
         ban_ids = torch.tensor([t for _, ids in banned for t in ids], dtype=torch.int64)
         out[ban_rows.to(device), ban_ids.to(device)] = float("-inf")
+    if biased:
+        _bias(out, rows, biased)
     if penalized:
         _penalize(out, rows, penalized)
     if bitmask is not None:
         apply_bitmask(out, bitmask)
     return out
+
+
+def _bias(out: torch.Tensor, rows: Sequence[SamplingRow], biased: list[int]) -> None:
+    """In place: each row's ``logit_bias`` added to its tokens' logits (vLLM's order: with
+    the min_tokens bans, before the penalties, the grammar mask and temperature; a banned
+    token stays at -inf). Ids beyond the logits (refused at admission) are skipped."""
+    vocab = out.shape[1]
+    flat = out.view(-1)
+    for i in biased:
+        ids, values = rows[i].params.logit_bias_arrays
+        tokens = torch.frombuffer(ids, dtype=torch.int64)
+        bias = torch.frombuffer(values, dtype=torch.float32)
+        keep = tokens < vocab
+        keys = (tokens[keep] + i * vocab).to(out.device)
+        flat.index_add_(0, keys, bias[keep].to(device=out.device, dtype=out.dtype))
 
 
 def _penalize(out: torch.Tensor, rows: Sequence[SamplingRow], penalized: list[int]) -> None:

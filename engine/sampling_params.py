@@ -8,6 +8,7 @@ is an ``InvalidArgument`` (a ValueError) whose ``field`` names it.
 
 from __future__ import annotations
 
+import array
 import functools
 import hashlib
 import json
@@ -20,6 +21,7 @@ from engine.errors import InvalidArgument
 GREEDY_BELOW = 1e-5
 MAX_LOGPROBS = 20  # OpenAI's top_logprobs limit
 MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed accepts
+MAX_LOGIT_BIAS = 100.0  # OpenAI's (and vLLM's) range for a logit_bias value: [-100, 100]
 STRUCTURED_KINDS = ("json", "json_object", "regex", "choice", "grammar", "structural_tag")
 
 
@@ -109,11 +111,30 @@ class StructuredOutputs:
         return list(value) if isinstance(value, tuple) else value
 
     @functools.cached_property
+    def _canonical(self) -> bytes:
+        return json.dumps([self.kind, self.value], sort_keys=True).encode()
+
+    @functools.cached_property
     def digest(self) -> str:
         """What caches of compiled grammars key on (kind and value, canonical JSON, hashed):
         computed once a spec, though a request asks for it when it is checked and compiled."""
-        canonical = json.dumps([self.kind, self.value], sort_keys=True).encode()
-        return hashlib.sha256(canonical).hexdigest()
+        return hashlib.sha256(self._canonical).hexdigest()
+
+    @property
+    def size(self) -> int:
+        """The spec's size in bytes (its canonical JSON): what compile time and a compiled
+        grammar's memory grow with, so what the engine's ``max_grammar_bytes`` bounds."""
+        return len(self._canonical)
+
+    def check_size(self, limit: int) -> None:
+        """``InvalidArgument`` when the spec is over ``limit`` bytes (a server's
+        ``max_grammar_bytes``: compile time and compiled memory grow with the spec)."""
+        if self.size > limit:
+            raise InvalidArgument(
+                f"structured_outputs.{self.kind}: {self.size} bytes, at most {limit} on this "
+                "server (a grammar's compile time and memory grow with its spec)",
+                "structured_outputs",
+            )
 
 
 @dataclass
@@ -126,7 +147,9 @@ class SamplingParams:
     it when positive, multiplied when not; 1 is off). ``min_tokens``: EOS and the stop token
     ids cannot be sampled, and no stop rule ends the request, before that many tokens.
     ``structured_outputs``: the output is held to it, and the request stops ("stop") as soon
-    as it is complete, whatever ``min_tokens`` and ``ignore_eos`` say.
+    as it is complete, whatever ``min_tokens`` and ``ignore_eos`` say. ``logit_bias`` (OpenAI,
+    vLLM): ``{token_id: bias}``, each bias in [-100, 100] added to that token's logit before
+    the penalties and temperature (the engine refuses ids outside the model's vocabulary).
 
     ``given``: the names of the fields the caller chose, explicit defaults included (fleet
     mode sends exactly these to the upstream, whose own defaults fill the rest). ``from_dict``
@@ -150,6 +173,7 @@ class SamplingParams:
     skip_special_tokens: bool = True  # False: special tokens (tool-call markers) stay in the text
     logprobs: int | None = None  # top-N logprobs per generated token (plus the chosen one)
     structured_outputs: StructuredOutputs | None = None  # constrained decoding
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit
     given: frozenset[str] = field(default=_UNKNOWN, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -235,6 +259,22 @@ class SamplingParams:
                 raise InvalidArgument(f"{name} must be a bool, got {getattr(self, name)!r}", name)
         if self.logprobs is not None:
             _check_int("logprobs", self.logprobs, minimum=0, maximum=MAX_LOGPROBS)
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise InvalidArgument(
+                    f"logit_bias must be an object of token id -> bias, got {self.logit_bias!r}",
+                    "logit_bias",
+                )
+            for token_id, bias in self.logit_bias.items():
+                _check_int("logit_bias", token_id, minimum=0)
+                _check_number("logit_bias", bias, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS)
+
+    @functools.cached_property
+    def logit_bias_arrays(self) -> tuple[array.array[int], array.array[float]]:
+        """``logit_bias`` as (token ids int64, biases float32), built once a request: the
+        sampler adds them every step, so a large bias map is not re-read from a dict each step."""
+        bias = self.logit_bias or {}
+        return array.array("q", bias.keys()), array.array("f", bias.values())
 
 
 def _check_int(name: str, value: object, minimum: int, maximum: int | None = None) -> None:

@@ -27,3 +27,9 @@ class EngineStats:
     cache_dtype: str
     enable_prefix_caching: bool
     per_replica: list[ReplicaStats] = field(default_factory=list)
+    # Compiled grammars (structured outputs) kept: their memory, its bound, how many; and the
+    # largest spec compiled at all (0: not known).
+    grammar_cache_bytes: int = 0
+    grammar_cache_limit_bytes: int = 0
+    grammar_cache_entries: int = 0
+    max_grammar_bytes: int = 0

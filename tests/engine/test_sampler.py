@@ -314,3 +314,27 @@ def test_no_valid_arguments_can_fail_or_change_a_neighbours_greedy_token(
     if entry is not None:
         assert token in entry and len(entry) <= min(params.logprobs, VOCAB) + 1
         assert all(math.isfinite(v) and v <= 0 for v in entry.values())
+
+
+def test_logit_bias_is_added_before_temperature_and_leaves_bans_and_logprobs() -> None:
+    logits = _logits(3)
+    top = int(logits[0].argmax())
+    low = int(logits[0].argmin())
+    biased = SamplingParams(temperature=0, logit_bias={low: 100.0, top: -100.0}, logprobs=0)
+    banned = SamplingParams(temperature=0, min_tokens=2, logit_bias={EOS: 100.0})
+    rows = [Row(biased), Row(GREEDY), Row(banned)]
+    processed = processed_logits(logits, rows)
+    expected = logits[0].clone()
+    expected[low] += 100.0
+    expected[top] -= 100.0
+    assert torch.equal(processed[0], expected) and torch.equal(processed[1], logits[1])
+    assert processed[2, EOS] == float("-inf")  # min_tokens still bans what the bias favours
+    result = sample(logits, rows)
+    assert result.token_ids[0] == low and result.token_ids[1] == int(logits[1].argmax())
+    raw = logits[0].log_softmax(-1)[low].item()
+    assert result.logprobs[0] == {low: pytest.approx(raw)}  # logprobs stay the raw ones
+    # Before temperature: a bias of 1 at temperature 0.5 is a factor e**2 in probability.
+    warm = SamplingParams(temperature=0.5, logit_bias={0: 1.0})
+    flat = torch.zeros(1, VOCAB)
+    probs = filtered_probs(processed_logits(flat, [Row(warm)]), [warm])
+    assert probs[0, 0] / probs[0, 1] == pytest.approx(math.e**2)

@@ -145,3 +145,31 @@ def test_given_survives_replace_and_with_fields_adds_to_it() -> None:
     changed = params.with_fields(temperature=1.0, top_p=1.0)
     assert changed.given == {"seed", "temperature", "top_p"}
     assert type(changed.given) is frozenset and changed.temperature == 1.0
+
+
+@pytest.mark.parametrize(
+    "bias",
+    [
+        {5: 100.5},
+        {5: -101},
+        {5: float("nan")},
+        {5: float("inf")},
+        {5: "1"},
+        {5: True},
+        {"5": 1.0},
+        {-1: 1.0},
+        {True: 1.0},
+        [5, 1.0],
+    ],
+)
+def test_bad_logit_bias_is_named(bias: object) -> None:
+    with pytest.raises(InvalidArgument) as caught:
+        SamplingParams(logit_bias=bias)  # type: ignore[arg-type]
+    assert caught.value.field == "logit_bias"
+
+
+def test_logit_bias_edges_and_arrays() -> None:
+    params = SamplingParams.from_dict({"logit_bias": {3: 100, 7: -100.0, 9: 0.5}})
+    assert "logit_bias" in params.given
+    ids, values = params.logit_bias_arrays
+    assert list(ids) == [3, 7, 9] and list(values) == [100.0, -100.0, 0.5]

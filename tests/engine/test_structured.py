@@ -149,7 +149,7 @@ def test_preempted_constrained_requests_resume_their_grammar(tiny_model_dir: Pat
     item = {"type": "integer", "minimum": 0, "maximum": 99}
     schema = {"type": "array", "items": item, "minItems": 12, "maxItems": 12}
     prompts = [[(s * 97 + i) % 900 + 10 for i in range(30)] for s in range(4)]
-    outputs = tight.generate(prompts, _params({"json": schema}, {"seed": 3}, max_tokens=200))
+    outputs = tight.generate(prompts, _params({"json": schema}, {"seed": 3}, max_tokens=98))
     assert tight.core.replicas[0].scheduler.num_preemptions > 0
     for output in outputs:
         assert output.finish_reason == "stop"
