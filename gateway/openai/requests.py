@@ -3,7 +3,9 @@
 Known fields of the wrong type or out of range are a 400 naming the field (never a 500);
 unknown fields are ignored, as OpenAI clients send many. Structured outputs are served
 (``response_format`` json_object / json_schema, and vLLM's ``structured_outputs`` extras:
-json, regex, choice, grammar); the chat route's ``tools`` / ``tool_choice`` /
+json, regex, choice, grammar); ``logit_bias`` as vLLM reads it (token id strings, [-100, 100],
+added to the logits before temperature); ``max_tokens`` that cannot fit after the prompt is a
+400 (below, where the prompt is counted); the chat route's ``tools`` / ``tool_choice`` /
 ``parallel_tool_calls`` become the request's ``Functions`` (on ``/v1/completions`` they are a
 400; the calls are read below the doors, ``gateway.function_calls.reading``).
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from engine.sampling_params import StructuredOutputs
+from engine.sampling_params import MAX_LOGIT_BIAS, StructuredOutputs
 from gateway.calls.errors import BadInput
 from gateway.function_calls.functions import Functions
 from gateway.openai.errors import OpenAIError
@@ -111,6 +113,9 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
     elif stop is not None:
         raise BadInput("'stop' must be a string or a list of non-empty strings", "stop")
     fields.update(_logprobs(body, chat))
+    logit_bias = _logit_bias(body)
+    if logit_bias is not None:
+        fields["logit_bias"] = logit_bias
     structured = _structured_outputs(body)
     if structured is not None:
         fields["structured_outputs"] = structured
@@ -131,6 +136,28 @@ def sampling(body: dict[str, Any], *, chat: bool) -> Sampling:
         _get(body, "cache_key", (str,), "a string"),
         _get(body, "cache_salt", (str,), "a string"),
     )
+
+
+def _logit_bias(body: dict[str, Any]) -> dict[int, float] | None:
+    """``logit_bias``: token ids (JSON object keys, so strings of digits) to a bias in
+    [-100, 100] added to that token's logit (ids beyond the vocabulary: the engine refuses)."""
+    bias = _get(body, "logit_bias", (dict,), "an object mapping token ids to biases")
+    if bias is None:
+        return None
+    parsed: dict[int, float] = {}
+    for key, value in bias.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit()):
+            raise BadInput(f"'logit_bias' keys must be token ids, got {key[:40]!r}", "logit_bias")
+        if isinstance(value, bool) or not isinstance(value, _NUMBER):
+            raise BadInput(f"'logit_bias[{key}]' must be a number", "logit_bias")
+        bound = MAX_LOGIT_BIAS
+        if not -bound <= value <= bound:  # also NaN
+            raise BadInput(
+                f"'logit_bias[{key}]' must be between {-bound:g} and {bound:g}, got {value}",
+                "logit_bias",
+            )
+        parsed[int(key)] = float(value)
+    return parsed
 
 
 def _structured_outputs(body: dict[str, Any]) -> StructuredOutputs | None:
