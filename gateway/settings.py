@@ -436,6 +436,28 @@ class Settings:
         metavar="S",
         doc="the longest silence between an upstream's stream chunks, in seconds",
     )
+    upstream_api_key: str | None = flag(
+        None,
+        "sent to every upstream as 'Authorization: Bearer KEY' (vLLM's --api-key)",
+        group="fleet",
+        metavar="KEY",
+        doc="sent on every upstream request (calls, checks, scrapes, `/v1/models`) as "
+        "`Authorization: Bearer KEY`, as vLLM's `--api-key` expects; prefer the env twin to a "
+        "flag (visible in `ps`)",
+    )
+    tenant_salt_secret_file: str | None = flag(
+        None,
+        "file holding the secret that keys tenant cache salts (the same for every gateway)",
+        group="fleet",
+        metavar="FILE",
+        shown="a random secret per process",
+        doc="file holding the secret (≥ 16 bytes) the tenant cache salts sent upstream are "
+        "HMAC-SHA256 keyed with; give every gateway the same one, or tenants' prefixes are "
+        "not shared across gateways",
+    )
+    tenant_salt_secret: str | None = env_only(
+        None, "the tenant salt secret itself, instead of --tenant-salt-secret-file"
+    )
     instructions: str = env_only(
         "LLM inference as tools: `generate` continues a prompt, `chat` answers a "
         "conversation, `tokenize` counts tokens. Pass the same `cache_key` for calls that "

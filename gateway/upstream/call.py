@@ -4,10 +4,18 @@
 ``connect`` opens the stream on the best untried upstream, trying the next choice on the ring
 once when one fails; a failure before anything was yielded is retried the same way from inside
 the stream, one after is ``UpstreamFailed``. ``Call.aclose`` always releases the upstream.
+
+The stream is read within bounds (``bounded``: lines, events, bytes) and no further than the
+request asked: more than ``max_tokens`` + ``TOKEN_SLACK`` tokens, or ``EVENT_SLACK`` more
+events than that, is a malformed reply; once ``max_tokens`` tokens or a ``finish_reason``
+have come, the rest of the stream (finish, usage, ``[DONE]``) has ``TAIL_S`` to arrive —
+an upstream that stalls or streams on after its answer is cut there (a 502 when it never
+said it had finished, else the answer as it stands).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -17,13 +25,17 @@ import httpx
 from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
 from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
-from gateway.upstream import wire
+from gateway.upstream import bounded, wire
 from gateway.upstream.upstream import Upstream, UpstreamFailure, failure_of
 
 if TYPE_CHECKING:
     from gateway.upstream.fleet import Fleet
 
 RETRIES = 1
+TOKEN_SLACK = 8  # tokens past max_tokens an upstream may send (counted as it chunks them)
+EVENT_SLACK = 16  # events beyond that: role, finish, usage, [DONE], empty deltas
+TAIL_S = 1.5  # after the last token asked for: seconds for the stream's end to arrive
+GIVES_UP = frozenset(("status", "malformed"))  # retried elsewhere, never a 503 after
 
 
 class Call:
@@ -57,6 +69,8 @@ class Call:
             except EngineUnavailable:
                 if self.last is not None and self.last.kind == "overloaded":  # pass it on
                     raise EngineOverloaded(str(self.last), self.last.retry_after_s) from None
+                if self.last is not None and self.last.kind in GIVES_UP:  # not a full fleet
+                    raise UpstreamFailed(str(self.last)) from None
                 raise
             self.tried.add(upstream.index)
             upstream.in_flight += 1
@@ -78,6 +92,8 @@ class Call:
         self.fleet.failed(upstream, failure)
         self.last = failure
         if self.retries == 0:
+            if failure.kind in GIVES_UP:
+                raise UpstreamFailed(str(failure))
             refusal = EngineOverloaded if failure.kind == "overloaded" else EngineUnavailable
             raise refusal(str(failure), failure.retry_after_s)
         self.retries -= 1
@@ -108,31 +124,57 @@ class Call:
 
     async def _items(self) -> AsyncIterator[TextDelta | Completion]:
         """The current upstream's stream as deltas then one Completion (UpstreamFailure if it
-        breaks, stalls past the read timeout, reports an error or ends early)."""
+        breaks, stalls past the read timeout, reports an error, runs past its bounds or ends
+        early)."""
         assert self.response is not None and self.upstream is not None
-        upstream, text, count, finish, usage = self.upstream, [], 0, None, None
+        upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
         calls = wire.ToolCalls()
-        label = str(upstream.index)
+        label, asked = str(upstream.index), self.request.params.max_tokens
+        lines = bounded.sse_lines(self.response.aiter_raw(), bounded.stream_budget(asked))
+        tail_at: float | None = None
         try:
-            async for line in self.response.aiter_lines():
+            while True:
+                try:
+                    if tail_at is None:
+                        line = await anext(lines)
+                    else:
+                        async with asyncio.timeout_at(tail_at):
+                            line = await anext(lines)
+                except StopAsyncIteration:
+                    break
+                except TimeoutError:
+                    if finish is None:
+                        raise wire.StreamError(
+                            f"no finish_reason within {TAIL_S:g} s of max_tokens {asked}"
+                        ) from None
+                    break  # answered: the connection is closed, not pooled
                 chunk = wire.parse_line(line)
                 if chunk is None:
                     continue
+                events += 1
+                if events > asked + TOKEN_SLACK + EVENT_SLACK:
+                    raise wire.StreamError(f"over {events - 1} events for max_tokens {asked}")
                 if chunk.done:  # read on to the body's end: a drained connection is pooled,
                     continue  # one left mid-body is closed (a TCP connect per call, ~0.5 ms)
                 usage = chunk.usage or usage
                 finish = chunk.finish_reason or finish
-                if chunk.text or chunk.logprobs or chunk.tool_calls:
+                if chunk.tokens:
                     if not count:
                         self.fleet.ttft.labels(label).observe(time.perf_counter() - self.started)
-                    count += max(1, len(chunk.logprobs))
+                    count += chunk.tokens
+                    if count > asked + TOKEN_SLACK:
+                        raise wire.StreamError(f"over {count - 1} tokens for max_tokens {asked}")
                     text.append(chunk.text)
                     calls.add(chunk.tool_calls)
                     yield self._delta(chunk, count)
+                if tail_at is None and (finish is not None or count >= asked):
+                    tail_at = asyncio.get_running_loop().time() + TAIL_S
         except httpx.TransportError as exc:
             raise failure_of(exc, upstream.url) from None
         except wire.StreamError as exc:
-            raise UpstreamFailure("stream_error", f"upstream {upstream.url}: {exc}") from None
+            raise UpstreamFailure("malformed", f"upstream {upstream.url}: {exc}") from None
+        finally:
+            await lines.aclose()
         if finish is None:
             raise UpstreamFailure("reset", f"upstream {upstream.url} ended the stream early")
         upstream.breaker.success()
@@ -141,8 +183,8 @@ class Call:
         yield Completion(
             text="".join(text),
             finish_reason=finish,
-            prompt_tokens=int(usage.get("prompt_tokens") or 0),
-            completion_tokens=int(usage.get("completion_tokens") or count),
+            prompt_tokens=usage.get("prompt_tokens") or 0,
+            completion_tokens=usage.get("completion_tokens") or count,
             cached_tokens=wire.cached_tokens(usage),
             replica=upstream.index,
             upstream=upstream.url,

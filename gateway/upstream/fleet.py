@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
@@ -39,13 +39,16 @@ from prometheus_client.registry import Collector
 
 from engine.errors import EngineOverloaded, EngineUnavailable, InvalidArgument
 from engine.tokenizer import Tokenizer
+from gateway.auth import identity
 from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
+    Completion,
     GenerationRequest,
     Guarded,
     OffLoop,
     Stream,
+    TextDelta,
     Tokenized,
     TokenizeRequest,
     prompt_chars,
@@ -54,12 +57,13 @@ from gateway.generation import (
 from gateway.ops import tracing
 from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
 from gateway.settings import Settings
-from gateway.upstream import scrape, wire
+from gateway.upstream import bounded, scrape, wire
 from gateway.upstream.call import Call
 from gateway.upstream.health import Breaker
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.routing import PrefixKeys, UpstreamRouter
-from gateway.upstream.upstream import Upstream, UpstreamFailure, failure_of
+from gateway.upstream.upstream import NoCookies, Upstream, UpstreamFailure, failure_of
+from gateway.upstream.upstream import headers as upstream_headers
 
 logger = logging.getLogger("kvgate.fleet")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call is noise
@@ -146,12 +150,14 @@ class Fleet:
             raise FleetConfigError(
                 "no upstream: give --upstream URL or an --upstream-dns name that resolves"
             )
+        _salt_secret(settings)
+        key_header = upstream_headers(settings.upstream_api_key)
         models: dict[str, tuple[str, int]] = {}
         down: set[str] = set()
         for url in urls:
             try:
                 models[url] = _served_model(
-                    httpx.get(url + "/v1/models", timeout=settings.upstream_connect_timeout_s)
+                    bounded.models_sync(url, settings.upstream_connect_timeout_s, key_header)
                 )
             except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
                 logger.warning("upstream %s: /v1/models failed (%s); starting it as down", url, exc)
@@ -253,7 +259,10 @@ class Fleet:
         headers: dict[str, str] = {}
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = Call(self, request, hashes, path, body, headers)
-        await call.connect()
+        try:
+            await call.connect()
+        except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
+            return Guarded(_failed(exc), call)
         return Guarded(call.relay(), call)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
@@ -290,7 +299,7 @@ class Fleet:
         try:
             response = await upstream.client.send(request, stream=True)
             try:
-                answer = await _read_within(response, limit)
+                answer = await bounded.read_within(response, limit)
             finally:
                 await response.aclose()
         except httpx.TransportError as exc:
@@ -360,7 +369,9 @@ class Fleet:
         it is routed on this gateway's in-flight count alone) and is counted."""
         label = str(upstream.index)
         try:
-            text = await upstream.get_text("/metrics", self.settings.upstream_health_timeout_s)
+            text = await upstream.get_text(
+                "/metrics", self.settings.upstream_health_timeout_s, bounded.MAX_METRICS_BYTES
+            )
             scraped, invalid = scrape.parse(text)
         except UpstreamFailure:
             upstream.observe(None)
@@ -411,6 +422,7 @@ class Fleet:
             breaker,
             settings.upstream_connect_timeout_s,
             settings.upstream_read_timeout_s,
+            settings.upstream_api_key,
         )
 
     def _membership(self, event: str) -> None:
@@ -444,8 +456,9 @@ class Fleet:
         """May a new address join: does its ``/v1/models`` name the fleet's model?"""
         timeout = self.settings.upstream_connect_timeout_s
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                name, _ = _served_model(await client.get(url + "/v1/models"))
+            key_header = upstream_headers(self.settings.upstream_api_key)
+            async with httpx.AsyncClient(headers=key_header, cookies=NoCookies()) as client:
+                name, _ = _served_model(await bounded.models(client, url, timeout))
         except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
             logger.info("upstream %s is not serving yet (%s)", url, exc)
             return False
@@ -470,14 +483,9 @@ def _union(static: tuple[str, ...], resolved: dict[DnsTarget, list[str]]) -> lis
     return list(dict.fromkeys([*static, *(url for urls in resolved.values() for url in urls)]))
 
 
-async def _read_within(response: httpx.Response, limit: int) -> bytes | None:
-    """The response body, or None once it runs past ``limit`` bytes (the rest unread)."""
-    data = bytearray()
-    async for piece in response.aiter_bytes():
-        data += piece
-        if len(data) > limit:
-            return None
-    return bytes(data)
+async def _failed(error: UpstreamFailed) -> AsyncGenerator[TextDelta | Completion]:
+    raise error
+    yield  # an async generator
 
 
 def _retry_after(value: str | None) -> float:
@@ -536,11 +544,30 @@ def _natural(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _served_model(response: httpx.Response) -> tuple[str, int]:
+def _served_model(answer: Any) -> tuple[str, int]:
     """(model id, max_model_len or 0) from a ``/v1/models`` answer."""
-    response.raise_for_status()
-    entry = response.json()["data"][0]
+    entry = answer["data"][0]
     return str(entry["id"]), int(entry.get("max_model_len") or 0)
+
+
+def _salt_secret(settings: Settings) -> None:
+    """Key the tenant salts sent upstream with ``--tenant-salt-secret-file`` (or
+    ``KVGATE_TENANT_SALT_SECRET``); without one each process draws its own, so tenants'
+    prefixes are not shared across gateways (or restarts) — said once, where tenants exist."""
+    try:
+        secret = identity.read_salt_secret(
+            settings.tenant_salt_secret_file, settings.tenant_salt_secret
+        )
+    except ValueError as exc:
+        raise FleetConfigError(str(exc)) from None
+    if secret is not None:
+        identity.set_salt_secret(secret)
+    elif settings.api_key or settings.api_keys_file or settings.oauth_issuer:
+        logger.warning(
+            "no --tenant-salt-secret-file: tenant salts are keyed with a secret of this "
+            "process's own, so a tenant's cached prefixes are not shared with other gateways "
+            "(give every gateway the same secret file)"
+        )
 
 
 class _HealthCollector(Collector):

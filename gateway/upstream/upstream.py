@@ -2,24 +2,37 @@
 last scraped load figures.
 
 ``open_stream`` sends a streamed generation and returns the response once the upstream has
-answered 200; anything else is an ``UpstreamFailure`` with its kind (``connect``,
-``timeout``, ``reset``, ``status_5xx``, ``overloaded`` for 429/503) or, for a 4xx, a
-ValueError carrying the upstream's message (the caller's input was at fault; not retried).
+answered 200 with an event stream; anything else is an ``UpstreamFailure`` with its kind
+(``connect``, ``timeout``, ``reset``, ``status_5xx``, ``overloaded`` for 429/503, ``status``
+for an answer no upstream should give: a redirect, 401, 404, …; ``malformed`` for a reply
+whose content is wrong) or, for a 400/422 with an OpenAI error body, a ValueError carrying
+the upstream's message (the caller's input was at fault; not retried).
+
+Only transport failures, timeouts, 5xx and unexpected statuses count against the breaker
+(``UpstreamFailure.breaks``): what a reply says — which a caller's prompt may steer — never
+takes an upstream out for everyone. The client keeps no cookies, follows no redirect, asks
+for no content coding, and sends ``--upstream-api-key`` as ``Authorization: Bearer`` on
+every request (calls, checks, scrapes).
 """
 
 from __future__ import annotations
 
 import time
+from http.cookiejar import Cookie, CookieJar
 from typing import Any
 
 import httpx
 import orjson
 
+from gateway.upstream import bounded
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import Load
 from gateway.upstream.scrape import Scraped
 
 OVERLOADED = (429, 503)
+CLIENTS_FAULT = (400, 422)  # with an OpenAI error body: the caller's input was refused
+NOT_COUNTED = frozenset(("overloaded", "malformed"))
+ERROR_BODY_BYTES = 64 << 10
 
 
 class UpstreamFailure(Exception):
@@ -31,7 +44,25 @@ class UpstreamFailure(Exception):
     @property
     def breaks(self) -> bool:
         """Does it count against the upstream's health (an overload answer does not)?"""
-        return self.kind != "overloaded"
+        return self.kind not in NOT_COUNTED
+
+
+class NoCookies(CookieJar):
+    """A cookie jar that keeps nothing: an upstream's ``Set-Cookie`` never reaches another
+    call (or another tenant's)."""
+
+    def set_cookie(self, cookie: Cookie) -> None:
+        pass
+
+    def extract_cookies(self, response: Any, request: Any) -> None:
+        pass
+
+
+def headers(api_key: str | None) -> dict[str, str]:
+    """What every request to an upstream carries."""
+    if api_key is None:
+        return dict(bounded.HEADERS)
+    return {**bounded.HEADERS, "authorization": f"Bearer {api_key}"}
 
 
 def failure_of(exc: httpx.TransportError, url: str) -> UpstreamFailure:
@@ -52,6 +83,7 @@ class Upstream:
         breaker: Breaker,
         connect_timeout_s: float,
         read_timeout_s: float,
+        api_key: str | None = None,
     ) -> None:
         self.index = index
         self.url = url
@@ -64,6 +96,9 @@ class Upstream:
             base_url=url,
             timeout=httpx.Timeout(read_timeout_s, connect=connect_timeout_s),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+            headers=headers(api_key),
+            cookies=NoCookies(),
+            follow_redirects=False,
         )
 
     async def open_stream(
@@ -79,22 +114,32 @@ class Upstream:
             response = await self.client.send(request, stream=True)
         except httpx.TransportError as exc:
             raise failure_of(exc, self.url) from None
-        if response.status_code == 200:
+        status = response.status_code
+        if status == 200 and not _event_stream(response):
+            await response.aclose()
+            kind = response.headers.get("content-type", "none")
+            raise UpstreamFailure(
+                "malformed", f"upstream {self.url}: a 200 that is no event stream ({kind:.64})"
+            )
+        if status == 200:
             return response
         try:
-            detail = (await response.aread()).decode(errors="replace")[:500]
+            detail = await bounded.read_head(response, ERROR_BODY_BYTES)
         except httpx.TransportError as exc:
             raise failure_of(exc, self.url) from None
         finally:
             await response.aclose()
-        message = _error_message(detail) or f"HTTP {response.status_code}"
-        if response.status_code in OVERLOADED:
+        message = _error_message(detail.decode(errors="replace"))
+        where = f"upstream {self.url}"
+        if status in OVERLOADED:
             raise UpstreamFailure(
-                "overloaded", f"upstream {self.url}: {message}", _retry_after(response)
+                "overloaded", f"{where}: {message or status}", _retry_after(response)
             )
-        if response.status_code >= 500:
-            raise UpstreamFailure("status_5xx", f"upstream {self.url}: {message}")
-        raise ValueError(message)
+        if status >= 500:
+            raise UpstreamFailure("status_5xx", f"{where}: {message or f'HTTP {status}'}")
+        if status in CLIENTS_FAULT and message is not None:
+            raise ValueError(message[:500])
+        raise UpstreamFailure("status", f"{where} answered HTTP {status}")
 
     def observe(self, scraped: Scraped | None) -> None:
         """A scrape's figures (None: it had none, or failed)."""
@@ -114,34 +159,49 @@ class Upstream:
             scraped.kv_usage,
         )
 
-    async def get_text(self, path: str, timeout_s: float) -> str:
-        """A GET's body (UpstreamFailure on a transport error or a non-2xx answer)."""
+    async def get_text(self, path: str, timeout_s: float, limit: int) -> str:
+        """A GET's body of at most ``limit`` bytes (UpstreamFailure on a transport error, a
+        non-2xx answer or a body over the limit)."""
         try:
-            response = await self.client.get(path, timeout=timeout_s)
+            request = self.client.build_request("GET", path, timeout=timeout_s)
+            response = await self.client.send(request, stream=True)
+            try:
+                if not response.is_success:
+                    raise UpstreamFailure("status_5xx", f"{path} answered {response.status_code}")
+                body = await bounded.read_within(response, limit)
+            finally:
+                await response.aclose()
         except httpx.TransportError as exc:
             raise failure_of(exc, self.url) from None
-        if not response.is_success:
-            raise UpstreamFailure("status_5xx", f"{path} answered {response.status_code}")
-        return response.text
+        if body is None:
+            raise UpstreamFailure("malformed", f"{path}: a body over {limit} bytes, or coded")
+        return body.decode(errors="replace")
 
     async def check(self, path: str, timeout_s: float) -> None:
         """One active health check: any 2xx within ``timeout_s`` passes."""
-        await self.get_text(path, timeout_s)
+        await self.get_text(path, timeout_s, bounded.MAX_BODY_BYTES)
 
     async def aclose(self) -> None:
         await self.client.aclose()
 
 
+def _event_stream(response: httpx.Response) -> bool:
+    kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
+    return kind == "text/event-stream" and bounded.coded(response) is None
+
+
 def _error_message(detail: str) -> str | None:
-    """The message of an OpenAI-shaped error body (``{"error": {"message": …}}``)."""
+    """The message of an OpenAI-shaped error body (``{"error": {"message": …}}``, or vLLM's
+    flat ``{"object": "error", "message": …}``); None for any other body."""
     try:
         body = orjson.loads(detail)
     except orjson.JSONDecodeError:
-        return detail.strip() or None
-    error = body.get("error", body) if isinstance(body, dict) else body
+        return None
+    error = body.get("error", body) if isinstance(body, dict) else None
     if isinstance(error, dict):
-        return str(error.get("message") or error.get("detail") or error)
-    return str(error)
+        message = error.get("message") or error.get("detail")
+        return message if isinstance(message, str) and message else None
+    return error if isinstance(error, str) and error else None
 
 
 def _retry_after(response: httpx.Response) -> float:

@@ -14,6 +14,7 @@ render, through the gateway's own tokenizer, so fleet logprobs need ``--tokenize
 from __future__ import annotations
 
 import contextlib
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,10 +95,17 @@ class Chunk:
     done: bool = False  # the [DONE] line
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # delta.tool_calls entries
+    tokens: int = 0  # tokens it carries: one per choice with content, or its logprobs' count
+
+
+FINISH_REASON = re.compile(r"[a-z_]{1,32}")
+USAGE_COUNTS = ("prompt_tokens", "completion_tokens", "total_tokens")
+MAX_COUNT = 1 << 53
 
 
 def parse_line(line: str) -> Chunk | None:
-    """One SSE line: a chunk, or None for anything that carries none (blank, comments)."""
+    """One SSE line: a chunk, or None for anything that carries none (blank, comments).
+    Every field read is checked for its type (a ``StreamError`` if it is wrong)."""
     if not line.startswith("data:"):
         return None
     data = line[5:].strip()
@@ -106,20 +114,53 @@ def parse_line(line: str) -> Chunk | None:
     chunk = _object(data)
     if "error" in chunk:
         error = chunk["error"]
-        raise StreamError(error.get("message", str(error)) if isinstance(error, dict) else error)
-    out = Chunk(usage=chunk.get("usage"))
-    for choice in chunk.get("choices") or ():
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise StreamError(f"{message!s:.300}")
+    choices = chunk.get("choices")
+    if not isinstance(choices, list | None):
+        raise StreamError("malformed chunk from the upstream: 'choices' is not a list")
+    out = Chunk(usage=_usage(chunk.get("usage")))
+    for choice in choices or ():
         delta = choice.get("delta", {}) if isinstance(choice, dict) else None
         if not isinstance(delta, dict):
             raise StreamError("malformed chunk from the upstream: a choice is not an object")
         text = delta.get("content") if "delta" in choice else choice.get("text")
         if not isinstance(text or "", str):
             raise StreamError("malformed chunk from the upstream: its text is not a string")
+        finish = choice.get("finish_reason")
+        if finish is not None and not (isinstance(finish, str) and FINISH_REASON.fullmatch(finish)):
+            raise StreamError(f"malformed chunk from the upstream: finish_reason {finish!r:.100}")
+        calls = _tool_call_deltas(delta.get("tool_calls"))
+        logprobs = _logprobs(choice.get("logprobs"))
+        if text or calls or logprobs:
+            out.tokens += max(1, len(logprobs))
         out.text += text or ""
-        out.tool_calls += _tool_call_deltas(delta.get("tool_calls"))
-        out.finish_reason = choice.get("finish_reason") or out.finish_reason
-        out.logprobs += _logprobs(choice.get("logprobs"))
+        out.tool_calls += calls
+        out.finish_reason = finish or out.finish_reason
+        out.logprobs += logprobs
     return out
+
+
+def _usage(raw: Any) -> dict[str, Any] | None:
+    """A chunk's ``usage``: an object whose counts are counts, or None."""
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        raise StreamError("malformed usage from the upstream: not an object")
+    for key in USAGE_COUNTS:
+        if raw.get(key) is not None and not _count(raw[key]):
+            raise StreamError(f"malformed usage from the upstream: '{key}' is not a count")
+    details = raw.get("prompt_tokens_details")
+    if details is not None and not (
+        isinstance(details, dict)
+        and (details.get("cached_tokens") is None or _count(details["cached_tokens"]))
+    ):
+        raise StreamError("malformed usage from the upstream: 'prompt_tokens_details'")
+    return raw
+
+
+def _count(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
 
 
 def _object(data: str) -> dict[str, Any]:
@@ -256,4 +297,4 @@ class TokenIds:
 def cached_tokens(usage: dict[str, Any]) -> int:
     """``usage.prompt_tokens_details.cached_tokens`` (vLLM leaves it null unless asked)."""
     details = usage.get("prompt_tokens_details") or {}
-    return int(details.get("cached_tokens") or 0)
+    return int(details.get("cached_tokens") or 0)  # checked by parse_line

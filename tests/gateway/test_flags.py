@@ -67,6 +67,8 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--upstream-unhealthy-after": ("upstream_unhealthy_after", int, "store", None, "fleet"),
     "--upstream-connect-timeout": ("upstream_connect_timeout_s", float, "store", None, "fleet"),
     "--upstream-read-timeout": ("upstream_read_timeout_s", float, "store", None, "fleet"),
+    "--upstream-api-key": ("upstream_api_key", str, "store", None, "fleet"),
+    "--tenant-salt-secret-file": ("tenant_salt_secret_file", str, "store", None, "fleet"),
     "--max-waiting": ("max_waiting", int, "store", None, "limits"),
     "--max-prompt-tokens": ("max_prompt_tokens", int, "store", None, "limits"),
     "--max-tokens-limit": ("max_tokens_limit", int, "store", None, "limits"),
@@ -92,6 +94,7 @@ ENV_ONLY = {
     "oauth_admin_scope",
     "upstream_healthy_after",
     "upstream_cooldown_s",
+    "tenant_salt_secret",
     "instructions",
 }
 

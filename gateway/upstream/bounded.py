@@ -1,0 +1,142 @@
+"""Reading an upstream within bounds: its SSE stream as lines, and any other answer's body.
+
+An upstream is outside data. Its stream is split into lines on ``\\n`` (a ``\\r`` before it
+dropped) and nothing else — ``str.splitlines`` and httpx's ``aiter_lines`` also break on
+U+2028, U+2029 and U+0085, which are text inside a JSON string. A line over
+``MAX_LINE_BYTES``, an event over ``MAX_EVENT_BYTES``, a stream over its byte budget, bytes
+that are not UTF-8 or a body in a content coding (a gzip bomb is decoded by httpx in one
+piece) are a ``wire.StreamError``: the reply is malformed. Bodies that are not streams (an
+error answer, ``/v1/models``, ``/health``, ``/metrics``) are read up to a limit.
+
+What the gateway holds per call is thus at most one line (1 MiB) and the text relayed so
+far (bounded by the stream's budget), whatever the upstream sends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+import httpx
+import orjson
+
+from gateway.upstream.wire import StreamError
+
+MAX_LINE_BYTES = 1 << 20
+MAX_EVENT_BYTES = 1 << 20
+MAX_BODY_BYTES = 1 << 20  # an answer that is not a stream: /v1/models, /health, an error
+MAX_METRICS_BYTES = 8 << 20  # a /metrics page (vLLM's is ~100-300 KiB)
+# A stream may carry this much, plus this much per token asked for (a chunk with 20 top
+# logprobs is ~2 KiB), comments and keep-alives included.
+STREAM_BASE_BYTES = 1 << 20
+STREAM_BYTES_PER_TOKEN = 16 << 10
+# Headers every upstream request carries: no content coding (identity bodies only).
+HEADERS = {"accept-encoding": "identity"}
+
+
+def stream_budget(max_tokens: int) -> int:
+    return STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * max_tokens
+
+
+def coded(response: httpx.Response) -> str | None:
+    """The response's content coding, unless it is none (``identity``)."""
+    coding = response.headers.get("content-encoding", "").strip().lower()
+    return coding if coding not in ("", "identity") else None
+
+
+async def sse_lines(
+    chunks: AsyncIterator[bytes],
+    budget: int,
+    max_line: int = MAX_LINE_BYTES,
+    max_event: int = MAX_EVENT_BYTES,
+) -> AsyncGenerator[str]:
+    """The stream's lines (without their ends), each decoded as UTF-8."""
+    buffer = bytearray()
+    total = event = 0
+    async for piece in chunks:
+        total += len(piece)
+        if total > budget:
+            raise StreamError(f"malformed stream from the upstream: over {budget} bytes")
+        scanned = len(buffer)
+        buffer += piece
+        start = 0
+        while (end := buffer.find(b"\n", max(start, scanned))) >= 0:
+            line = buffer[start : end - 1 if end > start and buffer[end - 1] == 13 else end]
+            start = end + 1
+            event = event + len(line) if line else 0
+            if len(line) > max_line or event > max_event:
+                raise StreamError(
+                    f"malformed stream from the upstream: a line or event over {max_line} bytes"
+                )
+            yield _text(line)
+        del buffer[:start]
+        if len(buffer) > max_line:
+            raise StreamError(
+                f"malformed stream from the upstream: a line or event over {max_line} bytes"
+            )
+    if buffer:
+        yield _text(buffer)
+
+
+def _text(line: bytearray) -> str:
+    try:
+        return line.decode()
+    except UnicodeDecodeError:
+        raise StreamError("malformed stream from the upstream: not UTF-8") from None
+
+
+async def read_within(response: httpx.Response, limit: int) -> bytes | None:
+    """The response body, or None once it runs past ``limit`` bytes (the rest unread) or
+    comes in a content coding."""
+    if coded(response) is not None:
+        return None
+    data = bytearray()
+    async for piece in response.aiter_raw():
+        data += piece
+        if len(data) > limit:
+            return None
+    return bytes(data)
+
+
+async def read_head(response: httpx.Response, limit: int) -> bytes:
+    """At most the first ``limit`` bytes of the body (an error answer's message)."""
+    if coded(response) is not None:
+        return b""
+    data = bytearray()
+    async for piece in response.aiter_raw():
+        data += piece
+        if len(data) >= limit:
+            break
+    return bytes(data[:limit])
+
+
+def models_sync(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
+    """``GET /v1/models``'s JSON, read up to ``MAX_BODY_BYTES`` (ValueError beyond, or for
+    a non-2xx answer)."""
+    with httpx.stream(
+        "GET", url + "/v1/models", timeout=timeout_s, headers={**HEADERS, **headers}
+    ) as response:
+        response.raise_for_status()
+        data = bytearray()
+        if coded(response) is None:
+            for piece in response.iter_raw():
+                data += piece
+                if len(data) > MAX_BODY_BYTES:
+                    break
+        if not data or len(data) > MAX_BODY_BYTES:
+            raise ValueError(f"/v1/models answered no JSON within {MAX_BODY_BYTES} bytes")
+        return orjson.loads(data)
+
+
+async def models(client: httpx.AsyncClient, url: str, timeout_s: float) -> Any:
+    """The same with ``client``."""
+    request = client.build_request("GET", url + "/v1/models", timeout=timeout_s)
+    response = await client.send(request, stream=True)
+    try:
+        response.raise_for_status()
+        data = await read_within(response, MAX_BODY_BYTES)
+    finally:
+        await response.aclose()
+    if not data:
+        raise ValueError(f"/v1/models answered no JSON within {MAX_BODY_BYTES} bytes")
+    return orjson.loads(data)
