@@ -1,8 +1,13 @@
 """A server under hostile input: its RSS and /healthz latency while a 64 MiB header line and
-three ~1 MiB bodies arrive (issue 16). Loopback only; every loop is bounded.
+three ~1 MiB bodies arrive (issue 16); then /healthz and another tenant's stream while three
+~1 MiB bodies of 128 tools' JSON Schemas and two 70k-entry ``choice`` grammars arrive, and
+the compiled-grammar cache's resident bytes against its limit (issue 27). Loopback only;
+every loop is bounded.
 
     python -m benchmarks.hostile [--header-mib 64] [--body-kib 1000] [--probe-ms 10]
                                  [--tools generate,chat,tokenize]   ("" for the header alone)
+                                 [--tool-bodies 3] [--choices 70000] [--choice-bodies 2]
+                                 [--cases bodies,tools]
                                  [--kvgate-flags "--model DIR"]
 
 Starts ``python -m gateway serve`` (the embedded tiny model) on a free port, measures its RSS
@@ -15,6 +20,16 @@ their own so their work does not slow the probe. p99 is over the probes of the a
 (from its start until every attacker is answered), so one long pause dominates it.
 ``rss_kept_mib`` is what the server still holds 1 s after the last answer; each body's
 answer says whether it was served or refused (a tool error, and the start of its text).
+
+The ``tools`` case runs with two API-key tenants: the attacker sends the tool bodies (OpenAI
+chats, each tool's ``parameters`` a distinct ~8 KB schema of nested objects: nothing is
+cached) and the choice lists (``/v1/completions`` with vLLM's ``structured_outputs:
+{"choice": [...]}``, distinct lists); the victim tenant streams a completion throughout
+(restarted if it ends), and ``stream_max_gap_ms`` is the longest wait between two of its
+chunks inside the attack window. Targets: /healthz p99 < 100 ms, no gap > 100 ms.
+``grammar_cache`` is read from the engine (``/metrics`` ``kvgate_grammar_cache_bytes`` and
+``kvgate_grammar_cache_limit_bytes``); where the server does not expose them, the server's
+RSS growth stands in (``source: "rss"``).
 """
 
 from __future__ import annotations
@@ -27,17 +42,30 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 import orjson
 
+from benchmarks.hostile_tools import (
+    KEYS,
+    choice_body,
+    grammar_cache,
+    keys_file,
+    openai_post,
+    tool_body,
+    victim_stream,
+)
 from benchmarks.loopback import free_port
 
 CHUNK = 64 * 1024
+TARGET_MS = 100
 
 
 def rss_mib(pid: int) -> float:
@@ -161,6 +189,112 @@ def measure(
     }
 
 
+def tools_case(base: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    """/healthz and the victim's stream while tool bodies and choice lists arrive."""
+    size = args.body_kib * 1024
+    stop = threading.Event()
+    gaps: list[tuple[float, float]] = []
+    streamer = threading.Thread(target=victim_stream, args=(base, stop, gaps))
+    streamer.start()
+    time.sleep(1.0)  # the stream is flowing before the attack
+    baseline = rss_mib(pid)
+    bodies = [tool_body(i, 128, size) for i in range(args.tool_bodies)]
+    grammars = [choice_body(i, args.choices) for i in range(args.choice_bodies)]
+    key = KEYS["attacker"]
+    window: list[float] = []
+    attackers = len(bodies) + len(grammars)  # one process each: all at once
+    spawn = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max(1, attackers), mp_context=spawn) as pool:
+        pool.submit(time.sleep, 0).result()
+        futures: list[Future[Any]] = []
+
+        def launch(path: str, content: bytes) -> threading.Thread:
+            return threading.Thread(
+                target=lambda: futures.append(pool.submit(openai_post, base, path, content, key))
+            )
+
+        attack = [launch("/v1/chat/completions", body) for body in bodies]
+        attack += [launch("/v1/completions", body) for body in grammars]
+        attack.insert(0, threading.Thread(target=lambda: window.append(time.perf_counter())))
+        hostile = measure(base, pid, args.probe_ms / 1000, attack, futures)
+        window.append(time.perf_counter())
+        answers = sorted(future.result() for future in futures)
+    stop.set()
+    streamer.join(timeout=60)
+    inside = [gap for at, gap in gaps if window[0] <= at <= window[-1]]
+    cache = grammar_cache(base)
+    if cache is None:
+        cache = {"source": "rss", "rss_growth_mib": round(rss_mib(pid) - baseline, 1)}
+    stream_max = round(1000 * max(inside, default=0), 1)
+    return {
+        "attack_s": round(window[-1] - window[0], 2),
+        "hostile": hostile,
+        "stream_chunks": len(inside),
+        "stream_gap_p99_ms": round(1000 * percentile(inside, 99), 1),
+        "stream_max_gap_ms": stream_max,
+        "answers": answers,
+        "grammar_cache": cache,
+        "targets_met": {
+            "healthz_p99_lt_100ms": hostile["healthz_p99_ms"] < TARGET_MS,
+            "stream_gap_lt_100ms": bool(inside) and stream_max < TARGET_MS,
+            "grammar_cache_within_limit": cache.get("bytes", 0) <= cache.get("limit_bytes", -1),
+        },
+    }
+
+
+@contextmanager
+def serving(*flags: str) -> Iterator[tuple[str, int]]:
+    """``kvgate serve`` on a free port: its base URL and pid, stopped afterwards."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *flags],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_healthy(base, server)
+        time.sleep(1.0)
+        yield base, server.pid
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+def bodies_case(base: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    """RSS and /healthz under the 64 MiB header line and the three ~1 MiB MCP bodies."""
+    port = int(base.rsplit(":", 1)[1])
+    calm = measure(base, pid, args.probe_ms / 1000, [])
+    baseline = rss_mib(pid)
+    # The attackers run in processes of their own: their work must not slow the probe.
+    with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(time.sleep, 0).result()  # started before the clock runs
+        futures: list[Future[Any]] = []
+
+        def launch(work: Any, *work_args: Any) -> threading.Thread:
+            return threading.Thread(target=lambda: futures.append(pool.submit(work, *work_args)))
+
+        attack = [launch(endless_header_line, port, args.header_mib << 20)]
+        tools = [tool for tool in args.tools.split(",") if tool]
+        attack += [launch(big_call, base, tool, args.body_kib * 1024) for tool in tools]
+        hostile = measure(base, pid, args.probe_ms / 1000, attack, futures)
+        outcomes = [future.result() for future in futures]
+    time.sleep(1.0)
+    after = rss_mib(pid)  # what stays once every attacker is answered
+    results = next(o for o in outcomes if isinstance(o, dict))
+    answers = [o for o in outcomes if isinstance(o, str)]
+    return {
+        "rss_baseline_mib": round(baseline, 1),
+        # the peak of the window or after it: the 10 ms samples can miss a short peak
+        "rss_growth_mib": round(max(hostile["rss_peak_mib"], after) - baseline, 1),
+        "rss_kept_mib": round(after - baseline, 1),
+        "calm": calm,
+        "hostile": hostile,
+        **results,
+        "bodies": sorted(answers),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--header-mib", type=int, default=64)
@@ -172,53 +306,25 @@ def main() -> None:
         default="generate,chat,tokenize",
         help="one body per tool (chat-many: a chat of ~1 MiB of short messages)",
     )
+    parser.add_argument("--tool-bodies", type=int, default=3, help="chats of 128 tools")
+    parser.add_argument("--choices", type=int, default=70_000, help="entries per choice list")
+    parser.add_argument("--choice-bodies", type=int, default=2, help="distinct choice lists")
+    parser.add_argument("--cases", default="bodies,tools", help="bodies, tools or both")
     args = parser.parse_args()
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *args.kvgate_flags.split()],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_healthy(base, server)
-        time.sleep(1.0)
-        calm = measure(base, server.pid, args.probe_ms / 1000, [])
-        baseline = rss_mib(server.pid)
-        # The attackers run in processes of their own: their work must not slow the probe.
-        with ProcessPoolExecutor(4, mp_context=multiprocessing.get_context("spawn")) as pool:
-            pool.submit(time.sleep, 0).result()  # started before the clock runs
-            futures: list[Future[Any]] = []
-
-            def launch(work: Any, *work_args: Any) -> threading.Thread:
-                return threading.Thread(
-                    target=lambda: futures.append(pool.submit(work, *work_args))
-                )
-
-            attack = [launch(endless_header_line, port, args.header_mib << 20)]
-            tools = [tool for tool in args.tools.split(",") if tool]
-            attack += [launch(big_call, base, tool, args.body_kib * 1024) for tool in tools]
-            hostile = measure(base, server.pid, args.probe_ms / 1000, attack, futures)
-            outcomes = [future.result() for future in futures]
-        time.sleep(1.0)
-        after = rss_mib(server.pid)  # what stays once every attacker is answered
-        results = next(o for o in outcomes if isinstance(o, dict))
-        answers = [o for o in outcomes if isinstance(o, str)]
-        figures = {
-            "rss_baseline_mib": round(baseline, 1),
-            # the peak of the window or after it: the 10 ms samples can miss a short peak
-            "rss_growth_mib": round(max(hostile["rss_peak_mib"], after) - baseline, 1),
-            "rss_kept_mib": round(after - baseline, 1),
-            "calm": calm,
-            "hostile": hostile,
-            **results,
-            "bodies": sorted(answers),
-            "load_average": os.getloadavg(),
-        }
-        print(json.dumps(figures))
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    cases = set(args.cases.split(","))
+    flags = args.kvgate_flags.split()
+    figures: dict[str, Any] = {}
+    if "bodies" in cases:
+        with serving(*flags) as (base, pid):
+            figures.update(bodies_case(base, pid, args))
+    if "tools" in cases:
+        with (
+            tempfile.TemporaryDirectory() as folder,
+            serving(*flags, "--api-keys-file", keys_file(folder)) as (base, pid),
+        ):
+            figures["tools_and_grammars"] = tools_case(base, pid, args)
+    figures["load_average"] = os.getloadavg()
+    print(json.dumps(figures))
 
 
 if __name__ == "__main__":

@@ -47,6 +47,12 @@ from gateway.settings import Settings
 from protocol import jsonrpc
 
 MCP_PATH = "/mcp"
+GRAMMAR_GAUGES = {  # EngineStats fields (0 where an engine does not count them)
+    "grammar_cache_bytes": "Memory of the compiled grammars the engine keeps for reuse.",
+    "grammar_cache_limit_bytes": "The bound on kvgate_grammar_cache_bytes.",
+    "grammar_cache_entries": "Compiled grammars the engine keeps for reuse.",
+    "max_grammar_bytes": "The largest structured-output spec the engine compiles.",
+}
 log = logging.getLogger(__name__)
 
 
@@ -125,6 +131,14 @@ def create_app(
         "1 while Redis is unreachable and discovery is answered by this process alone.",
         lambda: float(cache.degraded),
     )
+    engine_stats = backend.stats
+    if engine_stats is not None:  # the compiled-grammar cache's memory against its bound
+        for field, documentation in GRAMMAR_GAUGES.items():
+            metrics.gauge(
+                f"kvgate_{field}",
+                documentation,
+                lambda field=field: float(getattr(engine_stats(), field, 0)),  # type: ignore[misc]
+            )
     loop: asyncio.AbstractEventLoop | None = None
 
     async def healthz(request: Request) -> Response:

@@ -5,6 +5,7 @@ prompt, are read on the bounded prepare pool."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +16,7 @@ import orjson
 import pytest
 
 from engine import AsyncLLM
+from engine.stats import EngineStats
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import modern_headers, modern_meta
 
@@ -105,3 +107,23 @@ def test_large_tool_schemas_are_checked_off_the_event_loop(
     assert f"tools[{TOOLS - 1}].function.parameters" in said
     assert status == (400 if door is openai_call else 200)
     assert slowest < 0.4, f"/healthz waited {slowest:.2f} s"
+
+
+def gauges(live: LiveServer) -> dict[str, float]:
+    text = httpx.get(live.base + "/metrics", timeout=10).text
+    pairs = (line.split(" ", 1) for line in text.splitlines() if line.startswith("kvgate_"))
+    return {name: float(value) for name, value in pairs if "grammar" in name}
+
+
+def test_the_grammar_cache_s_memory_is_on_metrics_against_its_bound(live: LiveServer) -> None:
+    """What ``benchmarks.hostile`` prints: the compiled grammars' bytes and their bound."""
+    body = {"prompt": "Pick:", "max_tokens": 1, "structured_outputs": {"choice": ["ab", "cd"]}}
+    answer = httpx.post(live.base + "/v1/completions", json=body, timeout=60)
+    assert answer.status_code == 200, answer.text
+    found = gauges(live)
+    names = {"bytes", "limit_bytes", "entries"}
+    assert {f"kvgate_grammar_cache_{n}" for n in names} | {"kvgate_max_grammar_bytes"} <= set(found)
+    fields = {f.name for f in dataclasses.fields(EngineStats)}
+    if "grammar_cache_limit_bytes" in fields:  # the engine counts them
+        limit, held = found["kvgate_grammar_cache_limit_bytes"], found["kvgate_grammar_cache_bytes"]
+        assert 0 < held <= limit and found["kvgate_grammar_cache_entries"] >= 1
