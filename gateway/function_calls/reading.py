@@ -61,7 +61,10 @@ class FunctionCalling:
             return stream
         if self.family is None:
             return _relayed(stream)
-        return _parsed(stream, parser.CallParser(self.family), self.functions.parallel)
+        functions = self.functions
+        return _parsed(
+            stream, parser.CallParser(self.family), functions.parallel, functions.choice.forced
+        )
 
 
 def content(done: Completion) -> str | None:
@@ -69,16 +72,18 @@ def content(done: Completion) -> str | None:
     return None if done.tool_calls and not done.text.strip() else done.text
 
 
-async def _parsed(stream: Stream, calls: parser.CallParser, parallel: bool) -> Items:
+async def _parsed(stream: Stream, calls: parser.CallParser, parallel: bool, forced: bool) -> Items:
+    """A forced choice's grammar admits nothing but calls, so no text of it is content (a
+    reply cut short inside a call's opening tag is not an answer)."""
     said: list[str] = []
     async with aclosing(stream):
         async for item in stream:
             if isinstance(item, TextDelta):
-                text, entries = _split(calls.feed(item.text), parallel)
+                text, entries = _split(calls.feed(item.text), parallel, forced)
                 said.append(text)
                 yield replace(item, text=text, tool_calls=entries)
                 continue
-            text, entries = _split(calls.finish(), parallel)  # what the parser held back
+            text, entries = _split(calls.finish(), parallel, forced)  # what was held back
             if text or entries:
                 said.append(text)
                 yield TextDelta(text, item.completion_tokens, [], None, entries)
@@ -97,9 +102,11 @@ async def _relayed(stream: Stream) -> Items:
             yield item
 
 
-def _split(events: list[parser.Event], parallel: bool) -> tuple[str, list[dict[str, Any]] | None]:
+def _split(
+    events: list[parser.Event], parallel: bool, forced: bool
+) -> tuple[str, list[dict[str, Any]] | None]:
     """Content text and ``delta.tool_calls`` entries (one per call that began or grew)."""
-    text = "".join(e.text for e in events if isinstance(e, parser.Content))
+    text = "" if forced else "".join(e.text for e in events if isinstance(e, parser.Content))
     entries: dict[int, dict[str, Any]] = {}
     for event in events:
         if isinstance(event, parser.Content) or (event.index and not parallel):

@@ -245,3 +245,19 @@ def test_the_tool_call_parser_flag_picks_the_syntax(engine: AsyncLLM) -> None:
     assert len(call.id) == 9 and len(structured["tool_calls"][0]["id"]) == 9
     assert structured["text"] == "" and structured["finish_reason"] == "tool_calls"
     assert structured["tool_calls"][0]["function"]["name"] == call.function.name
+
+
+@pytest.mark.parametrize(
+    "tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}]
+)
+def test_a_forced_call_cut_inside_its_opening_tag_is_no_content(
+    client: openai.OpenAI, tool_choice: Any
+) -> None:
+    """Two tokens cannot finish ``<tool_call>``: the grammar admits only calls, so the
+    fragment is not an answer (it was returned as content), whole or streamed."""
+    out = create(client, tool_choice=tool_choice, temperature=0, max_tokens=2)
+    (choice,) = out.choices
+    assert choice.finish_reason == "length"
+    assert not choice.message.content and not choice.message.tool_calls
+    chunks = list(create(client, tool_choice=tool_choice, temperature=0, max_tokens=2, stream=True))
+    assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
