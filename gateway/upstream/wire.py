@@ -46,6 +46,8 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
         body[name] = getattr(params, name)
     if body.get("top_k") == 0:
         body["top_k"] = -1  # off: vLLM and SGLang both read -1 so (SGLang refuses 0)
+    if params.logit_bias is not None and "logit_bias" in body:
+        body["logit_bias"] = {str(k): v for k, v in params.logit_bias.items()}  # JSON keys
     if params.structured_outputs is not None:
         body["structured_outputs"] = _structured(params.structured_outputs)
     if request.cache_key is not None:

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import openai
+import orjson
 import pytest
 
 from engine.errors import EngineOverloaded, EngineUnavailable
@@ -107,6 +108,12 @@ def test_given_survives_replace_and_counts_what_a_door_sets() -> None:
     later = params.with_fields(top_p=1.0)
     _, body = request_body(GenerationRequest(later, prompt="hi"), "m")
     assert sampling_of(body) == {"max_tokens": 16, "temperature": 1.0, "seed": 5, "top_p": 1.0}
+
+
+def test_logit_bias_goes_as_json_object_keys() -> None:
+    params = SamplingParams.from_dict({"logit_bias": {5: -100.0, 7: 2.5}})
+    _, body = request_body(GenerationRequest(params, prompt="hi"), "m")
+    assert orjson.loads(orjson.dumps(body))["logit_bias"] == {"5": -100.0, "7": 2.5}
 
 
 def test_logprobs_and_constraints_keep_their_own_form() -> None:
