@@ -229,9 +229,11 @@ def tokenize_here(tokenizer: Tokenizer, max_model_len: int, request: TokenizeReq
 
 
 def prompt_chars(request: GenerationRequest) -> int:
-    """A cheap size estimate of what preparing the request will chew through."""
+    """A cheap size estimate of what preparing the request will chew through (its tools too:
+    the chat template renders them)."""
     if request.messages is not None:
-        return messages_chars(request.messages)
+        tools = request.functions.chars if request.functions is not None else 0
+        return messages_chars(request.messages) + tools
     return len(request.prompt) if isinstance(request.prompt, str) else 0
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import jsonschema
+import orjson
 from jsonschema_specifications import REGISTRY as META_SCHEMAS
 
 from gateway.calls.errors import BadInput
@@ -63,6 +64,7 @@ class Functions:
     functions: list[Function]
     choice: ToolChoice
     parallel: bool  # more than one call may be made
+    chars: int = 0  # the tools' JSON size: what rendering them into a prompt chews through
 
     @classmethod
     def of(cls, tools: Any, tool_choice: Any, parallel: Any) -> Functions | None:
@@ -73,7 +75,7 @@ class Functions:
         choice = parse_tool_choice(tool_choice, functions)
         if tools is None:
             return None
-        return cls(tools, functions, choice, parallel is not False)
+        return cls(tools, functions, choice, parallel is not False, _json_size(tools))
 
     @property
     def parsed(self) -> bool:
@@ -88,6 +90,13 @@ class Functions:
             "tool_choice": self.choice.wire,
             "parallel_tool_calls": self.parallel,
         }
+
+
+def _json_size(value: Any) -> int:
+    try:
+        return len(orjson.dumps(value))
+    except orjson.JSONEncodeError:  # an integer past 64 bits, say: any estimate will do
+        return len(repr(value))
 
 
 def parse_tools(raw: Any) -> list[Function]:

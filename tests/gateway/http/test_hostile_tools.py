@@ -16,7 +16,10 @@ import orjson
 import pytest
 
 from engine import AsyncLLM
+from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
+from gateway.function_calls.functions import Functions
+from gateway.generation import OFF_LOOP_CHARS, GenerationRequest, prompt_chars
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import modern_headers, modern_meta
 
@@ -127,3 +130,15 @@ def test_the_grammar_cache_s_memory_is_on_metrics_against_its_bound(live: LiveSe
     if "grammar_cache_limit_bytes" in fields:  # the engine counts them
         limit, held = found["kvgate_grammar_cache_limit_bytes"], found["kvgate_grammar_cache_bytes"]
         assert 0 < held <= limit and found["kvgate_grammar_cache_entries"] >= 1
+
+
+def test_a_chat_s_tools_count_toward_templating_it_on_a_worker() -> None:
+    """Small messages with 1 MiB of tools were templated on the loop (the chat template walks
+    and renders every tool: one ~250 ms pause per body); the tools now count in its size."""
+    tools = heavy_tools(100_000)[:-1]
+    functions = Functions.of(tools, None, None)
+    assert functions is not None and functions.chars > 90_000
+    request = GenerationRequest(
+        SamplingParams(), messages=[{"role": "user", "content": "hi"}], functions=functions
+    )
+    assert prompt_chars(request) > OFF_LOOP_CHARS
