@@ -54,11 +54,15 @@ class Generations:
     def tokenizer(self) -> Tokenizer | None:
         return self.backend.tokenizer
 
-    def sampling_params(self, fields: dict[str, Any]) -> SamplingParams:
-        """``SamplingParams`` from a request's fields; the model's generation_config.json
-        defaults fill those it leaves unset (BadInput naming a bad field)."""
+    def sampling_params(
+        self, fields: dict[str, Any], defaults: dict[str, Any] | None = None
+    ) -> SamplingParams:
+        """``SamplingParams`` from a request's fields; the door's ``defaults``, then the
+        model's generation_config.json ones, fill those it leaves unset (BadInput naming a bad
+        field). Only the request's own fields count as given (what a fleet sends upstream)."""
         try:
-            return SamplingParams.from_dict(fields, defaults=self.backend.default_sampling_fields)
+            merged = {**self.backend.default_sampling_fields, **(defaults or {})}
+            return SamplingParams.from_dict(fields, defaults=merged)
         except ValueError as exc:
             raise _bad_input(exc) from None
 

@@ -85,10 +85,10 @@ class ToolRunner:
         messages = arguments.get("messages")
         params = self.generations.sampling_params(
             {
-                "max_tokens": DEFAULT_MAX_TOKENS,
                 **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
                 **({"structured_outputs": constraint} if constraint else {}),
-            }
+            },
+            defaults={"max_tokens": DEFAULT_MAX_TOKENS},  # a default: it stops at the context
         )
         return GenerationRequest(
             params,

@@ -127,6 +127,22 @@ def test_prompt_that_does_not_fit_is_a_tool_error(
     assert engine.stats().num_running == 0
 
 
+def test_a_prompt_near_the_context_without_max_tokens_stops_at_the_context(
+    http: httpx.Client, server: LiveServer, engine: AsyncLLM
+) -> None:
+    """The tool's max_tokens of 64 is a default, not the caller's: a prompt that leaves less
+    room generates to the context's end (asked for, 64 past the context is a tool error)."""
+    ids = engine.tokenizer.encode("word " * engine.max_model_len)[: engine.max_model_len - 8]
+    prompt = engine.tokenizer.decode(ids)
+    room = engine.max_model_len - len(engine.tokenizer.encode(prompt))
+    assert 0 < room < 64
+    result = run_tool(http, server, "generate", {"prompt": prompt, "temperature": 0})
+    assert result["isError"] is False, result
+    assert result["structuredContent"]["completion_tokens"] <= room
+    asked = run_tool(http, server, "generate", {"prompt": prompt, "max_tokens": 64})
+    assert asked["isError"] is True and "max_tokens" in asked["content"][0]["text"]
+
+
 def test_bad_chat_messages_are_a_tool_error(http: httpx.Client, server: LiveServer) -> None:
     result = run_tool(http, server, "chat", {"messages": [{"role": "user"}], "max_tokens": 1})
     assert result["isError"] is True

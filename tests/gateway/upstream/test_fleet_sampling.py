@@ -231,7 +231,7 @@ def test_mcp_generate_sends_temperature_one(fleet_gateway: Process, recorder: Pr
     )
     assert not results[0].get("isError"), results
     assert results[0]["structuredContent"]["text"] == recording_upstream.TEXT
-    # max_tokens: the tool's default (64), the gateway's own explicit choice
+    # max_tokens: the tool's default (64), always sent (the upstream's own default would differ)
     assert sampling_of(sent) == {
         "max_tokens": 64,
         "temperature": 1.0,
