@@ -33,7 +33,12 @@ T = TypeVar("T")
 # Prompts above this many characters are prepared off the event loop (templating and
 # tokenizing ~1 MiB takes seconds; a few KiB take microseconds, less than a thread hop).
 OFF_LOOP_CHARS = 16_384
-PREPARE_WORKERS = 2  # bounded: a flood of huge bodies queues here, not in more threads
+PREPARE_WORKERS = 2  # bounded: a flood of large bodies queues here, not in more threads
+# Work on bodies above this many characters (a 1 MiB conversation, 128 tools' schemas) takes
+# seconds of pure Python each: it goes one at a time to a thread of its own, so two of it never
+# contend with the event loop and the step thread for the GIL at once (two such threads paused
+# /healthz and other tenants' streams for 150 ms-1 s), and ordinary bodies never wait behind it.
+HUGE_CHARS = 262_144
 
 
 @dataclass(frozen=True)
@@ -106,23 +111,23 @@ class Tokenized:
 
 
 class OffLoop:
-    """Runs preparation work here when it is small, else on a bounded pool of worker threads."""
+    """Runs preparation work here when it is small, else on a bounded pool of worker threads;
+    the largest on one thread of its own, one at a time."""
 
     def __init__(self) -> None:
         self._workers = ThreadPoolExecutor(PREPARE_WORKERS, thread_name_prefix="kvgate-prepare")
+        self._huge = ThreadPoolExecutor(1, thread_name_prefix="kvgate-prepare-huge")
 
     async def run(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """``work(*args)`` here when ``size`` is small, else on a worker thread."""
         if size <= OFF_LOOP_CHARS:
             return work(*args)
-        return await self.away(work, *args)
-
-    async def away(self, work: Callable[..., T], *args: Any) -> T:
-        """``work(*args)`` on a worker thread, whatever its size (a grammar compile)."""
-        return await asyncio.get_running_loop().run_in_executor(self._workers, work, *args)
+        pool = self._huge if size > HUGE_CHARS else self._workers
+        return await asyncio.get_running_loop().run_in_executor(pool, work, *args)
 
     def close(self) -> None:
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._workers, self._huge):
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class Stream(Protocol):

@@ -19,7 +19,7 @@ import pytest
 
 from engine import AsyncLLM, SamplingParams, StructuredOutputs
 from gateway.embedded import EngineBackend
-from gateway.generation import Completion, GenerationRequest
+from gateway.generation import HUGE_CHARS, OFF_LOOP_CHARS, Completion, GenerationRequest, OffLoop
 from tests.engine.test_tokenizer import CountingBackend
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool
@@ -171,3 +171,26 @@ def test_a_bad_schema_is_refused_before_anything_is_queued(engine: AsyncLLM) -> 
 
     asyncio.run(run())
     assert engine.stats().num_waiting == 0
+
+
+async def test_huge_preparations_take_turns_on_a_thread_of_their_own() -> None:
+    """Work on bodies past HUGE_CHARS runs one at a time (two at once fought the event loop for
+    the GIL), and ordinary large work never waits behind it."""
+    off_loop, release = OffLoop(), threading.Event()
+    running, most = [0], [0]
+
+    def huge() -> None:
+        running[0] += 1
+        most[0] = max(most[0], running[0])
+        release.wait(5)
+        running[0] -= 1
+
+    try:
+        held = [asyncio.ensure_future(off_loop.run(HUGE_CHARS + 1, huge)) for _ in range(2)]
+        ordinary = await asyncio.wait_for(off_loop.run(OFF_LOOP_CHARS + 1, lambda: "ok"), 2)
+        release.set()
+        await asyncio.gather(*held)
+    finally:
+        release.set()
+        off_loop.close()
+    assert ordinary == "ok" and most[0] == 1
