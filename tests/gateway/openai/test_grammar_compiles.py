@@ -18,8 +18,9 @@ from engine import AsyncLLM, SamplingParams
 from engine.errors import InvalidArgument
 from engine.sampling_params import StructuredOutputs
 from gateway.auth.identity import CURRENT, Identity
-from gateway.embedded import SMALL_GRAMMAR_BYTES, EngineBackend, GrammarCompiles
+from gateway.embedded import EngineBackend
 from gateway.generation import GenerationRequest
+from gateway.grammar_compiles import SMALL_GRAMMAR_BYTES, GrammarCompiles
 
 _tags = itertools.count()
 
