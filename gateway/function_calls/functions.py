@@ -4,12 +4,14 @@ Bad input is a ``FunctionsError`` (a ``BadInput``) naming the field (each front 
 error). ``tool_choice`` defaults to ``auto`` with tools and ``none`` without; a named or
 ``required`` choice needs the tools it names. Assistant turns with ``tool_calls`` whose
 arguments are JSON text get them as objects, as vLLM hands them to chat templates (which
-write ``arguments | tojson``).
+write ``arguments | tojson``); arguments that are not JSON (a call cut short by max_tokens, kept
+in an agent's history) become ``{}`` with a warning, as vLLM does, so the conversation goes on.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import re
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -20,6 +22,8 @@ from jsonschema_specifications import REGISTRY as META_SCHEMAS
 
 from gateway.calls.errors import BadInput
 from schemas.tools import FUNCTION_NAME
+
+log = logging.getLogger("kvgate.function_calls")
 
 NAME = re.compile(FUNCTION_NAME["pattern"])  # OpenAI's rule for function names
 MAX_TOOLS = 128
@@ -242,9 +246,10 @@ def _call(call: Any, i: int, j: int) -> Any:
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
         except ValueError:
-            raise FunctionsError(
-                f"'{where}.function.arguments' must be JSON text", f"{where}.function.arguments"
-            ) from None
+            # A call cut short by max_tokens ('{"a":') stays in an agent's history; as vLLM
+            # does, the next turn renders it with no arguments rather than refusing the turn.
+            log.warning("%s.function.arguments is not JSON text: rendered as {}", where)
+            arguments = {}
     elif arguments is None:
         arguments = {}
     return {**call, "function": {**function, "arguments": arguments}}

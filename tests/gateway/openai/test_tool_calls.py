@@ -261,3 +261,32 @@ def test_a_forced_call_cut_inside_its_opening_tag_is_no_content(
     assert not choice.message.content and not choice.message.tool_calls
     chunks = list(create(client, tool_choice=tool_choice, temperature=0, max_tokens=2, stream=True))
     assert not "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+
+
+def test_a_call_cut_short_in_the_history_does_not_refuse_the_next_turn(
+    client: openai.OpenAI,
+) -> None:
+    """A forced call cut by max_tokens (arguments '{"a":') is what an agent keeps in its
+    history; the next turn is answered (the arguments rendered as {}, as vLLM does), not 400."""
+
+    def unfinished(arguments: str) -> bool:
+        try:
+            json.loads(arguments)
+        except json.JSONDecodeError:
+            return bool(arguments)
+        return False
+
+    for max_tokens in range(8, 80, 2):  # the first cut inside a call's arguments
+        cut = create(client, tool_choice="required", temperature=0, max_tokens=max_tokens)
+        calls = cut.choices[0].message.tool_calls or []
+        if calls and unfinished(calls[-1].function.arguments):
+            break
+    assert calls and unfinished(calls[-1].function.arguments), calls
+    call = calls[-1]
+    messages = [
+        *MESSAGES,
+        {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+        {"role": "tool", "tool_call_id": call.id, "content": "{}"},
+    ]
+    out = create(client, messages=messages, tool_choice="none", temperature=0, max_tokens=4)
+    assert out.choices[0].finish_reason in ("stop", "length")
