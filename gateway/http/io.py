@@ -46,6 +46,25 @@ def accepts(accept: str | None, kind: str) -> bool:
     return accept is not None and kind in accepted(accept)
 
 
+# Characters that JSON lets stand raw inside strings but that line readers split on (Python's
+# str.splitlines, so httpx's aiter_lines and clients built on it): escaped in an SSE event's
+# JSON, the same value, never a cut event. In UTF-8 these byte runs mean nothing else.
+LINE_SEPARATORS = (
+    (b"\xe2\x80\xa8", b"\\u2028"),
+    (b"\xe2\x80\xa9", b"\\u2029"),
+    (b"\xc2\x85", b"\\u0085"),
+)
+
+
+def line_safe(json_text: bytes) -> bytes:
+    """``json_text`` with U+2028, U+2029 and U+0085 written as escapes."""
+    if b"\xe2\x80" not in json_text and b"\xc2\x85" not in json_text:
+        return json_text
+    for raw, escaped in LINE_SEPARATORS:
+        json_text = json_text.replace(raw, escaped)
+    return json_text
+
+
 class BodyTooLarge(Exception):
     pass
 

@@ -37,7 +37,7 @@ LIST_CHANGED = {
 
 
 def sse_event(data: bytes) -> bytes:
-    return b"event: message\ndata: " + data + b"\n\n"
+    return b"event: message\ndata: " + http_io.line_safe(data) + b"\n\n"
 
 
 async def send_sse(

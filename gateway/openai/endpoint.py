@@ -53,7 +53,7 @@ Handler = Callable[[Body, dict[str, str], Receive, Send], Awaitable[str]]
 
 
 def sse(chunk: dict[str, Any]) -> bytes:
-    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+    return b"data: " + http_io.line_safe(orjson.dumps(chunk)) + b"\n\n"
 
 
 class OpenAIEndpoint:
