@@ -137,3 +137,27 @@ def test_openai_client(server: LiveServer) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "model: " in done.stdout and "chat: " in done.stdout and "stream: " in done.stdout
+
+
+def test_the_examples_extra_installs_what_the_python_examples_import() -> None:
+    """``pip install -e '.[examples]'`` (the README's line) brings every package an example
+    imports that the plain install does not."""
+    import ast
+    import tomllib
+
+    project = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())["project"]
+    installed = {
+        requirement.split("[")[0].split(">")[0].split("=")[0].split(";")[0].strip().lower()
+        for requirement in [*project["dependencies"], *project["optional-dependencies"]["examples"]]
+    }
+    local = {"engine", "gateway", "protocol", "schemas"}
+    for script in EXAMPLES.glob("*.py"):
+        for node in ast.walk(ast.parse(script.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top in local:
+                    continue
+                assert top in installed, f"{script.name} imports {top}: add it to [examples]"
