@@ -122,7 +122,7 @@ def test_any_json_that_is_not_an_object_is_an_invalid_request(value: object) -> 
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.binary(min_size=1).filter(lambda b: not _is_utf8(b)))
+@given(st.binary(min_size=1).filter(lambda b: not _decodes(b)))
 def test_invalid_utf8_is_a_parse_error(body: bytes) -> None:
     with pytest.raises(ProtocolError) as caught:
         parse_message(b'{"jsonrpc":"2.0","id":1,"method":"' + body + b'"}')
@@ -162,9 +162,10 @@ def test_nesting_past_the_limit_is_an_invalid_request(depth: int, limit: int, ki
         assert total <= limit
 
 
-def _is_utf8(data: bytes) -> bool:
+def _decodes(data: bytes) -> bool:
+    """Valid UTF-8 (``b"\\r"`` is, and inside a JSON string it is an escape, not an error)."""
     try:
         data.decode("utf-8")
     except UnicodeDecodeError:
         return False
-    return b'"' not in data and b"\\" not in data and not any(c < 0x20 for c in data)
+    return True
