@@ -5,16 +5,16 @@ tests.gateway.upstream.bad_upstream --host H --port P``."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.gateway.upstream import stand_in
 
 MODEL = "bad-upstream-model"
 FIRST = {"index": 0, "id": "call_up_0", "type": "function", "function": {"name": "get_weather"}}
@@ -72,22 +72,14 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [{"id": MODEL, "max_model_len": 4096}]})
 
 
-async def ok(request: Request) -> Response:
-    return PlainTextResponse("")
-
-
 app = Starlette(
     routes=[
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/models", models),
-        Route("/health", ok),
-        Route("/readyz", ok),
+        Route("/health", stand_in.ok),
+        Route("/readyz", stand_in.ok),
     ]
 )
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    options = parser.parse_args()
-    uvicorn.run(app, host=options.host, port=options.port, log_level="warning")
+    stand_in.serve(app, stand_in.options())

@@ -17,11 +17,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.gateway.upstream import stand_in
 
 MODEL = "evil-upstream-model"
 SSE = "text/event-stream"
@@ -214,10 +215,8 @@ app = Starlette(
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
     parser.add_argument("--api-key")
-    options = parser.parse_args()
-    api_key = options.api_key
+    given = stand_in.options(parser)
+    api_key = given.api_key
     gzip_bomb()  # compressed once, before the first call
-    uvicorn.run(app, host=options.host, port=options.port, log_level="warning")
+    stand_in.serve(app, given)

@@ -8,16 +8,16 @@ tests.gateway.upstream.recording_upstream --host H --port P``."""
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import AsyncIterator
 from typing import Any
 
 import orjson
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from tests.gateway.upstream import stand_in
 
 MODEL = "recording-upstream-model"
 MAX_MODEL_LEN = 4096
@@ -135,10 +135,6 @@ async def models(request: Request) -> Response:
     return JSONResponse({"object": "list", "data": [{"id": MODEL, "max_model_len": MAX_MODEL_LEN}]})
 
 
-async def ok(request: Request) -> Response:
-    return PlainTextResponse("")
-
-
 app = Starlette(
     routes=[
         Route("/v1/completions", completions, methods=["POST"]),
@@ -147,14 +143,10 @@ app = Starlette(
         Route("/recorded", get_recorded, methods=["GET"]),
         Route("/recorded", clear_recorded, methods=["DELETE"]),
         Route("/v1/models", models),
-        Route("/health", ok),
-        Route("/readyz", ok),
+        Route("/health", stand_in.ok),
+        Route("/readyz", stand_in.ok),
     ]
 )
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--host")
-    parser.add_argument("--port", type=int)
-    options = parser.parse_args()
-    uvicorn.run(app, host=options.host, port=options.port, log_level="warning")
+    stand_in.serve(app, stand_in.options())
