@@ -44,6 +44,8 @@ from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.openai.errors import wire as openai_error
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
+from gateway.tasks.store import MemoryTaskStore, TaskStore
+from gateway.tasks.tasks import Tasks
 from protocol import jsonrpc
 
 MCP_PATH = "/mcp"
@@ -84,6 +86,15 @@ def make_discovery_cache(
     return RedisDiscoveryCache(redis_url, **options)  # type: ignore[arg-type]
 
 
+def make_task_store(redis_url: str | None) -> TaskStore:
+    """The Redis store for ``redis_url`` (every process answers), else the in-process one."""
+    if redis_url is None:
+        return MemoryTaskStore()
+    from gateway.tasks.redis_store import RedisTaskStore  # imports redis only when asked
+
+    return RedisTaskStore(redis_url)
+
+
 def create_app(
     settings: Settings, engine: Any = None, *, backend: Backend | None = None
 ) -> Starlette:
@@ -111,8 +122,9 @@ def create_app(
     family = tool_formats.resolve(settings.tool_call_parser, templates)
     generations = Generations(backend, budgets, family)
     calls = Lifecycle(settings, budgets)  # both doors: one client counter, one set of budgets
+    tasks = Tasks(settings, make_task_store(settings.redis_url), metrics, backend.stats)
     endpoint = McpEndpoint(
-        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls
+        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls, tasks
     )
     model = settings.served_model_name or backend.model_name
     openai = OpenAIEndpoint(generations, model, metrics, calls)
@@ -162,6 +174,7 @@ def create_app(
         await backend.open(metrics)
         await cache.start()
         await cache.publish_version(catalog.version)
+        await tasks.start()
         remove_sighup = _on_sighup(loop, reloader, authenticator.api_keys.reload)
         gc.collect()
         gc.freeze()  # startup objects never need scanning again: shorter GC pauses, better p99
@@ -169,6 +182,7 @@ def create_app(
             yield
         finally:
             remove_sighup()
+            await tasks.close(settings.drain_timeout_s)  # running tasks: finish or fail
             await reloader.close()
             await cache.close()
             await budgets.close()

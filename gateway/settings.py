@@ -28,6 +28,7 @@ GROUPS: dict[str, str] = {  # the argparse groups of `kvgate serve`, in --help o
     "authentication": "API keys and OAuth 2.1 access tokens",
     "fleet": "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine",
     "limits": "admission control and abuse limits",
+    "tasks": "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)",
 }
 
 T = TypeVar("T")
@@ -346,6 +347,47 @@ class Settings:
         "open subscriptions/listen streams; beyond -> 503",
         group="limits",
         doc="open `subscriptions/listen` streams; beyond → 503",
+    )
+    # Tasks (the io.modelcontextprotocol/tasks extension).
+    task_threshold_s: float = flag(
+        5.0,
+        "a declaring client's generate/chat predicted to run longer becomes a task",
+        group="tasks",
+        metavar="S",
+        doc="a `generate`/`chat` call whose client declares the tasks extension becomes a task "
+        "when `max_tokens × n` at the observed tokens/s (plus the queue ahead) predicts a "
+        "longer run; `_meta` `dev.kvgate/task` forces it either way",
+    )
+    task_ttl_s: float = flag(
+        3600.0,
+        "seconds a task (and its result) is kept from its creation",
+        group="tasks",
+        metavar="S",
+        doc="a task and its result are deleted this long after creation (its `ttlMs`); a "
+        "generation still running then fails",
+    )
+    task_poll_interval_s: float = flag(
+        1.0,
+        "the pollIntervalMs tasks suggest, in seconds",
+        group="tasks",
+        metavar="S",
+        doc="the `pollIntervalMs` a task suggests; progress (tokens so far) is written at "
+        "least this often",
+    )
+    task_lease_s: float = flag(
+        10.0,
+        "seconds a task outlives its gateway's last heartbeat before it reads failed",
+        group="tasks",
+        metavar="S",
+        doc="the owner renews a lease every third of this; a `working` task whose lease "
+        "lapsed (its gateway died) reads `failed`",
+    )
+    max_tasks_per_tenant: int = flag(
+        64,
+        "live (working) tasks per tenant; beyond -> 429 (0 = no cap)",
+        group="tasks",
+        doc="working tasks per tenant (API key or token subject); beyond → −31001, 429 + "
+        "`Retry-After`; 0 = no cap",
     )
     # Fleet mode: upstream engine servers (vLLM, SGLang, kvgate) instead of an embedded engine.
     upstream: tuple[str, ...] = flag(

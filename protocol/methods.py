@@ -18,10 +18,18 @@ CACHEABLE_METHODS = CATALOG_METHODS | {"server/discover"}
 """Results that carry ``ttlMs`` and ``cacheScope`` (SEP-2549)."""
 
 SHARED_METHODS = CATALOG_METHODS | {"tools/call", "prompts/get"}
-MODERN_METHODS = SHARED_METHODS | {"server/discover", "subscriptions/listen"}
+TASK_METHODS = frozenset(("tasks/get", "tasks/update", "tasks/cancel"))
+"""The Tasks extension's methods (``protocol.tasks``): modern wire only."""
+
+MODERN_METHODS = SHARED_METHODS | {"server/discover", "subscriptions/listen"} | TASK_METHODS
 LEGACY_METHODS = SHARED_METHODS | {"initialize", "ping"}
 
-NAME_BEARING = {"tools/call": "name", "resources/read": "uri", "prompts/get": "name"}
+NAME_BEARING = {
+    "tools/call": "name",
+    "resources/read": "uri",
+    "prompts/get": "name",
+    **{method: "taskId" for method in TASK_METHODS},  # the extension: Mcp-Name is the task id
+}
 """Methods whose ``Mcp-Name`` header mirrors a body parameter, and which parameter."""
 
 

@@ -1,7 +1,11 @@
 """The spec's own JSON Schema (``schema.json``) for each wire revision, as validators.
 
 Tests (and fuzzers) check every message the server sends against the revision it was sent
-on. A result is checked twice: the JSON-RPC envelope, then the method's result type.
+on. A result is checked twice: the JSON-RPC envelope, then the method's result type. The
+Tasks extension's messages (``CreateTaskResult`` answering a ``tools/call``, the ``tasks/*``
+results) are checked against the extension's own schema, ``mcp/ext-tasks.json``: a copy of
+``schema/draft/schema.json`` of github.com/modelcontextprotocol/ext-tasks at commit
+e4345978be1f (2026-08-21).
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from jsonschema import Draft202012Validator
 
 MODERN_WIRE = "2026-07-28"
 LEGACY_WIRE = "2025-11-25"
+TASKS_WIRE = "ext-tasks"  # the io.modelcontextprotocol/tasks extension (see above)
 
 RESULT_TYPES = {
     "server/discover": "DiscoverResult",
@@ -28,6 +33,12 @@ RESULT_TYPES = {
     "prompts/list": "ListPromptsResult",
     "prompts/get": "GetPromptResult",
     "subscriptions/listen": "SubscriptionsListenResult",
+}
+
+TASK_RESULT_TYPES = {
+    "tasks/get": "GetTaskResult",
+    "tasks/update": "UpdateTaskResult",
+    "tasks/cancel": "CancelTaskResult",
 }
 
 NOTIFICATION_TYPES = {
@@ -75,4 +86,13 @@ def validate_server_message(wire: str, message: dict[str, Any], method: str | No
     else:
         validator(wire, "JSONRPCResultResponse").validate(message)
         if method is not None:
-            validator(wire, RESULT_TYPES[method]).validate(message["result"])
+            validator(*_result_type(wire, method, message["result"])).validate(message["result"])
+
+
+def _result_type(wire: str, method: str, result: Any) -> tuple[str, str]:
+    """The schema and definition a ``method``'s result is checked against."""
+    if method in TASK_RESULT_TYPES:
+        return TASKS_WIRE, TASK_RESULT_TYPES[method]
+    if method == "tools/call" and isinstance(result, dict) and result.get("resultType") == "task":
+        return TASKS_WIRE, "CreateTaskResult"
+    return wire, RESULT_TYPES[method]

@@ -22,6 +22,7 @@ from gateway.auth.identity import Identity
 from gateway.auth.oauth import InvalidToken, OAuthConfig, TokenValidator
 from gateway.http.security import LOOPBACK_NAMES
 from gateway.settings import Settings
+from protocol.methods import TASK_METHODS
 
 log = logging.getLogger("kvgate.auth")
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 section 2.1: a bearer token
@@ -101,8 +102,9 @@ class Authenticator:
 
     def call_scopes(self, method: str) -> tuple[str, ...]:
         """The scopes an MCP method needs: running a tool takes the inference scope; discovery
-        (lists, reads, ping) takes only a valid credential."""
-        return (self.inference_scope,) if method == "tools/call" else ()
+        (lists, reads, ping) takes only a valid credential; a task's methods are its call's."""
+        inference = method == "tools/call" or method in TASK_METHODS
+        return (self.inference_scope,) if inference else ()
 
     async def authenticate(self, path: str, authorization: list[str]) -> Identity | None:
         """The caller's identity (None when this path needs none); raises Challenge.

@@ -18,6 +18,7 @@ from gateway.catalog.config import CatalogConfig, CatalogConfigError, PromptTemp
 from protocol.errors import invalid_params
 from protocol.headers import HeaderParam, header_params
 from protocol.results import cacheable
+from protocol.tasks import TASKS_EXTENSION
 from protocol.versions import SUPPORTED_VERSIONS
 from schemas.tools import inference_tools
 from schemas.validation import ArgumentValidator
@@ -127,6 +128,7 @@ class Catalog:
             "tools": {"listChanged": True},
             "resources": {"listChanged": True},
             "prompts": {"listChanged": True},
+            "extensions": {TASKS_EXTENSION: {}},  # gateway.tasks: long generations as tasks
         }
         results: dict[str, dict[str, Any]] = {
             "server/discover": {

@@ -50,6 +50,8 @@ from gateway.mcp.tool_runner import Items, Progress, ToolRunner
 from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
+from gateway.tasks import methods as task_methods
+from gateway.tasks.tasks import Tasks
 from protocol import jsonrpc
 from protocol.errors import (
     INTERNAL_ERROR,
@@ -62,9 +64,16 @@ from protocol.errors import (
 )
 from protocol.headers import check_param_headers, is_routing_header
 from protocol.jsonrpc_types import Message, RequestId
-from protocol.methods import CATALOG_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
+from protocol.methods import (
+    CATALOG_METHODS,
+    LEGACY_METHODS,
+    MODERN_METHODS,
+    TASK_METHODS,
+    check_method,
+)
 from protocol.modern import check_legacy_meta, check_modern_request
 from protocol.results import complete
+from protocol.tasks import create_task_result, declares_tasks
 from protocol.versions import Era, era_of, negotiate_legacy
 
 logger = logging.getLogger("kvgate.mcp")
@@ -91,10 +100,12 @@ class McpEndpoint:
         metrics: Metrics,
         versions: Callable[[], AsyncIterator[str]],
         calls: Lifecycle,
+        tasks: Tasks,
     ) -> None:
         """``served`` holds the catalog being served (the reloader swaps it); ``versions``
         yields each catalog version this process starts serving (what listen streams follow);
-        ``calls`` is the lifecycle every call goes through (shared with the other door)."""
+        ``calls`` is the lifecycle every call goes through (shared with the other door);
+        ``tasks`` makes and answers tasks (the Tasks extension)."""
         self.settings = settings
         self.served = served
         self.tools = tools
@@ -102,6 +113,7 @@ class McpEndpoint:
         self.metrics = metrics
         self.versions = versions
         self.calls = calls
+        self.tasks = tasks
         self.listens = ConcurrencyLimit(settings.max_listen_streams)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -135,6 +147,11 @@ class McpEndpoint:
                     outcome = await self._tools_call(
                         catalog, message, era, headers, receive, send, len(body)
                     )
+                elif message.method in TASK_METHODS:
+                    result = await task_methods.answer(self.tasks, message, catalog.server_info)
+                    body = jsonrpc.encode_result(message.request_id, result)
+                    await http_io.send_response(send, 200, body)
+                    outcome = "ok"
                 elif message.method == "subscriptions/listen":
                     if self.listens.full(LISTEN_KEY):
                         raise listen_limited(self.settings.max_listen_streams)
@@ -228,10 +245,19 @@ class McpEndpoint:
             token = None  # progress is streamed only to a caller that names a token
         if not http_io.accepts(headers.get("accept"), "text/event-stream"):
             token = None
+        declared = era is Era.MODERN and declares_tasks(message.meta)
+        as_task = self.tasks.wanted(spec.name, arguments, message.meta, declared)
         async with self.calls.admit(receive, headers, cache_key, timeout) as call:
             # Admitted (or refused: then the answer is still a plain 503) before anything is
             # sent, so an SSE response starts only once the backend has taken the call.
             items = await call.run(self.tools.start(spec, arguments, body_size))
+            if as_task:  # the generation goes on without this connection
+                task = await self.tasks.begin(spec.name, items, task_methods.caller_tenant())
+                if task is not None:
+                    result = create_task_result(task.view(), catalog.server_info)
+                    body = jsonrpc.encode_result(message.request_id, result)
+                    await http_io.send_response(send, 200, body)
+                    return "task"
             if token is not None:
                 shape = functools.partial(_shape, catalog, era=era)
                 events = tool_call_events(message.request_id, token, items, shape)

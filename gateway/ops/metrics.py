@@ -124,6 +124,13 @@ class Metrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._task_duration = Histogram(
+            "kvgate_task_duration_seconds",
+            "MCP task generations run by this process, from creation to their final state.",
+            ["state"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
         self._request_counters: dict[tuple[str, str, str, str], Counter] = {}
         self._durations: dict[str, Histogram] = {}
         self._counters: dict[str, tuple[Counter, tuple[str, ...]]] = {}
@@ -147,6 +154,10 @@ class Metrics:
         if histogram is None:
             histogram = self._durations[method] = self._duration.labels(method)
         histogram.observe(seconds)
+
+    def task_finished(self, state: str, seconds: float) -> None:
+        """One task this process ran reached ``state`` (completed, failed, cancelled)."""
+        self._task_duration.labels(state).observe(seconds)
 
     def count(self, name: str, **labels: str) -> None:
         """Increment the counter `name` (created on first use); its label names must not vary."""

@@ -69,6 +69,11 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--upstream-read-timeout": ("upstream_read_timeout_s", float, "store", None, "fleet"),
     "--upstream-api-key": ("upstream_api_key", str, "store", None, "fleet"),
     "--tenant-salt-secret-file": ("tenant_salt_secret_file", str, "store", None, "fleet"),
+    "--task-threshold-s": ("task_threshold_s", float, "store", None, "tasks"),
+    "--task-ttl-s": ("task_ttl_s", float, "store", None, "tasks"),
+    "--task-poll-interval-s": ("task_poll_interval_s", float, "store", None, "tasks"),
+    "--task-lease-s": ("task_lease_s", float, "store", None, "tasks"),
+    "--max-tasks-per-tenant": ("max_tasks_per_tenant", int, "store", None, "tasks"),
     "--max-waiting": ("max_waiting", int, "store", None, "limits"),
     "--max-prompt-tokens": ("max_prompt_tokens", int, "store", None, "limits"),
     "--max-tokens-limit": ("max_tokens_limit", int, "store", None, "limits"),
@@ -140,6 +145,7 @@ def test_the_flags_are_the_ones_written_by_hand_before() -> None:
         ("authentication", "API keys and OAuth 2.1 access tokens"),
         ("fleet", "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine"),
         ("limits", "admission control and abuse limits"),
+        ("tasks", "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)"),
     ]
     assert all(a.default is None for a in serve._actions if a.dest != "help")
 

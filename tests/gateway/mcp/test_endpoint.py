@@ -44,7 +44,7 @@ def body(method: str, request_id: int = 1, **params: object) -> dict:
 def test_discover_lists_every_served_version(http: httpx.Client, server: LiveServer) -> None:
     result = call(http, server.url, "server/discover").result
     assert result["supportedVersions"] == ["2026-07-28", "2025-11-25", "2025-06-18", "2025-03-26"]
-    assert set(result["capabilities"]) == {"tools", "resources", "prompts"}
+    assert set(result["capabilities"]) == {"tools", "resources", "prompts", "extensions"}
     assert result["_meta"]["io.modelcontextprotocol/serverInfo"]["name"] == "kvgate"
     assert result["ttlMs"] > 0 and result["cacheScope"] == "public"
 

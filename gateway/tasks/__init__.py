@@ -1,0 +1,1 @@
+"""Long generations as MCP tasks (the ``io.modelcontextprotocol/tasks`` extension)."""
