@@ -382,6 +382,15 @@ class Settings:
         doc="the owner renews a lease every third of this; a `working` task whose lease "
         "lapsed (its gateway died) reads `failed`",
     )
+    task_id_prefix: str | None = flag(
+        None,
+        "begin this process's task ids with PREFIX. so a balancer can route tasks/* to it",
+        group="tasks",
+        metavar="PREFIX",
+        doc="task ids begin `PREFIX.` (1-32 letters or digits), so a load balancer can route "
+        "`tasks/*` back to the process that made the task by `Mcp-Name` (needed without "
+        "`--redis-url`: see Tasks)",
+    )
     max_tasks_per_tenant: int = flag(
         64,
         "live (working) tasks per tenant; beyond -> 429 (0 = no cap)",

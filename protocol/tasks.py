@@ -21,8 +21,9 @@ TASKS_EXTENSION = "io.modelcontextprotocol/tasks"
 TaskStatus = Literal["working", "input_required", "completed", "failed", "cancelled"]
 TERMINAL: frozenset[str] = frozenset(("completed", "failed", "cancelled"))
 STATUSES: frozenset[str] = TERMINAL | {"working", "input_required"}
-# What a server-minted id may look like (secrets.token_urlsafe); anything else is not found.
-TASK_ID = re.compile(r"[A-Za-z0-9_-]{16,128}")
+# What a server-minted id may look like (an optional "prefix." and secrets.token_urlsafe);
+# anything else is not found.
+TASK_ID = re.compile(r"([A-Za-z0-9]{1,32}\.)?[A-Za-z0-9_-]{16,128}")
 
 
 def iso_time(epoch_ms: int) -> str:

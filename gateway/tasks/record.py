@@ -8,6 +8,7 @@ corrupt or foreign value reads as "not found", never as a crash or a leak.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import time
 from dataclasses import dataclass, replace
@@ -22,9 +23,14 @@ MAX_SHORT_TEXT = 1024  # tenant, owner, tool, status message
 log = logging.getLogger("kvgate.tasks")
 
 
-def new_task_id() -> str:
-    """192 random bits, URL-safe: unguessable, and a valid Redis key part and header value."""
-    return secrets.token_urlsafe(24)
+TASK_ID_PREFIX = re.compile(r"[A-Za-z0-9]{1,32}")
+
+
+def new_task_id(prefix: str | None = None) -> str:
+    """192 random bits, URL-safe: unguessable, and a valid Redis key part and header value;
+    after ``prefix.`` when given (``--task-id-prefix``: where a balancer routes it)."""
+    token = secrets.token_urlsafe(24)
+    return token if prefix is None else f"{prefix}.{token}"
 
 
 def now_ms() -> int:

@@ -33,7 +33,7 @@ from gateway.mcp.tool_runner import DEFAULT_MAX_TOKENS, Items, Progress
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
 from gateway.tasks.policy import TASK_TOOLS, RunEstimate, hint, predicted_tokens
-from gateway.tasks.record import TaskRecord, new_task_id, now_ms
+from gateway.tasks.record import TASK_ID_PREFIX, TaskRecord, new_task_id, now_ms
 from gateway.tasks.store import StoreUnavailable, TaskStore
 from protocol.errors import INTERNAL_ERROR, ProtocolError
 from protocol.tasks import missing_tasks_capability, task_not_found
@@ -59,6 +59,9 @@ class Tasks:
         metrics: Metrics,
         engine_stats: Callable[[], EngineStats] | None = None,
     ) -> None:
+        prefix = settings.task_id_prefix
+        if prefix is not None and TASK_ID_PREFIX.fullmatch(prefix) is None:
+            raise ValueError(f"--task-id-prefix {prefix!r}: expected 1-32 letters or digits")
         self.settings = settings
         self.store = store
         self.metrics = metrics
@@ -120,7 +123,7 @@ class Tasks:
         call directly); ``Refused`` (429) at the tenant's cap of live tasks."""
         now = now_ms()
         record = TaskRecord(
-            task_id=new_task_id(),
+            task_id=new_task_id(self.settings.task_id_prefix),
             tenant=tenant,
             owner=self.owner,
             tool=tool,

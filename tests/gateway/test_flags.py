@@ -73,6 +73,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--task-ttl-s": ("task_ttl_s", float, "store", None, "tasks"),
     "--task-poll-interval-s": ("task_poll_interval_s", float, "store", None, "tasks"),
     "--task-lease-s": ("task_lease_s", float, "store", None, "tasks"),
+    "--task-id-prefix": ("task_id_prefix", str, "store", None, "tasks"),
     "--max-tasks-per-tenant": ("max_tasks_per_tenant", int, "store", None, "tasks"),
     "--max-waiting": ("max_waiting", int, "store", None, "limits"),
     "--max-prompt-tokens": ("max_prompt_tokens", int, "store", None, "limits"),
