@@ -146,6 +146,11 @@ class AsyncLLM:
         it cannot fit is refused (``engine.errors.TooManyTokens``) without tokenizing it."""
         return self.core.encode_prompt(text)
 
+    def encode_embedding_input(self, prompt: Prompt) -> list[int]:
+        """An embedding input's token ids, checked as ``embed`` checks them (a worker thread
+        may call it: a large text is tokenized off the event loop)."""
+        return self.core.embedding_ids(prompt)
+
     def grammar_compiled(self, spec: StructuredOutputs) -> bool:
         """Whether ``submit`` would find ``spec`` compiled (else compile it off the loop)."""
         return self.core.grammars.cached(spec)

@@ -208,15 +208,7 @@ class EngineCore:
         """An embedding request (``Request.pooling``): its prompt, up to ``max_embedding_len``
         tokens, is prefilled and its last token's final hidden state comes back instead of a
         sampled token. Raises ValueError (``TooManyTokens`` with vLLM's wording) if bad."""
-        limit = self.max_embedding_len
-        if isinstance(prompt, str):
-            try:
-                prompt = self.tokenizer.encode(prompt, True, limit)
-            except TooManyTokens as exc:
-                raise _embedding_too_long(f"at least {exc.at_least}", exc.at_least, limit) from None
-        token_ids = self._prompt_ids(prompt)
-        if len(token_ids) > limit:
-            raise _embedding_too_long(str(len(token_ids)), len(token_ids), limit)
+        token_ids = self.embedding_ids(prompt)
         arrival = next(self._counter)
         root = self.hash_root(cache_salt)
         return Request(
@@ -231,6 +223,20 @@ class EngineCore:
             cache_key=cache_key,
             pooling=True,
         )
+
+    def embedding_ids(self, prompt: Prompt) -> list[int]:
+        """An embedding input's token ids (a text with its special tokens), checked: at most
+        ``max_embedding_len`` (a text refused from its length alone when it shows that)."""
+        limit = self.max_embedding_len
+        if isinstance(prompt, str):
+            try:
+                prompt = self.tokenizer.encode(prompt, True, limit)
+            except TooManyTokens as exc:
+                raise _embedding_too_long(f"at least {exc.at_least}", exc.at_least, limit) from None
+        token_ids = self._prompt_ids(prompt)
+        if len(token_ids) > limit:
+            raise _embedding_too_long(str(len(token_ids)), len(token_ids), limit)
+        return token_ids
 
     @property
     def max_embedding_len(self) -> int:
