@@ -22,7 +22,7 @@ if typing.TYPE_CHECKING:
         EngineUnavailable,
     )
     from engine.llm import LLM
-    from engine.outputs import OutputKind, RequestOutput
+    from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
     from engine.sampling_params import SamplingParams, StructuredOutputs
     from engine.stats import EngineStats, ReplicaStats
 
@@ -30,6 +30,7 @@ __all__ = [
     "LLM",
     "AdmissionRefused",
     "AsyncLLM",
+    "EmbeddingOutput",
     "EngineConfig",
     "EngineOverloaded",
     "EngineStats",
@@ -55,7 +56,7 @@ __getattr__, __dir__ = _lazy.exports(
             "EngineUnavailable",
         ),
         "engine.llm": ("LLM",),
-        "engine.outputs": ("OutputKind", "RequestOutput"),
+        "engine.outputs": ("EmbeddingOutput", "OutputKind", "RequestOutput"),
         "engine.sampling_params": ("SamplingParams", "StructuredOutputs"),
         "engine.stats": ("EngineStats", "ReplicaStats"),
     },

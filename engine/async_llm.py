@@ -5,7 +5,8 @@ through its ``OutputCollector`` (merged while the reader is behind: O(1) buffere
 are detokenized and checked for stop strings in the reader's task (``OutputProcessor``), not
 on the step thread. ``submit`` admits a request at once and returns its ``RequestStream``;
 closing the stream — ``aclose()``, ``aclosing``, a cancelled task — aborts the request at the
-next step boundary and frees its KV blocks.
+next step boundary and frees its KV blocks. ``embed`` runs an embedding request on the same
+replicas (a prefill that returns its pooled vector): cancelling it aborts it the same way.
 
 Admission: a request is placed only on a replica that is stepping and has fewer than
 ``max_waiting`` requests waiting; otherwise ``submit`` raises AdmissionRefused at once
@@ -23,7 +24,7 @@ from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
 from engine.errors import EngineStepError
 from engine.output_processor import OutputCollector, OutputProcessor
-from engine.outputs import OutputKind, RequestOutput, StepOutput
+from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
 from engine.replica import Replica
 from engine.request import Request
 from engine.sampling_params import SamplingParams, StructuredOutputs
@@ -145,6 +146,11 @@ class AsyncLLM:
         it cannot fit is refused (``engine.errors.TooManyTokens``) without tokenizing it."""
         return self.core.encode_prompt(text)
 
+    def encode_embedding_input(self, prompt: Prompt) -> list[int]:
+        """An embedding input's token ids, checked as ``embed`` checks them (a worker thread
+        may call it: a large text is tokenized off the event loop)."""
+        return self.core.embedding_ids(prompt)
+
     def grammar_compiled(self, spec: StructuredOutputs) -> bool:
         """Whether ``submit`` would find ``spec`` compiled (else compile it off the loop)."""
         return self.core.grammars.cached(spec)
@@ -170,11 +176,44 @@ class AsyncLLM:
         if self._closed:
             raise RuntimeError("the engine has been shut down")
         request = self.core.make_request(prompt, params, cache_key, cache_salt)
-        replica = self.core.admit(request)
-        collector = OutputCollector(asyncio.get_running_loop())
+        replica, collector = self._enqueue(request)
         processor = OutputProcessor(
             request.request_id, request.prompt_token_ids, params, self.core.tokenizer, kind
         )
+        return RequestStream(self, request, replica, collector, processor)
+
+    async def embed(
+        self, prompt: Prompt, cache_key: str | None = None, cache_salt: str | None = None
+    ) -> EmbeddingOutput:
+        """The prompt's embedding: its last token's final hidden state, L2-normalized. The
+        request is scheduled as a prefill beside generations (batched with them, within the
+        KV budget, reusing cached prefix blocks). Raises ValueError or AdmissionRefused before
+        anything is queued, EngineStepError if its step failed; cancelling it aborts it."""
+        if self._closed:
+            raise RuntimeError("the engine has been shut down")
+        request = self.core.make_embedding_request(prompt, cache_key, cache_salt)
+        replica, collector = self._enqueue(request)
+        try:
+            step = await collector.get()
+        except Exception as exc:  # the step computing it failed: its blocks are freed
+            raise _engine_error(replica, exc) from exc
+        finally:
+            self._forget(request)
+            if not request.finished:  # cancelled while waiting
+                replica.abort(request)
+        assert step.embedding is not None
+        return EmbeddingOutput(
+            request.request_id,
+            request.prompt_token_ids,
+            step.embedding,
+            step.cached_tokens,
+            step.replica,
+        )
+
+    def _enqueue(self, request: Request) -> tuple[Replica, OutputCollector]:
+        """Admit ``request`` on a replica and register the collector its outputs go to."""
+        replica = self.core.admit(request)
+        collector = OutputCollector(asyncio.get_running_loop())
         with self._lock:
             self._collectors[request.request_id] = collector
         try:
@@ -182,7 +221,7 @@ class AsyncLLM:
         except BaseException:
             self._forget(request)
             raise
-        return RequestStream(self, request, replica, collector, processor)
+        return replica, collector
 
     async def generate(
         self,

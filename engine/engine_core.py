@@ -202,6 +202,48 @@ class EngineCore:
             grammar=grammar,
         )
 
+    def make_embedding_request(
+        self, prompt: Prompt, cache_key: str | None = None, cache_salt: str | None = None
+    ) -> Request:
+        """An embedding request (``Request.pooling``): its prompt, up to ``max_embedding_len``
+        tokens, is prefilled and its last token's final hidden state comes back instead of a
+        sampled token. Raises ValueError (``TooManyTokens`` with vLLM's wording) if bad."""
+        token_ids = self.embedding_ids(prompt)
+        arrival = next(self._counter)
+        root = self.hash_root(cache_salt)
+        return Request(
+            request_id=f"embd-{arrival}",
+            prompt_token_ids=token_ids,
+            params=SamplingParams(max_tokens=1),  # never read: a pooling request is not sampled
+            arrival=arrival,
+            hash_root=root,
+            block_hashes=block_hashes(token_ids, root, BLOCK_SIZE),
+            eos_token_ids=frozenset(),
+            max_model_len=self.max_model_len,
+            cache_key=cache_key,
+            pooling=True,
+        )
+
+    def embedding_ids(self, prompt: Prompt) -> list[int]:
+        """An embedding input's token ids (a text with its special tokens), checked: at most
+        ``max_embedding_len`` (a text refused from its length alone when it shows that)."""
+        limit = self.max_embedding_len
+        if isinstance(prompt, str):
+            try:
+                prompt = self.tokenizer.encode(prompt, True, limit)
+            except TooManyTokens as exc:
+                raise _embedding_too_long(f"at least {exc.at_least}", exc.at_least, limit) from None
+        token_ids = self._prompt_ids(prompt)
+        if len(token_ids) > limit:
+            raise _embedding_too_long(str(len(token_ids)), len(token_ids), limit)
+        return token_ids
+
+    @property
+    def max_embedding_len(self) -> int:
+        """The most tokens an embedding input may have: nothing is generated after it."""
+        limit = self.config.max_prompt_tokens
+        return self.max_model_len if limit is None else min(self.max_model_len, limit)
+
     @property
     def max_prompt_len(self) -> int:
         """The most prompt tokens a request may have (one more must fit in max_model_len)."""
@@ -295,6 +337,16 @@ class EngineCore:
             grammar_cache_entries=len(self.grammars),
             max_grammar_bytes=self.grammars.max_spec_bytes,
         )
+
+
+def _embedding_too_long(count: str, at_least: int, limit: int) -> TooManyTokens:
+    return TooManyTokens(
+        f"This model's maximum context length is {limit} tokens. However, you requested "
+        f"{count} tokens in the input for embedding generation. Please reduce the length of "
+        "the input.",
+        at_least,
+        limit,
+    )
 
 
 class _PendingView:

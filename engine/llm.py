@@ -6,6 +6,7 @@
 Replicas are stepped by hand in the caller's thread until every request has finished; each
 request's outputs go through its own ``OutputProcessor`` (detokenizing, stop strings), as on
 the async path. A failed step raises ``EngineStepError`` instead of returning partial text.
+``embed`` runs embedding requests on the same engine (vLLM needs a separate pooling runner).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
 from engine.errors import EngineStepError
 from engine.output_processor import OutputProcessor
-from engine.outputs import OutputKind, RequestOutput, StepOutput
+from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
@@ -49,7 +50,7 @@ class LLM:
             **options,
         )
         self._processors: dict[str, OutputProcessor] = {}
-        self._results: dict[str, RequestOutput | BaseException] = {}
+        self._results: dict[str, RequestOutput | EmbeddingOutput | BaseException] = {}
         self.core = EngineCore(self.config, on_output=self._on_output)
         self.tokenizer = self.core.tokenizer
 
@@ -60,13 +61,7 @@ class LLM:
     ) -> list[RequestOutput]:
         """One finished output per prompt, in order. All inputs are validated before any
         request is queued; EngineStepError if a step computing one of them failed."""
-        batch: list[Prompt]
-        if isinstance(prompts, str) or (
-            isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
-        ):
-            batch = [cast(Prompt, prompts)]  # a single prompt (text or token ids)
-        else:
-            batch = list(cast(Sequence[Prompt], prompts))
+        batch = _prompt_list(prompts)
         params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams):
             params = [params] * len(batch)
@@ -81,6 +76,17 @@ class LLM:
                 self.tokenizer,
                 OutputKind.FINAL_ONLY,
             )
+        return self._run(requests)  # type: ignore[return-value]
+
+    def embed(self, prompts: Prompt | Sequence[Prompt]) -> list[EmbeddingOutput]:
+        """One embedding per prompt, in order: each prompt's last-token final hidden state,
+        L2-normalized, computed by the same engine that generates (batched like prefills)."""
+        requests = [self.core.make_embedding_request(p) for p in _prompt_list(prompts)]
+        return self._run(requests)  # type: ignore[return-value]
+
+    def _run(self, requests: list[Request]) -> list[RequestOutput | EmbeddingOutput]:
+        """Step until every request has its result; EngineStepError if one failed."""
+        for request in requests:
             self.core.choose_replica(request).submit(request)
         try:
             # Until every request has its result and the aborts of those a stop string ended
@@ -104,12 +110,23 @@ class LLM:
 
     def _on_output(self, request: Request, item: StepOutput | BaseException) -> None:
         """Runs in this thread, inside ``replica.step``."""
+        if request.pooling and isinstance(item, StepOutput):
+            assert item.embedding is not None
+            self._results[request.request_id] = EmbeddingOutput(
+                request.request_id,
+                request.prompt_token_ids,
+                item.embedding,
+                item.cached_tokens,
+                item.replica,
+            )
+            return
         processor = self._processors.get(request.request_id)
-        if processor is None or request.request_id in self._results:
+        if request.request_id in self._results or (processor is None and not request.pooling):
             return
         if isinstance(item, BaseException):
             self._results[request.request_id] = item
             return
+        assert processor is not None
         output = processor.process(item)
         if processor.stopped and not item.finished:
             self.core.replicas[request.replica].abort(request)
@@ -147,3 +164,11 @@ class LLM:
 
     def stats(self) -> EngineStats:
         return self.core.stats()
+
+
+def _prompt_list(prompts: Prompt | Sequence[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str) or (
+        isinstance(prompts, Sequence) and prompts and isinstance(prompts[0], int)
+    ):
+        return [cast(Prompt, prompts)]  # a single prompt (text or token ids)
+    return list(cast(Sequence[Prompt], prompts))

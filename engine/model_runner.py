@@ -1,5 +1,6 @@
 """Runs one scheduled step: flatten the batch into an explicit AttentionMetadata, run the
-model over the paged cache, sample the requests whose last token was computed.
+model over the paged cache, sample the requests whose last token was computed, and pool the
+embedding requests' last rows (the final normalized hidden state, before ``lm_head``).
 
     batch:  req A computes tokens 32..39 (prefill chunk), req B computes token 70 (decode)
     input_ids / positions / slot_mapping: 9 rows, A's 8 then B's 1
@@ -10,15 +11,24 @@ Everything the layers need travels in the metadata object; nothing is module-glo
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
+from engine.request import Request
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 
 SampledToken = tuple[int, dict[int, float] | None]
+
+
+class StepResult(NamedTuple):
+    sampled: list[SampledToken]  # one per request in ``batch.sampling`` order
+    pooled: list[list[float]]  # one L2-normalized fp32 vector per request in ``batch.pooling``
 
 
 class ModelRunner:
@@ -36,19 +46,24 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
 
-    def execute(self, batch: ScheduledBatch) -> list[SampledToken]:
-        """Run the step; one (token id, logprobs) per request in ``batch.sampling`` order."""
-        sampling = batch.sampling
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        """Run the step: a token for each sampling request, a vector for each pooling one."""
+        sampling, pooling = batch.sampling, batch.pooling
         input_ids, metadata = self.prepare(batch, sampling)
+        sampled: list[SampledToken] = []
+        pooled: list[list[float]] = []
         with torch.inference_mode():
             hidden = self.model(
                 input_ids, metadata.positions, self.kv_caches, metadata, self.backend
             )
-            if not sampling:
-                return []
-            logits = self.model.compute_logits(hidden.index_select(0, metadata.logits_indices))
-            result = sample(logits, sampling)
-        return list(zip(result.token_ids, result.logprobs, strict=True))
+            if pooling:  # last-token pooling, L2-normalized in fp32 (vLLM's default for embed)
+                rows = torch.tensor(last_rows(batch, pooling), device=self.device)
+                pooled = F.normalize(hidden.index_select(0, rows).float(), dim=-1).tolist()
+            if sampling:
+                logits = self.model.compute_logits(hidden.index_select(0, metadata.logits_indices))
+                result = sample(logits, sampling)
+                sampled = list(zip(result.token_ids, result.logprobs, strict=True))
+        return StepResult(sampled, pooled)
 
     def prepare(
         self, batch: ScheduledBatch, sampling: list
@@ -60,9 +75,7 @@ class ModelRunner:
         slots: list[int] = []
         starts = [0]
         seq_lens: list[int] = []
-        logits_rows: list[int] = []
         tables = []
-        sampled = set(map(id, sampling))
         for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             start, end = request.num_computed, request.num_computed + n
             table = request.block_table
@@ -72,8 +85,6 @@ class ModelRunner:
             starts.append(starts[-1] + n)
             seq_lens.append(end)
             tables.append(table)
-            if id(request) in sampled:
-                logits_rows.append(starts[-1] - 1)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         device = self.device
@@ -83,8 +94,21 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            logits_indices=torch.tensor(logits_rows, dtype=torch.int64, device=device),
+            logits_indices=torch.tensor(
+                last_rows(batch, sampling), dtype=torch.int64, device=device
+            ),
             max_query_len=max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
         )
         return torch.tensor(tokens, dtype=torch.int64, device=device), metadata
+
+
+def last_rows(batch: ScheduledBatch, chosen: list[Request]) -> list[int]:
+    """The step's row of each chosen request's last token computed, in the batch's order."""
+    wanted = set(map(id, chosen))
+    rows, end = [], 0
+    for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+        end += n
+        if id(request) in wanted:
+            rows.append(end - 1)
+    return rows

@@ -1,4 +1,5 @@
-"""What the engine hands back: per-step token deltas, and the request outputs built from them.
+"""What the engine hands back: per-step token deltas, the request outputs built from them, and
+embedding requests' vectors.
 
 A replica's step thread produces ``StepOutput`` (new token ids only: no text, no copies of the
 whole output). ``engine.output_processor`` turns those into ``RequestOutput`` for the reader,
@@ -34,6 +35,7 @@ class StepOutput:
     cached_tokens: int
     replica: int
     stop_reason: str | None = None  # a "stop" no stop token explains (its last token is text)
+    embedding: list[float] | None = None  # an embedding request's vector, once pooled
 
     def merge(self, later: StepOutput) -> None:
         """Fold a later delta of the same request into this one."""
@@ -43,6 +45,7 @@ class StepOutput:
         self.finished, self.finish_reason = later.finished, later.finish_reason
         self.stop_reason = later.stop_reason
         self.cached_tokens, self.replica = later.cached_tokens, later.replica
+        self.embedding = later.embedding
 
 
 @dataclass
@@ -59,3 +62,15 @@ class RequestOutput:
     replica: int = 0
     # One dict {token_id: logprob} per token in ``token_ids``, when SamplingParams.logprobs is set.
     logprobs: list[dict[int, float]] | None = None
+
+
+@dataclass
+class EmbeddingOutput:
+    """An embedding request's answer: its prompt's last-token final hidden state (after the
+    final norm, before ``lm_head``), L2-normalized, as fp32 values."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    embedding: list[float]
+    cached_tokens: int = 0
+    replica: int = 0

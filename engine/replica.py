@@ -148,13 +148,13 @@ class Replica:
             return []
         self._step_started = time.monotonic()
         try:
-            sampled = self.runner.execute(batch)
+            result = self.runner.execute(batch)
         except Exception as exc:  # noqa: BLE001 - fails this step's requests, not the replica
             self._fail_step(batch.requests, exc)
             return []
         finally:
             self._step_started = None
-        changed = self.scheduler.update(batch, sampled)
+        changed = self.scheduler.update(batch, result.sampled, result.pooled)
         if self.on_output is not None:
             for request in changed:
                 self.on_output(request, request.take_step_output())

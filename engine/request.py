@@ -5,6 +5,10 @@ preempted request keeps its output and recomputes ``token_ids`` later (prefix ca
 that cheap). Only the stop rules that need no text live here (stop and EOS token ids,
 lengths): detokenizing and stop strings happen off the step thread, in
 ``engine.output_processor``, which aborts a request whose text hit a stop string.
+
+An embedding request (``pooling``) is a prompt prefilled like any other (batched with
+generations, within the KV budget, reusing cached prefix blocks); the step that computes its
+last token hands back that token's final hidden state instead of sampling, and it finishes.
 """
 
 from __future__ import annotations
@@ -46,6 +50,8 @@ class Request:
     generator: torch.Generator | None = None
     cache_key: str | None = None
     grammar: GrammarState | None = None  # structured outputs: advanced with each token
+    pooling: bool = False  # an embedding request: pooled at its last prompt token, never sampled
+    embedding: list[float] | None = None  # its vector, once pooled
     replica: int = 0
     token_ids: list[int] = field(init=False)
     num_computed: int = 0
@@ -104,6 +110,11 @@ class Request:
         ):
             self._finish("length")
 
+    def finish_pooled(self, embedding: list[float]) -> None:
+        """An embedding request's last prompt token is computed: it ends with its vector."""
+        self.embedding = embedding
+        self._finish("stop")
+
     def _finish(self, reason: FinishReason) -> None:
         self.status = RequestStatus.FINISHED
         self.finish_reason = reason
@@ -123,4 +134,5 @@ class Request:
             stop_reason=self.stop_reason,
             cached_tokens=self.cached_tokens or 0,
             replica=self.replica,
+            embedding=self.embedding,
         )

@@ -30,6 +30,15 @@ class ScheduledBatch:
     @property
     def sampling(self) -> list[Request]:
         """Requests whose last token is computed this step: they get a new token."""
+        return [r for r in self._completed() if not r.pooling]
+
+    @property
+    def pooling(self) -> list[Request]:
+        """Embedding requests whose last prompt token is computed this step: they get their
+        vector and finish."""
+        return [r for r in self._completed() if r.pooling]
+
+    def _completed(self) -> list[Request]:
         return [
             r
             for r, n in zip(self.requests, self.num_new_tokens, strict=True)
@@ -138,16 +147,24 @@ class Scheduler:
         return 0
 
     def update(
-        self, batch: ScheduledBatch, sampled: Sequence[tuple[int, dict[int, float] | None]]
+        self,
+        batch: ScheduledBatch,
+        sampled: Sequence[tuple[int, dict[int, float] | None]],
+        pooled: Sequence[list[float]] = (),
     ) -> list[Request]:
         """Apply a finished step: advance computed counts, append sampled tokens (in the
-        order of ``batch.sampling``), free finished requests. Returns requests with news."""
+        order of ``batch.sampling``), finish embedding requests with their vectors (in the
+        order of ``batch.pooling``), free finished requests. Returns requests with news."""
         self.kv.mark_written(batch.written_blocks)
-        changed = batch.sampling
+        sampling, pooling = batch.sampling, batch.pooling
         for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             request.num_computed += n
-        for request, (token_id, logprobs) in zip(changed, sampled, strict=True):
+        for request, (token_id, logprobs) in zip(sampling, sampled, strict=True):
             request.append_output(token_id, logprobs)
+        for request, embedding in zip(pooling, pooled, strict=True):
+            request.finish_pooled(embedding)
+        changed = sampling + pooling
+        for request in changed:
             if request.finished:
                 self.running.remove(request)
                 self.kv.free(request)

@@ -3,17 +3,20 @@
 Preparing a request (templating and tokenizing) runs on a bounded worker pool when it is
 large, so a 1 MiB body never stalls other clients' streams; a grammar not yet compiled is
 compiled on threads of its own (``GrammarCompiles``); then the engine admits the request or
-refuses at once.
+refuses at once. An embeddings call's inputs are all checked (tokenized off the loop when
+large) before any is queued, then run as the engine's embedding requests, at most
+``EMBED_WINDOW`` of one call in the engine at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.errors import InvalidArgument, TooManyTokens
-from engine.outputs import OutputKind, RequestOutput
+from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
@@ -21,6 +24,8 @@ from gateway.auth.identity import current as current_identity
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
     Completion,
+    Embeddings,
+    EmbeddingsRequest,
     GenerationRequest,
     Guarded,
     OffLoop,
@@ -37,6 +42,10 @@ from gateway.ops.metrics import Metrics
 
 if TYPE_CHECKING:  # the engine itself (and torch) is loaded by whoever builds it
     from engine.async_llm import RequestStream
+
+# One embeddings call's inputs in the engine at once: a call of 2,048 inputs neither fills the
+# waiting queues (``max_waiting``) nor waits on a refusal, and still fills every step.
+EMBED_WINDOW = 64
 
 
 class Engine(Protocol):
@@ -79,6 +88,15 @@ class Engine(Protocol):
         cache_salt: str | None = None,
         kind: OutputKind = OutputKind.CUMULATIVE,
     ) -> RequestStream: ...
+
+    def encode_embedding_input(self, prompt: str | list[int]) -> list[int]: ...
+
+    async def embed(
+        self,
+        prompt: str | list[int],
+        cache_key: str | None = None,
+        cache_salt: str | None = None,
+    ) -> EmbeddingOutput: ...
 
 
 class EngineBackend:
@@ -145,6 +163,29 @@ class EngineBackend:
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         tokenizer, limit = self.engine.tokenizer, self.max_model_len
         return await self.off_loop.run(request.chars, tokenize_here, tokenizer, limit, request)
+
+    async def embed(self, request: EmbeddingsRequest) -> Embeddings:
+        prompts = await self.off_loop.run(request.chars, self._embedding_inputs, request.inputs)
+        window = asyncio.Semaphore(EMBED_WINDOW)
+
+        async def one(prompt: list[int]) -> EmbeddingOutput:
+            async with window:
+                return await self.engine.embed(prompt, cache_salt=request.cache_salt)
+
+        tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+        try:
+            outputs = await asyncio.gather(*tasks)
+        finally:  # one refused or failed, or the call cancelled: the others are aborted
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        return Embeddings(
+            [o.embedding for o in outputs], sum(len(o.prompt_token_ids) for o in outputs)
+        )
+
+    def _embedding_inputs(self, inputs: list[str | list[int]]) -> list[list[int]]:
+        """Every input's token ids, checked before any is queued (on a worker when large)."""
+        return [self.engine.encode_embedding_input(i) for i in inputs]
 
     def _check_max_tokens(self, params: SamplingParams, prompt_tokens: int) -> None:
         """vLLM's server check: a ``max_tokens`` the caller chose must fit in the context after

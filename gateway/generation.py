@@ -105,6 +105,24 @@ class TokenizeRequest:
 
 
 @dataclass(frozen=True)
+class EmbeddingsRequest:
+    """The inputs of one embeddings call (texts or token ids), embedded each on its own."""
+
+    inputs: list[str | list[int]]
+    cache_salt: str | None = None
+
+    @property
+    def chars(self) -> int:
+        return sum(len(i) if isinstance(i, str) else 0 for i in self.inputs)
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    vectors: list[list[float]]  # one per input, in order: L2-normalized, last-token pooled
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
 class Tokenized:
     ids: list[int]
     token_strs: list[str] | None = None
@@ -187,6 +205,11 @@ class Backend(Protocol):
     async def start(self, request: GenerationRequest) -> Stream: ...
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized: ...
+
+    async def embed(self, request: EmbeddingsRequest) -> Embeddings:
+        """Every input's embedding; raises what ``start`` raises, and the step's or the
+        upstream's failure (``EngineStepError`` / ``UpstreamFailed``) itself."""
+        ...
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready or not, and the details ``/readyz`` shows (replicas or upstreams)."""

@@ -13,6 +13,7 @@ SURFACES = {
         "LLM",
         "AdmissionRefused",
         "AsyncLLM",
+        "EmbeddingOutput",
         "EngineConfig",
         "EngineOverloaded",
         "EngineStats",

@@ -27,6 +27,8 @@ from gateway.function_calls.reading import FunctionCalling
 from gateway.generation import (
     Backend,
     Completion,
+    Embeddings,
+    EmbeddingsRequest,
     GenerationRequest,
     Guarded,
     Stream,
@@ -79,7 +81,7 @@ class Generations:
         except ValueError as exc:
             raise _bad_input(exc) from None
         except AdmissionRefused as exc:
-            raise Refused(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s) from None
+            raise _refused(exc) from None
         items: Stream = _translated(source)
         if calling is not None:
             items = calling.read(items)
@@ -97,12 +99,33 @@ class Generations:
                 exc, "messages" if request.messages is not None else "prompt"
             ) from None
         except AdmissionRefused as exc:
-            raise Refused(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s) from None
+            raise _refused(exc) from None
+
+    async def embed(self, request: EmbeddingsRequest) -> Embeddings:
+        """Every input's embedding, salted with the tenant and its prompt tokens debited from
+        the tenant's budget: BadInput naming ``input``, Refused, or GenerationFailed."""
+        request = replace(request, cache_salt=tenant_salt(request.cache_salt))
+        try:
+            result = await self.backend.embed(request)
+        except ValueError as exc:
+            raise _bad_input(exc, "input") from None
+        except AdmissionRefused as exc:
+            raise _refused(exc) from None
+        except EngineStepError as exc:
+            raise GenerationFailed(str(exc)) from exc
+        identity = current_identity()
+        if identity is not None:
+            await self.budgets.settle(identity.tenant, result.prompt_tokens)
+        return result
 
     async def off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """Work for a door (parsing, validating a large body) on the backend's worker pool
         when it is large."""
         return await self.backend.off_loop.run(size, work, *args)
+
+
+def _refused(exc: AdmissionRefused) -> Refused:
+    return Refused(503, exc.reason, f"Server overloaded: {exc}", exc.retry_after_s)
 
 
 def _bad_input(exc: ValueError, field: str | None = None) -> BadInput:

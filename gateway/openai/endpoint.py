@@ -1,5 +1,5 @@
 """The OpenAI-compatible door: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-and vLLM's ``/tokenize`` and ``/detokenize``.
+``/v1/embeddings``, and vLLM's ``/tokenize`` and ``/detokenize``.
 
 This module parses the OpenAI wire and renders its answers; what lies between is the call
 path both doors share: ``gateway.calls.lifecycle`` (Origin/Host, the body within its size,
@@ -30,6 +30,7 @@ from gateway.calls.lifecycle import Call, Lifecycle
 from gateway.function_calls.functions import template_messages
 from gateway.generation import GenerationRequest, Stream, TokenizeRequest
 from gateway.http import io as http_io
+from gateway.openai import embeddings
 from gateway.openai import requests as parse
 from gateway.openai.answers import Answer, ChatAnswer, CompletionsAnswer, collect, merged, prepend
 from gateway.openai.errors import OpenAIError, wire
@@ -73,6 +74,7 @@ class OpenAIEndpoint:
             "/v1/models": ("GET", self._models),
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
+            "/v1/embeddings": ("POST", self._embeddings),
             "/tokenize": ("POST", self._tokenize),
             "/detokenize": ("POST", self._detokenize),
         }
@@ -205,6 +207,21 @@ class OpenAIEndpoint:
             cache_salt=sampling.cache_salt,
         )
         return generation, sampling
+
+    async def _embeddings(
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
+    ) -> str:
+        asked = await self.generations.off_loop(
+            request.size, embeddings.read, request.fields, self.model
+        )
+        async with self.calls.admit(receive, headers) as call:
+            result = await call.run(self.generations.embed(asked.request))
+        size = sum(map(len, result.vectors)) * 8  # ~20 bytes of JSON a float; dumps is quick
+        body = await self.generations.off_loop(
+            size, embeddings.encoded_answer, result, self.model, asked.encoding
+        )
+        await http_io.send_response(send, 200, body)
+        return "ok"
 
     async def _tokenize(
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send

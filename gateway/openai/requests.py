@@ -224,9 +224,10 @@ def _logprobs(body: dict[str, Any], chat: bool) -> dict[str, Any]:
     return {} if top is None else {"logprobs": top}
 
 
-def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
-    """``prompt``: a string, a list of strings, token ids, or a list of token-id lists."""
-    prompt = body.get("prompt")
+def completion_prompts(body: dict[str, Any], name: str = "prompt") -> list[str | list[int]]:
+    """``prompt`` (or the embeddings' ``input``): a string, a list of strings, token ids, or
+    a list of token-id lists."""
+    prompt = body.get(name)
     if isinstance(prompt, str):
         return [prompt]
     if isinstance(prompt, list) and prompt:
@@ -237,9 +238,9 @@ def completion_prompts(body: dict[str, Any]) -> list[str | list[int]]:
         if all(isinstance(p, list) and p and all(_is_token(t) for t in p) for p in prompt):
             return [list(p) for p in prompt]
     raise BadInput(
-        "'prompt' must be a string, a list of strings, a list of token ids, or a list of "
+        f"'{name}' must be a string, a list of strings, a list of token ids, or a list of "
         "token-id lists (none empty)",
-        "prompt",
+        name,
     )
 
 

@@ -20,7 +20,9 @@ which routing weighs with this gateway's own in-flight calls (``routing.Load``).
 
 Tokenizing: with ``--tokenizer`` (or ``--model``) the gateway tokenizes itself; without it
 ``tokenize`` and ``tokenize_request`` (a vLLM ``/tokenize`` body, answered in full) ask a
-healthy upstream, whose answer is checked before it is relayed.
+healthy upstream, whose answer is checked before it is relayed. Embeddings are proxied the
+same way to an upstream's ``/v1/embeddings`` (one call for all the inputs, a bounded read,
+the answer's shape checked), as a client would call the upstream itself.
 """
 
 from __future__ import annotations
@@ -44,6 +46,8 @@ from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
     Completion,
+    Embeddings,
+    EmbeddingsRequest,
     GenerationRequest,
     Guarded,
     OffLoop,
@@ -57,7 +61,7 @@ from gateway.generation import (
 from gateway.ops import tracing
 from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
 from gateway.settings import Settings
-from gateway.upstream import bounded, scrape, wire
+from gateway.upstream import bounded, embeddings, scrape, wire
 from gateway.upstream.call import Call
 from gateway.upstream.health import Breaker
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
@@ -283,18 +287,38 @@ class Fleet:
 
     async def tokenize_request(self, body: dict[str, Any]) -> dict[str, Any]:
         """A vLLM ``/tokenize`` body (``prompt`` or ``messages``, ``add_special_tokens``,
-        ``return_token_strs``, the chat form's template fields) sent to a healthy upstream;
-        its answer checked and rebuilt: ``{"count", "max_model_len", "tokens",
-        "token_strs"}``. An upstream 4xx is ``BadInput`` (its message, at most 200
-        characters), 429/503 ``EngineOverloaded``, a transport failure ``EngineUnavailable``
-        (the upstream counted as failed), anything else ``UpstreamFailed``."""
+        ``return_token_strs``, the chat form's template fields) sent to a healthy upstream
+        (``post``); its answer checked and rebuilt: ``{"count", "max_model_len", "tokens",
+        "token_strs"}``."""
         sent = {"model": self.model_name, **{k: body[k] for k in TOKENIZE_FIELDS if k in body}}
-        content = orjson.dumps(sent)
-        limit = TOKENIZE_MIN_BYTES + TOKENIZE_BYTES_PER_BYTE * len(content)
+        limit = TOKENIZE_MIN_BYTES + TOKENIZE_BYTES_PER_BYTE * len(orjson.dumps(sent))
+        answer, where = await self.post("/tokenize", sent, limit)
+        return _tokenized(answer, where)
+
+    async def embed(self, request: EmbeddingsRequest) -> Embeddings:
+        """The inputs sent to a healthy upstream's ``/v1/embeddings`` (``post``) as one call,
+        floats asked for; its answer read within a bound per input and checked."""
+        sent: dict[str, Any] = {
+            "model": self.model_name,
+            "input": request.inputs,
+            "encoding_format": "float",
+        }
+        if request.cache_salt is not None:
+            sent["cache_salt"] = request.cache_salt
+        limit = embeddings.answer_limit(len(request.inputs))
+        answer, where = await self.post("/v1/embeddings", sent, limit)
+        return embeddings.embeddings_of(answer, len(request.inputs), where)
+
+    async def post(self, path: str, sent: dict[str, Any], limit: int) -> tuple[bytes, str]:
+        """``sent`` POSTed to ``path`` on a healthy upstream, its answer read within ``limit``
+        bytes; the answer and where it came from. An upstream 4xx is ``BadInput`` (its
+        message, at most 200 characters), 429/503 ``EngineOverloaded``, a transport failure
+        ``EngineUnavailable`` (the upstream counted as failed), anything else
+        ``UpstreamFailed``."""
         upstream, _ = self.choose([], None, set())
         headers = {"content-type": "application/json"}
         request = upstream.client.build_request(
-            "POST", "/tokenize", content=content, headers=headers
+            "POST", path, content=orjson.dumps(sent), headers=headers
         )
         try:
             response = await upstream.client.send(request, stream=True)
@@ -306,7 +330,7 @@ class Fleet:
             failure = failure_of(exc, upstream.url)
             self.failed(upstream, failure)
             raise EngineUnavailable(str(failure)) from None
-        where = f"upstream {upstream.url} /tokenize"
+        where = f"upstream {upstream.url} {path}"
         if answer is None:
             raise UpstreamFailed(f"{where}: its answer is over {limit} bytes")
         status = response.status_code
@@ -318,7 +342,7 @@ class Fleet:
             raise BadInput(message[:200], param)  # as a direct call would answer
         if status != 200:
             raise UpstreamFailed(f"{where} answered {status}")
-        return _tokenized(answer, where)
+        return answer, where
 
     # -- routing and health ------------------------------------------------------------------
 

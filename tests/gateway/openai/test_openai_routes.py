@@ -24,7 +24,7 @@ def error_of(response: httpx.Response) -> dict[str, object]:
     [
         ("GET", "/v1/nope"),
         ("POST", "/v1/chat/completion"),
-        ("POST", "/v1/embeddings"),
+        ("POST", "/v1/embedding"),
         ("GET", "/v1/"),
         ("DELETE", "/v1/models/tiny/and/more"),
     ],
@@ -45,6 +45,7 @@ def test_an_unknown_openai_path_is_a_404_in_openai_shape(
         ("GET", "/v1/chat/completions", "POST"),
         ("PUT", "/v1/completions", "POST"),
         ("POST", "/v1/models", "GET, HEAD"),
+        ("GET", "/v1/embeddings", "POST"),
         ("DELETE", "/v1/models", "GET, HEAD"),
         ("GET", "/tokenize", "POST"),
         ("PATCH", "/detokenize", "POST"),
