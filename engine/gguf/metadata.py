@@ -34,6 +34,7 @@ CONFIG_KEYS = {
     "rope.freq_base": "rope_theta",
     "vocab_size": "vocab_size",
 }
+REQUIRED_KEYS = ("block_count", "embedding_length", "feed_forward_length", "attention.head_count")
 # general.file_type (llama_ftype) -> the dtype "auto" means: the file's own for unquantized
 # files; bfloat16 for quantized ones (what their weights are dequantized to).
 FILE_DTYPES = {0: "float32", 1: "float16", 32: "bfloat16"}
@@ -63,6 +64,8 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
     raw: dict[str, Any] = {"architectures": [ARCHITECTURES[arch]]}
     for key, name in CONFIG_KEYS.items():
         value = field_value(reader, f"{arch}.{key}")
+        if value is None and key in REQUIRED_KEYS:
+            raise ModelLoadError(f"GGUF metadata lacks {arch}.{key}")
         if isinstance(value, list):  # per-layer values: llama.cpp's hybrid models
             if len(set(value)) != 1:
                 raise ModelLoadError(f"unsupported per-layer {arch}.{key} = {value}")
@@ -84,10 +87,7 @@ def hf_config(reader: GGUFReader) -> dict[str, Any]:
 
 
 def model_config(reader: GGUFReader) -> ModelConfig:
-    try:
-        return ModelConfig.from_hf(hf_config(reader))
-    except KeyError as exc:
-        raise ModelLoadError(f"GGUF metadata lacks {exc.args[0]!r}") from exc
+    return ModelConfig.from_hf(hf_config(reader))
 
 
 def _rope_scaling(reader: GGUFReader, arch: str) -> dict[str, Any] | None:
