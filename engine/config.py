@@ -32,7 +32,8 @@ _UNITS = {
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # a Hugging Face folder; None = the built-in tiny model
+    model: str | None = None  # folder, .gguf file, fetchable name or Hub id; None = tiny model
+    revision: str | None = None  # of a Hub id: branch, tag or commit (None = main)
     dtype: str = "auto"  # auto | float32 | bfloat16 (auto: see choose_dtype)
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | fp8
     kv_cache_memory: int | str | None = None  # bytes ("256MiB" too); None = a share of free memory

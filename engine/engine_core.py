@@ -12,7 +12,6 @@ import functools
 import itertools
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import torch
 
@@ -36,8 +35,8 @@ from engine.config import (
 )
 from engine.errors import EngineOverloaded, EngineUnavailable, InvalidArgument, TooManyTokens
 from engine.kv_cache_manager import KVCacheManager
-from engine.loader import load_model
 from engine.model_runner import ModelRunner
+from engine.model_source import load_model_at, resolve_model
 from engine.replica import OutputSink, Replica
 from engine.request import Request
 from engine.router import make_router
@@ -55,10 +54,13 @@ class EngineCore:
     def __init__(self, config: EngineConfig, on_output: OutputSink | None = None):
         self.config = config
         self.device = _resolve_device(config.device)
-        path = Path(config.model) if config.model is not None else default_model_dir()
+        if config.model is None:
+            path = default_model_dir()
+        else:
+            path = resolve_model(config.model, config.revision)
         threads = apply_threads(config.threads) if self.device.type == "cpu" else None
         dtype = choose_dtype(config.dtype, self.device.type)
-        loaded = load_model(path, dtype.name, self.device, config.max_model_len)
+        loaded = load_model_at(path, dtype.name, self.device, config.max_model_len)
         if threads is not None:
             log_threads(threads)
         log_dtype_choice("dtype", dtype)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -113,11 +114,16 @@ def load_weights(model: torch.nn.Module, files: list[Path]) -> None:
                 with torch.no_grad():
                     slot.param[slot.start : slot.start + slot.shape[0]].copy_(tensor)
                 seen.add(name)
+    check_all_loaded(slots, seen, "the safetensors files")
+
+
+def check_all_loaded(slots: Mapping[str, object], seen: set[str], source: str) -> None:
+    """ModelLoadError naming the first tensors the model expects that `source` lacked."""
     missing = sorted(set(slots) - seen)
     if missing:
         shown = ", ".join(repr(name) for name in missing[:5])
         more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-        raise ModelLoadError(f"missing tensor {shown}{more} in the safetensors files")
+        raise ModelLoadError(f"missing tensor {shown}{more} in {source}")
 
 
 def model_identity(path: Path, files: list[Path], dtype: torch.dtype) -> str:
@@ -127,7 +133,12 @@ def model_identity(path: Path, files: list[Path], dtype: torch.dtype) -> str:
     byte of a large checkpoint is slow, so each file contributes its size and samples of its
     bytes (start, middle, end): any two real checkpoints differ there.
     """
-    digest = hashlib.sha256((path / "config.json").read_bytes())
+    return sampled_digest((path / "config.json").read_bytes(), files, dtype)
+
+
+def sampled_digest(header: bytes, files: list[Path], dtype: torch.dtype) -> str:
+    """sha256 of `header`, the dtype, and each file's name, size and sampled bytes."""
+    digest = hashlib.sha256(header)
     digest.update(f"\0dtype={dtype}".encode())
     for file in files:
         size = file.stat().st_size

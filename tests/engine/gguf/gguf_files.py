@@ -1,0 +1,112 @@
+"""Small GGUF files for the tests, written with `gguf.GGUFWriter` as llama.cpp's converter
+writes them: its tensor names, its q/k row permutation for Llama, its tokenizer metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType, GGUFWriter, TokenType
+from gguf.quants import quantize
+from safetensors.torch import load_file
+
+Q = GGMLQuantizationType
+FILE_TYPES = {
+    Q.F32: 0,
+    Q.F16: 1,
+    Q.Q4_0: 2,
+    Q.Q4_1: 3,
+    Q.Q5_0: 8,
+    Q.Q8_0: 7,
+    Q.BF16: 32,
+}  # llama_ftype
+HF_TO_GGUF = {
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+
+
+def gguf_name(hf_name: str) -> str:
+    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    base, _, kind = hf_name.rpartition(".")
+    if base in top:
+        return f"{top[base]}.{kind}"
+    _, _, layer, rest = base.split(".", 3)
+    return f"blk.{layer}.{HF_TO_GGUF[rest]}.{kind}"
+
+
+def permute(rows: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's `LlamaModel.permute` of q/k rows (convert_hf_to_gguf.py)."""
+    return (
+        rows.reshape(heads, 2, rows.shape[0] // heads // 2, *rows.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(rows.shape)
+    )
+
+
+def add_tensor(writer: GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
+    """`values` (fp32) stored as `qtype` (norms and other 1-D tensors stay F32, as llama.cpp
+    keeps them)."""
+    if values.ndim == 1 or qtype == Q.F32:
+        writer.add_tensor(name, values.astype(np.float32))
+    elif qtype == Q.F16:
+        writer.add_tensor(name, values.astype(np.float16))
+    else:
+        writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
+
+
+def folder_to_gguf(folder: Path, path: Path, qtype: Q = Q.F32, **fields: Any) -> Path:
+    """The engine's tiny Hugging Face folder (Llama, byte-level BPE) as a GGUF file; `fields`
+    add or override metadata (`llama.rope.freq_base=...`)."""
+    config = json.loads((folder / "config.json").read_text())
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
+    writer = GGUFWriter(path, "llama")
+    writer.add_file_type(FILE_TYPES[qtype])
+    writer.add_block_count(config["num_hidden_layers"])
+    writer.add_context_length(config["max_position_embeddings"])
+    writer.add_embedding_length(config["hidden_size"])
+    writer.add_feed_forward_length(config["intermediate_size"])
+    writer.add_head_count(config["num_attention_heads"])
+    writer.add_head_count_kv(config["num_key_value_heads"])
+    writer.add_rope_dimension_count(config["head_dim"])
+    writer.add_rope_freq_base(config["rope_theta"])
+    writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
+    vocab = spec["model"]["vocab"] | {t["content"]: t["id"] for t in spec["added_tokens"]}
+    tokens = sorted(vocab, key=vocab.__getitem__)
+    special = {t["content"] for t in spec["added_tokens"] if t["special"]}
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(
+        [TokenType.CONTROL if t in special else TokenType.NORMAL for t in tokens]
+    )
+    writer.add_token_merges([" ".join(m) for m in spec["model"]["merges"]])
+    writer.add_bos_token_id(config["bos_token_id"])
+    writer.add_eos_token_id(config["eos_token_id"])
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(tokenizer_config["chat_template"])
+    for key, value in fields.items():
+        add = writer.add_float32 if isinstance(value, float) else writer.add_string
+        add(key, value)
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    for name, tensor in load_file(folder / "model.safetensors").items():
+        values = tensor.to(torch.float32).numpy()
+        if name.endswith(("q_proj.weight", "k_proj.weight")):
+            values = permute(values, heads if "q_proj" in name else kv_heads)
+        add_tensor(writer, gguf_name(name), values, qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
