@@ -43,6 +43,7 @@ from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.openai.errors import wire as openai_error
 from gateway.ops.metrics import Metrics
+from gateway.reasoning import parser as reasoning_formats
 from gateway.settings import Settings
 from protocol import jsonrpc
 
@@ -109,7 +110,8 @@ def create_app(
         settings.budget_processes,
     )
     family = tool_formats.resolve(settings.tool_call_parser, templates)
-    generations = Generations(backend, budgets, family)
+    reasoning = reasoning_formats.resolve(settings.reasoning_parser)
+    generations = Generations(backend, budgets, family, reasoning)
     calls = Lifecycle(settings, budgets)  # both doors: one client counter, one set of budgets
     endpoint = McpEndpoint(
         settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls

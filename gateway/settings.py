@@ -110,6 +110,13 @@ class Settings:
         doc="tool call syntax: `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; a template "
         "naming none gets `hermes`",
     )
+    reasoning_parser: str | None = flag(
+        None,
+        "thinking syntax: qwen3 | deepseek_r1",
+        shown="off",
+        doc="split the model's `<think>…</think>` from its reply: `qwen3` (only between the "
+        "tags), `deepseek_r1` (everything before `</think>`); returned as `reasoning`",
+    )
     dtype: str = flag(
         "auto",
         "auto | float32 | bfloat16",

@@ -33,6 +33,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--max-model-len": ("max_model_len", int, "store", None, "options"),
     "--dtype": ("dtype", str, "store", None, "options"),
     "--tool-call-parser": ("tool_call_parser", str, "store", None, "options"),
+    "--reasoning-parser": ("reasoning_parser", str, "store", None, "options"),
     "--threads": ("threads", int, "store", None, "options"),
     "--max-num-seqs": ("max_num_seqs", int, "store", None, "options"),
     "--max-num-batched-tokens": ("max_num_batched_tokens", int, "store", None, "options"),
