@@ -42,6 +42,7 @@ from gateway.mcp.errors import protocol_error
 from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.openai.errors import wire as openai_error
+from gateway.openai.response_store import ResponseStore
 from gateway.ops.metrics import Metrics
 from gateway.reasoning import parser as reasoning_formats
 from gateway.settings import Settings
@@ -117,7 +118,10 @@ def create_app(
         settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls
     )
     model = settings.served_model_name or backend.model_name
-    openai = OpenAIEndpoint(generations, model, metrics, calls)
+    store = None
+    if settings.redis_url is not None:  # /v1/responses' store: true and previous_response_id
+        store = ResponseStore(settings.redis_url, settings.responses_ttl_s)
+    openai = OpenAIEndpoint(generations, model, metrics, calls, store)
     authenticator = Authenticator(settings, openai.inference_paths)
 
     def challenge_body(path: str, challenge: Challenge) -> bytes:
@@ -174,6 +178,7 @@ def create_app(
             await reloader.close()
             await cache.close()
             await budgets.close()
+            await openai.aclose()
             await backend.aclose()
 
     def begin_drain() -> None:

@@ -168,6 +168,14 @@ class Settings:
         "(follows failovers), `redis+cluster://host:port`; put passwords in `KVGATE_REDIS_URL`, "
         "not a flag",
     )
+    responses_ttl_s: int = flag(
+        3600,
+        "seconds a stored /v1/responses response lives in Redis",
+        cli="--responses-ttl",
+        metavar="S",
+        doc="how long a `/v1/responses` response stored with `store: true` can be continued "
+        "(`previous_response_id`) from any gateway process; needs `--redis-url`",
+    )
     allowed_origins: tuple[str, ...] = flag(
         (),
         "comma-separated Origins allowed beyond localhost",

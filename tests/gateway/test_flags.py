@@ -75,6 +75,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--max-tokens-limit": ("max_tokens_limit", int, "store", None, "limits"),
     "--max-concurrency-per-client": ("max_concurrency_per_client", int, "store", None, "limits"),
     "--request-timeout": ("request_timeout_s", float, "store", None, "limits"),
+    "--responses-ttl": ("responses_ttl_s", int, "store", None, "options"),
     "--step-timeout": ("step_timeout_s", float, "store", None, "limits"),
     "--body-timeout": ("body_timeout_s", float, "store", None, "limits"),
     "--header-timeout": ("header_timeout_s", float, "store", None, "limits"),
