@@ -6,7 +6,8 @@ conversation — a call the model made is an assistant turn's ``tool_calls``, it
 ``tool`` message, as the chat template expects them —, the flat function ``tools``
 (``{type, name, parameters, strict}``) and ``tool_choice`` the chat's ``Functions`` (the same
 forced-call grammar), ``text.format`` the same structured outputs, ``max_output_tokens`` the
-``max_tokens``. Earlier ``reasoning`` items are dropped (templates drop earlier thinking).
+``max_tokens`` (a ``text.format`` beside a forced call is set aside: the reply is only
+calls). Earlier ``reasoning`` items are dropped (templates drop earlier thinking).
 Only function tools are served: another tool type is a 400 naming it.
 """
 
@@ -50,10 +51,12 @@ def read(body: dict[str, Any]) -> ResponsesAsk:
         fields["max_tokens"] = max_output
     sampling = parse.sampling(fields, chat=True)
     structured = text_format(body.get("text"))
-    if structured is not None:
-        sampling.fields["structured_outputs"] = structured
     tools, tool_choice = chat_tools(body.get("tools")), chat_tool_choice(body.get("tool_choice"))
     functions = Functions.of(tools, tool_choice, body.get("parallel_tool_calls"))
+    # A forced call's reply has no text to format: agents send their output type's format
+    # with every turn, forced calls included (the chat route refuses the two together).
+    if structured is not None and not (functions is not None and functions.choice.forced):
+        sampling.fields["structured_outputs"] = structured
     store = parse._get(body, "store", (bool,), "a boolean")
     previous = parse._get(body, "previous_response_id", (str,), "a string")
     metadata = parse._get(body, "metadata", (dict,), "an object")
