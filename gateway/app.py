@@ -42,7 +42,9 @@ from gateway.mcp.errors import protocol_error
 from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.openai.errors import wire as openai_error
+from gateway.openai.response_store import ResponseStore
 from gateway.ops.metrics import Metrics
+from gateway.reasoning import parser as reasoning_formats
 from gateway.settings import Settings
 from gateway.tasks.store import MemoryTaskStore, TaskStore
 from gateway.tasks.tasks import Tasks
@@ -120,14 +122,18 @@ def create_app(
         settings.budget_processes,
     )
     family = tool_formats.resolve(settings.tool_call_parser, templates)
-    generations = Generations(backend, budgets, family)
+    reasoning = reasoning_formats.resolve(settings.reasoning_parser)
+    generations = Generations(backend, budgets, family, reasoning)
     calls = Lifecycle(settings, budgets)  # both doors: one client counter, one set of budgets
     tasks = Tasks(settings, make_task_store(settings.redis_url), metrics, backend.stats)
     endpoint = McpEndpoint(
         settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls, tasks
     )
     model = settings.served_model_name or backend.model_name
-    openai = OpenAIEndpoint(generations, model, metrics, calls)
+    store = None
+    if settings.redis_url is not None:  # /v1/responses' store: true and previous_response_id
+        store = ResponseStore(settings.redis_url, settings.responses_ttl_s)
+    openai = OpenAIEndpoint(generations, model, metrics, calls, store)
     authenticator = Authenticator(settings, openai.inference_paths)
 
     def challenge_body(path: str, challenge: Challenge) -> bytes:
@@ -186,6 +192,7 @@ def create_app(
             await reloader.close()
             await cache.close()
             await budgets.close()
+            await openai.aclose()
             await backend.aclose()
 
     def begin_drain() -> None:

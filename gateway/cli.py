@@ -226,6 +226,10 @@ def main(argv: list[str] | None = None) -> None:
             from gateway.function_calls.formats import resolve
 
             resolve(settings.tool_call_parser, None)
+        if settings.reasoning_parser:
+            from gateway.reasoning.parser import resolve as resolve_reasoning
+
+            resolve_reasoning(settings.reasoning_parser)
     except ValueError as exc:
         sys.exit(f"kvgate: {exc}")
     serve(settings)

@@ -73,6 +73,7 @@ class TextDelta:
     logprobs: list[dict[int, float]] | None  # one {token id: logprob} per new token, if asked
     # OpenAI ``delta.tool_calls`` entries: calls that began or grew (function calls read)
     tool_calls: list[dict[str, Any]] | None = None
+    reasoning: str = ""  # thinking new since the previous delta (a reasoning parser is on)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,9 @@ class Completion:
     # The calls the reply made, once read (``gateway.function_calls.reading``); None when the
     # request let the model call no function.
     tool_calls: list[FunctionCall] | None = None
+    # The thinking split from the reply (``gateway.reasoning``); None when no parser is on
+    # or the reply did not think.
+    reasoning: str | None = None
 
 
 @dataclass(frozen=True)

@@ -120,6 +120,13 @@ class Settings:
         doc="tool call syntax: `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; a template "
         "naming none gets `hermes`",
     )
+    reasoning_parser: str | None = flag(
+        None,
+        "thinking syntax: qwen3 | deepseek_r1",
+        shown="off",
+        doc="split the model's `<think>…</think>` from its reply: `qwen3` (only between the "
+        "tags), `deepseek_r1` (everything before `</think>`); returned as `reasoning`",
+    )
     dtype: str = flag(
         "auto",
         "auto | float32 | bfloat16",
@@ -170,6 +177,14 @@ class Settings:
         "&ssl_keyfile=…` (TLS, ACL user), `redis+sentinel://host:26379,host:26380/service` "
         "(follows failovers), `redis+cluster://host:port`; put passwords in `KVGATE_REDIS_URL`, "
         "not a flag",
+    )
+    responses_ttl_s: int = flag(
+        3600,
+        "seconds a stored /v1/responses response lives in Redis",
+        cli="--responses-ttl",
+        metavar="S",
+        doc="how long a `/v1/responses` response stored with `store: true` can be continued "
+        "(`previous_response_id`) from any gateway process; needs `--redis-url`",
     )
     allowed_origins: tuple[str, ...] = flag(
         (),

@@ -58,9 +58,10 @@ _CHAT_MESSAGE = {
             "anyOf": [{"type": "string"}, {"type": "array", "items": _TEXT_PART}, {"type": "null"}],
             "description": "Text, text parts, or null beside tool_calls.",
         },
+        "reasoning": {"type": ["string", "null"], "description": "An earlier reasoning trace."},
         "reasoning_content": {
             "type": ["string", "null"],
-            "description": "An earlier reasoning trace.",
+            "description": "An earlier reasoning trace (the older name of reasoning).",
         },
         "tool_calls": {
             "type": ["array", "null"],
@@ -217,7 +218,11 @@ def _completion_output(kind: str, tool_calls: bool = False) -> dict[str, Any]:
             "type": "array",
             "items": _TOOL_CALL_OUT,
             "description": "With tools: the calls in the reply (text holds the reply as written).",
-        }
+        },
+        "reasoning": {
+            "type": "string",
+            "description": "With --reasoning-parser: the model's thinking (text is what follows).",
+        },
     }
     reasons = ["stop", "length", "tool_calls"] if tool_calls else ["stop", "length"]
     return {

@@ -36,6 +36,8 @@ from gateway.generation import (
     Tokenized,
     TokenizeRequest,
 )
+from gateway.reasoning.parser import ReasoningFormat
+from gateway.reasoning.reading import Reasoning
 
 T = TypeVar("T")
 CHARGE_EVERY = 16  # completion tokens debited in batches of this many (and at the end)
@@ -43,7 +45,11 @@ CHARGE_EVERY = 16  # completion tokens debited in batches of this many (and at t
 
 class Generations:
     def __init__(
-        self, backend: Backend, budgets: Budgets, tool_family: Family = DEFAULT_FAMILY
+        self,
+        backend: Backend,
+        budgets: Budgets,
+        tool_family: Family = DEFAULT_FAMILY,
+        reasoning: ReasoningFormat | None = None,
     ) -> None:
         self.backend = backend
         self.budgets = budgets
@@ -51,6 +57,10 @@ class Generations:
         self.max_model_len = backend.max_model_len
         # How this model writes function calls; None where the backend reads them itself.
         self._family = None if backend.reads_tool_calls else tool_family
+        # How it writes its thinking (--reasoning-parser); a fleet's upstreams split their own.
+        self._reasoning = (
+            None if backend.reads_tool_calls or not reasoning else Reasoning(reasoning)
+        )
 
     @property
     def tokenizer(self) -> Tokenizer | None:
@@ -75,6 +85,9 @@ class Generations:
         if request.functions is not None:
             calling = FunctionCalling(request.functions, self._family)
             request = replace(request, params=calling.constrain(request.params))
+        reasoning = self._reasoning if request.messages is not None else None  # chats only
+        if reasoning is not None:
+            request = replace(request, params=reasoning.constrain(request.params))
         request = replace(request, cache_salt=tenant_salt(request.cache_salt))
         try:
             source = await self.backend.start(request)
@@ -83,6 +96,8 @@ class Generations:
         except AdmissionRefused as exc:
             raise _refused(exc) from None
         items: Stream = _translated(source)
+        if reasoning is not None:  # the calls are read from what follows the thinking
+            items = reasoning.read(items)
         if calling is not None:
             items = calling.read(items)
         identity = current_identity()

@@ -125,6 +125,8 @@ class ToolRunner:
             structured["upstream"] = done.upstream
         if done.stop_reason is not None:
             structured["stop_reason"] = done.stop_reason
+        if done.reasoning is not None:
+            structured["reasoning"] = done.reasoning
         if done.tool_calls is not None:
             structured["tool_calls"] = [_call(c) for c in done.tool_calls]
         if parse_json:

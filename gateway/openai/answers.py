@@ -128,6 +128,8 @@ class ChatAnswer(Answer):
         done = choice.done
         assert done is not None
         message: dict[str, Any] = {"role": "assistant", "content": content(done)}
+        if done.reasoning is not None:  # vLLM 0.32's name (``reasoning_content`` is gone)
+            message["reasoning"] = done.reasoning
         if done.tool_calls:
             message["tool_calls"] = [_call(c) for c in done.tool_calls]
         return {
@@ -149,6 +151,8 @@ class ChatAnswer(Answer):
 
     def chunk(self, index: int, delta: TextDelta, finish_reason: str | None) -> dict[str, Any]:
         fields: dict[str, Any] = {"content": delta.text} if delta.text else {}
+        if delta.reasoning:
+            fields["reasoning"] = delta.reasoning
         if delta.tool_calls:
             fields["tool_calls"] = delta.tool_calls
         choice = {

@@ -1,5 +1,6 @@
 """The OpenAI-compatible door: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-``/v1/embeddings``, and vLLM's ``/tokenize`` and ``/detokenize``.
+``/v1/embeddings``, ``/v1/responses`` (``responses_route``), and vLLM's ``/tokenize`` and
+``/detokenize``.
 
 This module parses the OpenAI wire and renders its answers; what lies between is the call
 path both doors share: ``gateway.calls.lifecycle`` (Origin/Host, the body within its size,
@@ -34,7 +35,9 @@ from gateway.openai import embeddings
 from gateway.openai import requests as parse
 from gateway.openai.answers import Answer, ChatAnswer, CompletionsAnswer, collect, merged, prepend
 from gateway.openai.errors import OpenAIError, wire
+from gateway.openai.response_store import ResponseStore
 from gateway.openai.responses import Envelope, TokenText
+from gateway.openai.responses_route import ResponsesRoute
 from gateway.ops.metrics import Metrics
 
 logger = logging.getLogger("kvgate.openai")
@@ -61,7 +64,12 @@ class OpenAIEndpoint:
     """An ASGI app for the OpenAI routes (mounted on their paths)."""
 
     def __init__(
-        self, generations: Generations, model: str, metrics: Metrics, calls: Lifecycle
+        self,
+        generations: Generations,
+        model: str,
+        metrics: Metrics,
+        calls: Lifecycle,
+        store: ResponseStore | None = None,
     ) -> None:
         self.generations = generations
         self.model = model
@@ -70,11 +78,13 @@ class OpenAIEndpoint:
         self.calls = calls
         self.created = int(time.time())
         self.token_text = TokenText(generations.tokenizer)
+        self.responses = ResponsesRoute(generations, model, calls, store)
         self.routes: dict[str, tuple[str, Handler]] = {
             "/v1/models": ("GET", self._models),
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
             "/v1/embeddings": ("POST", self._embeddings),
+            "/v1/responses": ("POST", self._responses),
             "/tokenize": ("POST", self._tokenize),
             "/detokenize": ("POST", self._detokenize),
         }
@@ -222,6 +232,15 @@ class OpenAIEndpoint:
         )
         await http_io.send_response(send, 200, body)
         return "ok"
+
+    async def _responses(
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
+    ) -> str:
+        return await self.responses(request.fields, request.size, headers, receive, send)
+
+    async def aclose(self) -> None:
+        if self.responses.store is not None:
+            await self.responses.store.aclose()
 
     async def _tokenize(
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send

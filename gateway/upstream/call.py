@@ -128,7 +128,7 @@ class Call:
         early)."""
         assert self.response is not None and self.upstream is not None
         upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
-        calls = wire.ToolCalls()
+        calls, thought = wire.ToolCalls(), list[str]()
         label, asked = str(upstream.index), self.request.params.max_tokens
         lines = bounded.sse_lines(self.response.aiter_raw(), bounded.stream_budget(asked))
         tail_at: float | None = None
@@ -165,6 +165,7 @@ class Call:
                     if count > asked + TOKEN_SLACK:
                         raise wire.StreamError(f"over {count - 1} tokens for max_tokens {asked}")
                     text.append(chunk.text)
+                    thought.append(chunk.reasoning)
                     calls.add(chunk.tool_calls)
                     yield self._delta(chunk, count)
                 if tail_at is None and (finish is not None or count >= asked):
@@ -189,14 +190,15 @@ class Call:
             replica=upstream.index,
             upstream=upstream.url,
             tool_calls=calls.calls or None,  # read into shape below (function_calls.reading)
+            reasoning="".join(thought) or None,
         )
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
         token_ids, tool_calls = self.fleet.token_ids, chunk.tool_calls or None
         if not chunk.logprobs or token_ids is None or self.request.params.logprobs is None:
-            return TextDelta(chunk.text, count, [], None, tool_calls)
+            return TextDelta(chunk.text, count, [], None, tool_calls, chunk.reasoning)
         ids, entries = token_ids.entries(chunk.logprobs)
-        return TextDelta(chunk.text, count, ids, entries, tool_calls)
+        return TextDelta(chunk.text, count, ids, entries, tool_calls, chunk.reasoning)
 
     async def _release(self) -> Upstream:
         upstream, response = self.upstream, self.response

@@ -97,6 +97,7 @@ class Chunk:
     done: bool = False  # the [DONE] line
     logprobs: list[TokenLogprob] = field(default_factory=list)
     tool_calls: list[dict[str, Any]] = field(default_factory=list)  # delta.tool_calls entries
+    reasoning: str = ""  # delta.reasoning (an upstream with a reasoning parser)
     tokens: int = 0  # tokens it carries: one per choice with content, or its logprobs' count
 
 
@@ -134,9 +135,14 @@ def parse_line(line: str) -> Chunk | None:
             raise StreamError(f"malformed chunk from the upstream: finish_reason {finish!r:.100}")
         calls = _tool_call_deltas(delta.get("tool_calls"))
         logprobs = _logprobs(choice.get("logprobs"))
-        if text or calls or logprobs:
+        # vLLM 0.32 names it ``reasoning``; ``reasoning_content`` is what older servers sent
+        thought = delta.get("reasoning", delta.get("reasoning_content")) or ""
+        if not isinstance(thought, str):
+            raise StreamError("malformed chunk from the upstream: its reasoning is not a string")
+        if text or calls or logprobs or thought:
             out.tokens += max(1, len(logprobs))
         out.text += text or ""
+        out.reasoning += thought
         out.tool_calls += calls
         out.finish_reason = finish or out.finish_reason
         out.logprobs += logprobs

@@ -1,0 +1,1 @@
+"""Reasoning output: a model's thinking split from its reply, below both doors."""
