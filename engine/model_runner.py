@@ -15,6 +15,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
+from engine.models.lora_layers import StepLoRA
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 
@@ -40,9 +41,11 @@ class ModelRunner:
         """Run the step; one (token id, logprobs) per request in ``batch.sampling`` order."""
         sampling = batch.sampling
         input_ids, metadata = self.prepare(batch, sampling)
+        adapters = [request.lora for request in batch.requests]
+        lora = StepLoRA.of(adapters, batch.num_new_tokens, self.device)
         with torch.inference_mode():
             hidden = self.model(
-                input_ids, metadata.positions, self.kv_caches, metadata, self.backend
+                input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora
             )
             if not sampling:
                 return []

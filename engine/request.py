@@ -19,6 +19,7 @@ from engine.outputs import FinishReason, StepOutput
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from engine.lora import LoRAAdapter
     from engine.structured import GrammarState
 
 
@@ -46,6 +47,7 @@ class Request:
     generator: torch.Generator | None = None
     cache_key: str | None = None
     grammar: GrammarState | None = None  # structured outputs: advanced with each token
+    lora: LoRAAdapter | None = None  # the adapter its rows run with (None: the base model)
     replica: int = 0
     token_ids: list[int] = field(init=False)
     num_computed: int = 0
