@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.adapters import runtime_updating
 from gateway.admin import admin_routes
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.budgets import Budgets
@@ -115,7 +116,8 @@ def create_app(
         settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls
     )
     model = settings.served_model_name or backend.model_name
-    openai = OpenAIEndpoint(generations, model, metrics, calls)
+    lora_updates = runtime_updating(settings)
+    openai = OpenAIEndpoint(generations, model, metrics, calls, lora_updates)
     authenticator = Authenticator(settings, openai.inference_paths)
 
     def challenge_body(path: str, challenge: Challenge) -> bytes:

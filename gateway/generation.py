@@ -53,6 +53,7 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     cache_key: str | None = None
     cache_salt: str | None = None
+    adapter: str | None = None  # a LoRA adapter's name (the OpenAI ``model``); None: the base
 
     @property
     def operation(self) -> str:
@@ -102,6 +103,14 @@ class TokenizeRequest:
     @property
     def chars(self) -> int:
         return len(self.text) if self.text is not None else messages_chars(self.messages or [])
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter a backend serves: its name (the ``model`` that selects it) and folder."""
+
+    name: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -187,6 +196,18 @@ class Backend(Protocol):
     async def start(self, request: GenerationRequest) -> Stream: ...
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized: ...
+
+    def adapters(self) -> list[Adapter] | None:
+        """The LoRA adapters served (None: not known here; a fleet's upstreams decide)."""
+        ...
+
+    async def load_adapter(self, name: str, path: str, replace: bool) -> None:
+        """Load a PEFT adapter folder as ``name`` (``engine.errors.AdapterError``)."""
+        ...
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Forget ``name``; False when it was not loaded."""
+        ...
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:
         """Ready or not, and the details ``/readyz`` shows (replicas or upstreams)."""

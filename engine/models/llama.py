@@ -11,9 +11,8 @@ attends from the cache, so a prefix-cache hit and a miss compute from identical 
 weights and fused epilogues (see `packed_linear`) and frees the unpacked matmul weights, so
 the model holds one copy; other dtypes and devices keep their parameters and use `F.linear`.
 
-LoRA adapters (`lora_layers.StepLoRA`) add their low-rank products to the fused outputs of
-the rows that asked for them; an MLP whose gate/up an adapter in the step targets runs
-unfused that step (the adapter's delta goes in before the activation).
+LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
+an MLP whose gate/up an adapter in the step targets runs unfused that step.
 """
 
 from __future__ import annotations
@@ -161,38 +160,36 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None = None
     ) -> torch.Tensor:
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
-        if lora is not None and lora.touches("gate_up", "down"):
-            return self._forward_lora(x, residual, lora)
         packed = self.packed
-        if packed:
-            rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
-            if self.gelu:
-                gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
-            else:
-                gate = pl.linear_silu(x, packed["gate"])
-            hidden = pl.linear_mul(x, packed["up"], gate)
-            if residual is None:
-                return pl.linear(hidden, packed["down"])[:rows]
-            return pl.linear_add(hidden, packed["down"], pl.pad(residual))[:rows]
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
-        gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        out = F.linear(gate * up, self.down_weight)
-        return out if residual is None else residual + out
+        if not packed or (lora is not None and lora.touches("gate_up", "down")):
+            return self._unfused(x, residual, lora)
+        rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
+        if self.gelu:
+            gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
+        else:
+            gate = pl.linear_silu(x, packed["gate"])
+        hidden = pl.linear_mul(x, packed["up"], gate)
+        if residual is None:
+            return pl.linear(hidden, packed["down"])[:rows]
+        return pl.linear_add(hidden, packed["down"], pl.pad(residual))[:rows]
 
-    def _forward_lora(
-        self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA
+    def _unfused(
+        self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
     ) -> torch.Tensor:
-        """The MLP unfused, each adapter's gate/up delta added before the activation."""
+        """Gate and up as one output (each adapter's delta added before the activation)."""
         packed = self.packed
         if packed:
             gate_up = torch.cat((pl.linear(x, packed["gate"]), pl.linear(x, packed["up"])), -1)
         else:
             gate_up = F.linear(x, self.gate_up_weight)
-        gate, up = lora.add(gate_up, x, "gate_up").chunk(2, dim=-1)
+        if lora is not None:
+            lora.add(gate_up, x, "gate_up")
+        gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         hidden = gate * up
         out = pl.linear(hidden, packed["down"]) if packed else F.linear(hidden, self.down_weight)
-        lora.add(out, hidden, "down")
+        if lora is not None:
+            lora.add(out, hidden, "down")
         return out if residual is None else residual + out
 
 

@@ -6,8 +6,10 @@ Each fused site (qkv, o, gate_up, down; see ``engine.lora``) of each layer adds,
 ``index_add_`` per adapter present, none for the base rows, and no merged weight.
 
 Grouped products were measured against one batched matmul over per-row gathered ``A``/``B``
-(``torch.bmm`` of ``[T, r, in]`` copies) on a 2-core Zen 4: the gathered copies cost more
-than the products they feed (see ``benchmarks/lora.py`` and the README), so groups it is.
+(``torch.bmm`` over ``[T, r, in]`` and ``[T, out, r]`` copies), for a 512 -> 1024 site, r 16,
+three adapters and the base interleaved by request, one thread of a 2-core Zen 4 (load ~7):
+8 rows 0.30 vs 0.49 ms, 64 rows 0.33 vs 6.4 ms, 512 rows 1.6 vs 94 ms. The gathered copies
+cost far more than the products they feed, so groups it is.
 """
 
 from __future__ import annotations
@@ -71,10 +73,6 @@ class StepLoRA:
             index = None if every else torch.tensor(indices, dtype=torch.int64, device=device)
             groups.append((index, adapter))
         return cls(groups)
-
-    @property
-    def adapters(self) -> list[LoRAAdapter]:
-        return [adapter for _, adapter in self.groups]
 
     def layer(self, index: int) -> LayerLoRA | None:
         groups = [(rows, a.sites[index]) for rows, a in self.groups if a.sites[index]]
