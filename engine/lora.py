@@ -11,8 +11,8 @@ The engine fuses q/k/v and gate/up into one matmul each (``models/llama.py``), s
 is stored per fused *site*: the A matrices of the site's targets stacked ``[k*r, in]``, and
 a block-diagonal B ``[out, k*r]`` whose rows land on each target's slice of the fused output
 (zero rows for a target the adapter leaves alone). The scaling (``lora_alpha / r``, or
-``/ sqrt(r)`` with rsLoRA) is folded into B once here, so a step computes
-``y += (x @ A.T) @ B.T`` per site: two small matmuls, never a merged weight.
+``/ sqrt(r)`` with rsLoRA) is folded into B once here; ``models/lora_layers`` adds
+``(x @ A.T) @ B.T`` to a step's rows, several adapters at once, never merging a weight.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ import torch
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
-from engine.models.lora_layers import StepLoRA
+from engine.models.lora_layers import Stacks, StepLoRA
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
 
@@ -36,13 +36,14 @@ class ModelRunner:
         self.backend = backend
         self.block_size = block_size
         self.device = device
+        self.lora_stacks = Stacks()  # LoRA weights stacked per set of adapters in a step
 
     def execute(self, batch: ScheduledBatch) -> list[SampledToken]:
         """Run the step; one (token id, logprobs) per request in ``batch.sampling`` order."""
         sampling = batch.sampling
         input_ids, metadata = self.prepare(batch, sampling)
         adapters = [request.lora for request in batch.requests]
-        lora = StepLoRA.of(adapters, batch.num_new_tokens, self.device)
+        lora = StepLoRA.of(adapters, batch.num_new_tokens, self.lora_stacks, self.device)
         with torch.inference_mode():
             hidden = self.model(
                 input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora
