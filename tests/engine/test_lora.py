@@ -11,6 +11,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+import engine.models.packed_linear as pl
 from engine import LLM, SamplingParams
 from engine.errors import AdapterError, AdapterNotFound, UnknownAdapter
 from engine.lora import CONFIG_FILE, WEIGHTS_FILE, LoRARequest
@@ -76,6 +77,21 @@ def test_a_mixed_batch_matches_transformers_and_peft_token_for_token(
         assert output.token_ids == peft_greedy(tiny_model_dir, adapter, prompt, 10), name
     base = llm.generate(PROMPTS[:2], GREEDY)
     assert [o.token_ids for o in base] != [o.token_ids for o in outputs[:2]]  # adapters bite
+
+
+def test_unpacked_weights_give_the_same_tokens(
+    tiny_model_dir: Path, adapters: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The F.linear path (GPUs, CPUs without oneDNN): the same adapters, the same tokens."""
+    monkeypatch.setattr(pl, "packing_helps", lambda weight: False)
+    engine = LLM(str(tiny_model_dir), dtype="float32", enable_lora=True, kv_cache_memory="2MiB")
+    names = ["b", None, "a"]
+    outputs = engine.generate(
+        PROMPTS[:3], GREEDY, lora_request=[_request(n, adapters) for n in names]
+    )
+    for prompt, name, output in zip(PROMPTS, names, outputs, strict=False):
+        adapter = None if name is None else adapters[name]
+        assert output.token_ids == peft_greedy(tiny_model_dir, adapter, prompt, 10), name
 
 
 def test_prefix_cache_blocks_are_never_shared_across_adapters(

@@ -12,6 +12,7 @@ import pytest
 
 from engine import AsyncLLM, EngineConfig
 from engine.tiny_model import default_model_dir
+from gateway.cli import load_lora_modules
 from gateway.settings import Settings
 from gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer
@@ -35,7 +36,7 @@ def adapters(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 @pytest.fixture(scope="module")
 def lora_server(adapters: dict[str, Path]) -> Iterator[LiveServer]:
     engine = AsyncLLM(EngineConfig(kv_cache_memory="8MiB", seed=0, enable_lora=True))
-    engine.add_lora("b", str(adapters["b"]))  # as --lora-modules b=PATH does
+    load_lora_modules(engine, (f"b={adapters['b']}",))  # --lora-modules b=PATH
     try:
         with LiveServer(engine, allow_runtime_lora_updating=True) as live:
             yield live
