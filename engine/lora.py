@@ -100,7 +100,7 @@ def load_adapter(
     folder = Path(path)
     if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
         raise AdapterNotFound(f"Loading lora {name} failed: No adapter found for {path}")
-    if config.layout != "llama":
+    if config.layout == "fused":
         raise AdapterError(
             f"{path}: LoRA needs separate q/k/v and gate/up projections in the base model "
             f"(its {config.architecture} checkpoint fuses them)"

@@ -94,6 +94,23 @@ def test_unpacked_weights_give_the_same_tokens(
         assert output.token_ids == peft_greedy(tiny_model_dir, adapter, prompt, 10), name
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "qwen3"])
+def test_other_families_match_peft_too(
+    arch: str,
+    hf_checkpoint,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """Gemma 2 (GeGLU, sandwich and (1 + w) norms, soft-caps); Qwen3 (q/k norms, tied
+    embeddings)."""
+    base = hf_checkpoint(arch)
+    adapter = make_adapter(base, tmp_path / "a", **ADAPTER_A)  # type: ignore[arg-type]
+    engine = LLM(str(base), dtype="float32", enable_lora=True, kv_cache_memory="2MiB")
+    request = LoRARequest("a", str(adapter))
+    outputs = engine.generate(PROMPTS[:2], GREEDY, lora_request=[request, None])
+    assert outputs[0].token_ids == peft_greedy(base, adapter, PROMPTS[0], 10)
+    assert outputs[1].token_ids == peft_greedy(base, None, PROMPTS[1], 10)
+
+
 def test_prefix_cache_blocks_are_never_shared_across_adapters(
     llm: LLM, adapters: dict[str, Path]
 ) -> None:
