@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import engine.models.packed_linear as pl
 from engine import LLM, SamplingParams
+from engine.block_hash import root_hash
 from engine.errors import AdapterError, AdapterNotFound, UnknownAdapter
 from engine.lora import CONFIG_FILE, WEIGHTS_FILE, LoRARequest
 from engine.model_runner import ModelRunner
@@ -127,6 +128,16 @@ def test_prefix_cache_blocks_are_never_shared_across_adapters(
         assert cached("a") == 0
     finally:
         llm.core.add_lora("a", str(adapters["a"]), replace=True)
+
+
+def test_the_adapter_is_part_of_the_block_hash_root(llm: LLM) -> None:
+    base = root_hash("model", "bf16", 16, "tenant")
+    assert root_hash("model", "bf16", 16, "tenant", None) == base  # base roots unchanged
+    roots = {base, *(root_hash("model", "bf16", 16, "tenant", a) for a in (b"a\x00x", b"a\x00y"))}
+    assert len(roots) == 3
+    a, b = llm.core.loras.get("a"), llm.core.loras.get("b")
+    assert a.identity != b.identity and a.identity.startswith(b"a\x00")
+    assert llm.core.hash_root("tenant", a) != llm.core.hash_root("tenant", b)
 
 
 def test_max_loras_bounds_the_adapters_of_a_step(
