@@ -23,6 +23,7 @@ from typing import Any
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
 from engine.errors import EngineStepError
+from engine.lora import LoRAAdapter
 from engine.output_processor import OutputCollector, OutputProcessor
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
 from engine.replica import Replica
@@ -161,6 +162,17 @@ class AsyncLLM:
         never stalls its event loop."""
         self.core.grammars.compile(spec)
 
+    def add_lora(self, name: str, path: str, replace: bool = False) -> LoRAAdapter:
+        """Load a PEFT adapter (``engine.lora.AdapterError`` if it cannot be served): reads
+        and checks its files, so a front door calls it on a worker thread."""
+        return self.core.add_lora(name, path, replace)
+
+    def remove_lora(self, name: str) -> bool:
+        return self.core.remove_lora(name)
+
+    def list_loras(self) -> list[LoRAAdapter]:
+        return self.core.loras.list()
+
     def submit(
         self,
         prompt: Prompt,
@@ -168,14 +180,16 @@ class AsyncLLM:
         cache_key: str | None = None,
         cache_salt: str | None = None,
         kind: OutputKind = OutputKind.CUMULATIVE,
+        lora_name: str | None = None,
     ) -> RequestStream:
         """Admit a request now (call from the event loop) and return its output stream.
-        ``cache_salt`` keeps one tenant's cached blocks from another's. Raises ValueError for
-        bad input and AdmissionRefused when no replica can take it, both before anything is
-        queued; the stream raises EngineStepError if the step computing it fails."""
+        ``cache_salt`` keeps one tenant's cached blocks from another's; ``lora_name`` runs it
+        with that loaded adapter. Raises ValueError for bad input (``UnknownAdapter`` for an
+        adapter not loaded) and AdmissionRefused when no replica can take it, both before
+        anything is queued; the stream raises EngineStepError if the step computing it fails."""
         if self._closed:
             raise RuntimeError("the engine has been shut down")
-        request = self.core.make_request(prompt, params, cache_key, cache_salt)
+        request = self.core.make_request(prompt, params, cache_key, cache_salt, lora_name)
         replica, collector = self._enqueue(request)
         processor = OutputProcessor(
             request.request_id, request.prompt_token_ids, params, self.core.tokenizer, kind
@@ -230,9 +244,10 @@ class AsyncLLM:
         cache_key: str | None = None,
         cache_salt: str | None = None,
         kind: OutputKind = OutputKind.CUMULATIVE,
+        lora_name: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """``submit`` as an async generator (admission happens at the first ``anext``)."""
-        stream = self.submit(prompt, params, cache_key, cache_salt, kind)
+        stream = self.submit(prompt, params, cache_key, cache_salt, kind, lora_name)
         try:
             async for output in stream:
                 yield output

@@ -3,7 +3,7 @@
 A block's hash covers its parent's hash, so equal hashes mean an equal whole prefix, not
 just equal last 16 tokens:
 
-    root = sha256(model id, KV dtype + scale scheme, block size, tenant salt)
+    root = sha256(model id, KV dtype + scale scheme, block size, tenant salt[, LoRA adapter])
     h0   = sha256(root ‖ tokens[0:16]  ‖ extras)
     h1   = sha256(h0   ‖ tokens[16:32] ‖ extras)
 
@@ -32,13 +32,17 @@ def root_hash(
     cache_scheme: str,
     block_size: int = BLOCK_SIZE,
     salt: str | bytes | None = None,
+    adapter: bytes | None = None,
 ) -> bytes:
     """Parent of a prompt's first block: blocks from another model, KV representation,
-    block size or tenant can never match."""
+    block size, tenant or LoRA adapter (its name and weights' hash) can never match. The base
+    model's roots are those of a root with no adapter field at all."""
     digest = hashlib.sha256(b"kvgate-block-v1")
     for part in (model_id, cache_scheme, str(block_size), b"" if salt is None else salt):
         digest.update(_field(part))
     digest.update(b"\x01" if salt is not None else b"\x00")
+    if adapter is not None:
+        digest.update(b"lora" + _field(adapter))
     return digest.digest()
 
 

@@ -59,6 +59,11 @@ class EngineConfig:
     grammar_cache_bytes: int | str = 256 * 2**20
     max_grammar_bytes: int | str = 128 * 2**10
     threads: int | None = None  # CPU compute threads; None = torch's setting (physical cores)
+    # LoRA adapters (engine/lora.py): served only when enabled; ranks up to max_lora_rank;
+    # at most max_loras distinct adapters among a replica's running requests (so in a step).
+    enable_lora: bool = False
+    max_lora_rank: int = 16
+    max_loras: int = 4
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -80,6 +85,9 @@ class EngineConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_timeout_s <= 0:
             raise ValueError(f"step_timeout_s must be > 0, got {self.step_timeout_s}")
+        for name in ("max_lora_rank", "max_loras"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 2:

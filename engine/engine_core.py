@@ -33,8 +33,15 @@ from engine.config import (
     log_dtype_choice,
     log_threads,
 )
-from engine.errors import EngineOverloaded, EngineUnavailable, InvalidArgument, TooManyTokens
+from engine.errors import (
+    AdapterError,
+    EngineOverloaded,
+    EngineUnavailable,
+    InvalidArgument,
+    TooManyTokens,
+)
 from engine.kv_cache_manager import KVCacheManager
+from engine.lora import LoRAAdapter, LoRARegistry, load_adapter
 from engine.model_runner import ModelRunner
 from engine.model_source import load_model_at, resolve_model
 from engine.replica import OutputSink, Replica
@@ -66,6 +73,8 @@ class EngineCore:
         log_dtype_choice("dtype", dtype)
         self.model, self.model_config = loaded.model, loaded.config
         self.tokenizer, self.model_id = loaded.tokenizer, loaded.model_id
+        self.dtype = loaded.dtype
+        self.loras = LoRARegistry()
         self.model_name = config.model if config.model is not None else path.name
         mc = self.model_config
         kv_dtype = choose_kv_cache_dtype(config.kv_cache_dtype, str(loaded.dtype), self.device.type)
@@ -106,6 +115,7 @@ class EngineCore:
                     config.max_num_seqs,
                     config.max_num_batched_tokens,
                     reserve,
+                    config.max_loras,
                 ),
                 runner,
                 on_output,
@@ -146,10 +156,26 @@ class EngineCore:
         )
         return min(budget // per_block, useful) + 1
 
-    def hash_root(self, salt: str | None = None) -> bytes:
-        """The block-hash root for a tenant salt, memoised for the ``MAX_SALT_ROOTS`` most
-        recent salts (callers choose salts freely, so the memo must not grow with them)."""
-        return self._roots(salt)
+    def hash_root(self, salt: str | None = None, adapter: LoRAAdapter | None = None) -> bytes:
+        """The block-hash root for a tenant salt and LoRA adapter, memoised for the
+        ``MAX_SALT_ROOTS`` most recent pairs (callers choose salts freely, so the memo must
+        not grow with them)."""
+        return self._roots(salt, None if adapter is None else adapter.identity)
+
+    def add_lora(self, name: str, path: str, replace: bool = False) -> LoRAAdapter:
+        """Load the PEFT adapter at ``path`` as ``name`` (``AdapterError`` if it cannot be
+        served; ``replace`` swaps an adapter of that name, running requests keep the old)."""
+        if not self.config.enable_lora:
+            raise AdapterError("LoRA adapters are not enabled on this engine (enable_lora)")
+        adapter = load_adapter(
+            name, path, self.model_config, self.config.max_lora_rank, self.dtype, self.device
+        )
+        self.loras.add(adapter, replace)
+        return adapter
+
+    def remove_lora(self, name: str) -> bool:
+        """Forget ``name`` (False if it was not loaded); its running requests finish with it."""
+        return self.loras.remove(name)
 
     def make_request(
         self,
@@ -157,11 +183,14 @@ class EngineCore:
         params: SamplingParams,
         cache_key: str | None = None,
         cache_salt: str | None = None,
+        lora_name: str | None = None,
     ) -> Request:
-        """Validate and build a request; raises ValueError naming the bad field."""
+        """Validate and build a request; raises ValueError naming the bad field
+        (``lora.UnknownAdapter`` for a ``lora_name`` not loaded)."""
         if not isinstance(params, SamplingParams):
             raise ValueError(f"params must be SamplingParams, got {type(params).__name__}")
         params.validate()
+        adapter = None if lora_name is None else self.loras.get(lora_name)
         limit = self.config.max_tokens_limit
         if limit is not None and params.max_tokens > limit:
             raise InvalidArgument(
@@ -188,7 +217,7 @@ class EngineCore:
                 params.seed if params.seed is not None else self.config.seed * 1_000_003 + arrival
             )
             generator = torch.Generator(device=self.device).manual_seed(seed)
-        root = self.hash_root(cache_salt)
+        root = self.hash_root(cache_salt, adapter)
         return Request(
             request_id=f"req-{arrival}",
             prompt_token_ids=token_ids,
@@ -202,6 +231,7 @@ class EngineCore:
             generator=generator,
             cache_key=cache_key,
             grammar=grammar,
+            lora=adapter,
         )
 
     def make_embedding_request(

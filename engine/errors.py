@@ -10,6 +10,9 @@ InvalidArgument         (a ValueError) a bad sampling field: ``field`` names it 
                         front door need not read it out of the message
 TooManyTokens           (a ValueError) a prompt or text over a token limit, often found
                         from its length alone, before tokenizing it
+AdapterError            (a ValueError) a LoRA adapter folder that cannot be served; the
+  └── AdapterNotFound       message names the file or tensor / no adapter at that path
+UnknownAdapter          (an InvalidArgument on ``model``) a request names an adapter not loaded
 """
 
 from __future__ import annotations
@@ -51,3 +54,19 @@ class TooManyTokens(ValueError):
         super().__init__(message)
         self.at_least = at_least
         self.limit = limit
+
+
+class AdapterError(ValueError):
+    """A LoRA adapter that cannot be served; the message names the file or tensor."""
+
+
+class AdapterNotFound(AdapterError):
+    """No adapter at that path (vLLM answers it with a 404)."""
+
+
+class UnknownAdapter(InvalidArgument):
+    """A request names an adapter that is not loaded (the OpenAI ``model`` field)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist.", "model")
+        self.name = name

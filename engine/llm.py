@@ -17,6 +17,7 @@ from typing import Any, cast
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore, Prompt
 from engine.errors import EngineStepError
+from engine.lora import LoRARequest
 from engine.output_processor import OutputProcessor
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
 from engine.request import Request
@@ -58,16 +59,23 @@ class LLM:
         self,
         prompts: Prompt | Sequence[Prompt],
         params: SamplingParams | Sequence[SamplingParams] | None = None,
+        lora_request: LoRARequest | Sequence[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
-        """One finished output per prompt, in order. All inputs are validated before any
-        request is queued; EngineStepError if a step computing one of them failed."""
+        """One finished output per prompt, in order. ``lora_request`` (one for all, or one
+        per prompt; None is the base model) loads an adapter not loaded yet (``enable_lora``).
+        All inputs are validated before any request is queued; EngineStepError if a step
+        computing one of them failed."""
         batch = _prompt_list(prompts)
         params = self.get_default_sampling_params() if params is None else params
         if isinstance(params, SamplingParams):
             params = [params] * len(batch)
         if len(params) != len(batch):
             raise ValueError(f"params: {len(params)} given for {len(batch)} prompts")
-        requests = [self.core.make_request(p, sp) for p, sp in zip(batch, params, strict=True)]
+        loras = self._adapter_names(lora_request, len(batch))
+        requests = [
+            self.core.make_request(p, sp, lora_name=name)
+            for p, sp, name in zip(batch, params, loras, strict=True)
+        ]
         for request in requests:
             self._processors[request.request_id] = OutputProcessor(
                 request.request_id,
@@ -107,6 +115,18 @@ class LLM:
             cause = results[failed[0]]
             raise EngineStepError(f"prompts {failed}: {cause}") from cause  # type: ignore[misc]
         return results  # type: ignore[return-value]
+
+    def _adapter_names(
+        self, lora: LoRARequest | Sequence[LoRARequest | None] | None, count: int
+    ) -> list[str | None]:
+        """Each prompt's adapter name, loading the adapters not loaded yet."""
+        each = [lora] * count if lora is None or isinstance(lora, LoRARequest) else list(lora)
+        if len(each) != count:
+            raise ValueError(f"lora_request: {len(each)} given for {count} prompts")
+        for request in each:
+            if request is not None and request.lora_name not in self.core.loras:
+                self.core.add_lora(request.lora_name, request.lora_path)
+        return [None if r is None else r.lora_name for r in each]
 
     def _on_output(self, request: Request, item: StepOutput | BaseException) -> None:
         """Runs in this thread, inside ``replica.step``."""

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
+from engine.models.lora_layers import Stacks, StepLoRA
 from engine.request import Request
 from engine.sampler import sample
 from engine.scheduler import ScheduledBatch
@@ -45,6 +46,7 @@ class ModelRunner:
         self.backend = backend
         self.block_size = block_size
         self.device = device
+        self.lora_stacks = Stacks()  # LoRA weights stacked per set of adapters in a step
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         """Run the step: a token for each sampling request, a vector for each pooling one."""
@@ -52,9 +54,11 @@ class ModelRunner:
         input_ids, metadata = self.prepare(batch, sampling)
         sampled: list[SampledToken] = []
         pooled: list[list[float]] = []
+        adapters = [request.lora for request in batch.requests]
+        lora = StepLoRA.of(adapters, batch.num_new_tokens, self.lora_stacks, self.device)
         with torch.inference_mode():
             hidden = self.model(
-                input_ids, metadata.positions, self.kv_caches, metadata, self.backend
+                input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora
             )
             if pooling:  # last-token pooling, L2-normalized in fp32 (vLLM's default for embed)
                 rows = torch.tensor(last_rows(batch, pooling), device=self.device)

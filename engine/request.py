@@ -23,6 +23,7 @@ from engine.outputs import FinishReason, StepOutput
 from engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from engine.lora import LoRAAdapter
     from engine.structured import GrammarState
 
 
@@ -52,6 +53,7 @@ class Request:
     grammar: GrammarState | None = None  # structured outputs: advanced with each token
     pooling: bool = False  # an embedding request: pooled at its last prompt token, never sampled
     embedding: list[float] | None = None  # its vector, once pooled
+    lora: LoRAAdapter | None = None  # the adapter its rows run with (None: the base model)
     replica: int = 0
     token_ids: list[int] = field(init=False)
     num_computed: int = 0

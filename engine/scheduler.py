@@ -72,8 +72,10 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         free_block_reserve: int,
+        max_loras: int = 1,
     ):
         self.kv = kv
+        self.max_loras = max_loras  # distinct LoRA adapters among the running requests
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.free_block_reserve = free_block_reserve
@@ -118,6 +120,8 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> int:
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
+            if not self._adapter_fits(request):
+                break  # FCFS: it waits until an adapter's requests finish
             hit = self.kv.match_prefix(request)
             n = min(request.num_tokens - request.num_computed, budget)
             if not self.kv.allocate_slots(request, n, reserve=self.free_block_reserve):
@@ -133,6 +137,13 @@ class Scheduler:
             batch.num_new_tokens.append(n)
             budget -= n
         return budget
+
+    def _adapter_fits(self, request: Request) -> bool:
+        """Whether running ``request`` keeps at most ``max_loras`` adapters running."""
+        if request.lora is None:
+            return True
+        running = {id(r.lora) for r in self.running if r.lora is not None}
+        return id(request.lora) in running or len(running) < self.max_loras
 
     def _preempt(self, victim: Request, batch: ScheduledBatch) -> int:
         """Send ``victim`` back to waiting; returns the budget it had taken this step."""

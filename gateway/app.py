@@ -21,6 +21,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from gateway.adapters import runtime_updating
 from gateway.admin import admin_routes
 from gateway.auth.authenticator import Authenticator
 from gateway.auth.budgets import Budgets
@@ -133,7 +134,8 @@ def create_app(
     store = None
     if settings.redis_url is not None:  # /v1/responses' store: true and previous_response_id
         store = ResponseStore(settings.redis_url, settings.responses_ttl_s)
-    openai = OpenAIEndpoint(generations, model, metrics, calls, store)
+    lora_updates = runtime_updating(settings)
+    openai = OpenAIEndpoint(generations, model, metrics, calls, store, lora_updates)
     authenticator = Authenticator(settings, openai.inference_paths)
 
     def challenge_body(path: str, challenge: Challenge) -> bytes:

@@ -51,8 +51,8 @@ def add_flags(parser: argparse.ArgumentParser, cls: type[Settings] = Settings) -
         default = option.default_text()
         text = meta.help if default == "none" else f"{meta.help} (default: {default})"
         kwargs: dict[str, Any] = {"dest": option.name, "help": text.replace("%", "%%")}
-        if meta.repeat:
-            kwargs["action"] = "append"
+        if meta.repeat:  # --flag A --flag B, or --flag A B (vLLM's --lora-modules)
+            kwargs["action"], kwargs["nargs"] = "extend", "+"
         elif option.kind is bool:
             kwargs["action"] = argparse.BooleanOptionalAction
         elif option.kind in (int, float):
@@ -114,6 +114,15 @@ def engine_limits(settings: Settings) -> dict[str, Any]:
     }
 
 
+def engine_lora(settings: Settings) -> dict[str, Any]:
+    """The EngineConfig LoRA fields a Settings sets (``--lora-modules`` enables LoRA)."""
+    return {
+        "enable_lora": settings.enable_lora or bool(settings.lora_modules),
+        "max_lora_rank": settings.max_lora_rank,
+        "max_loras": settings.max_loras,
+    }
+
+
 def serve(settings: Settings) -> None:
     if settings.upstream or settings.upstream_dns:
         serve_fleet(settings)
@@ -135,11 +144,16 @@ def serve(settings: Settings) -> None:
                 kv_cache_dtype=settings.kv_cache_dtype,
                 kv_cache_memory=settings.kv_cache_memory,
                 **engine_limits(settings),
+                **engine_lora(settings),
             )
         )
     except (OSError, ValueError) as exc:  # a wrong folder or setting: say so, no traceback
         sys.exit(f"kvgate: cannot load the model: {exc}")
     try:
+        try:
+            load_lora_modules(engine, settings.lora_modules)
+        except ValueError as exc:
+            sys.exit(f"kvgate: --lora-modules: {exc}")
         stats = engine.stats()
         logger.info(
             "model %s (context %d), %d replica(s), KV cache %d tokens (%d blocks x %d, %s)",
@@ -156,11 +170,23 @@ def serve(settings: Settings) -> None:
         engine.shutdown()
 
 
+def load_lora_modules(engine: Any, specs: tuple[str, ...]) -> None:
+    """Load the ``--lora-modules`` adapters into ``engine`` (ValueError naming a bad one)."""
+    from gateway.adapters import parse_lora_module
+
+    for spec in specs:
+        module = parse_lora_module(spec, engine.model_name)
+        engine.add_lora(module.name, module.path)
+        logger.info("LoRA adapter %s from %s", module.name, module.path)
+
+
 def serve_fleet(settings: Settings) -> None:
     """Fleet mode: no embedded engine; calls go to the upstreams (a model mismatch among
     them, or none answering, is a startup error)."""
     from gateway.upstream.fleet import Fleet, FleetConfigError
 
+    if settings.lora_modules:
+        sys.exit("kvgate: --lora-modules: in fleet mode the upstreams load the adapters")
     try:
         fleet = Fleet.connect(settings)
     except FleetConfigError as exc:

@@ -23,6 +23,7 @@ from engine.tokenizer import Tokenizer
 from gateway.auth.identity import current as current_identity
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
+    Adapter,
     Completion,
     Embeddings,
     EmbeddingsRequest,
@@ -42,6 +43,7 @@ from gateway.ops.metrics import Metrics
 
 if TYPE_CHECKING:  # the engine itself (and torch) is loaded by whoever builds it
     from engine.async_llm import RequestStream
+    from engine.lora import LoRAAdapter
 
 # One embeddings call's inputs in the engine at once: a call of 2,048 inputs neither fills the
 # waiting queues (``max_waiting``) nor waits on a refusal, and still fills every step.
@@ -87,6 +89,7 @@ class Engine(Protocol):
         cache_key: str | None = None,
         cache_salt: str | None = None,
         kind: OutputKind = OutputKind.CUMULATIVE,
+        lora_name: str | None = None,
     ) -> RequestStream: ...
 
     def encode_embedding_input(self, prompt: str | list[int]) -> list[int]: ...
@@ -97,6 +100,11 @@ class Engine(Protocol):
         cache_key: str | None = None,
         cache_salt: str | None = None,
     ) -> EmbeddingOutput: ...
+    def add_lora(self, name: str, path: str, replace: bool = False) -> LoRAAdapter: ...
+
+    def remove_lora(self, name: str) -> bool: ...
+
+    def list_loras(self) -> list[LoRAAdapter]: ...
 
 
 class EngineBackend:
@@ -156,9 +164,24 @@ class EngineBackend:
             identity = current_identity()  # ms to seconds, on a thread of its own
             await self.grammars.compile(spec, "" if identity is None else identity.tenant)
         stream = self.engine.submit(
-            prompt, request.params, request.cache_key, request.cache_salt, OutputKind.DELTA
+            prompt,
+            request.params,
+            request.cache_key,
+            request.cache_salt,
+            OutputKind.DELTA,
+            request.adapter,
         )
         return Guarded(self._run(stream, request), stream)
+
+    def adapters(self) -> list[Adapter]:
+        return [Adapter(a.name, a.path) for a in self.engine.list_loras()]
+
+    async def load_adapter(self, name: str, path: str, replace: bool) -> None:
+        """On a thread: reading and checking the files takes milliseconds to seconds."""
+        await asyncio.to_thread(self.engine.add_lora, name, path, replace)
+
+    async def unload_adapter(self, name: str) -> bool:
+        return self.engine.remove_lora(name)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         tokenizer, limit = self.engine.tokenizer, self.max_model_len

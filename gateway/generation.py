@@ -53,6 +53,7 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     cache_key: str | None = None
     cache_salt: str | None = None
+    adapter: str | None = None  # a LoRA adapter's name (the OpenAI ``model``); None: the base
 
     @property
     def operation(self) -> str:
@@ -124,6 +125,14 @@ class EmbeddingsRequest:
 class Embeddings:
     vectors: list[list[float]]  # one per input, in order: L2-normalized, last-token pooled
     prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter a backend serves: its name (the ``model`` that selects it) and folder."""
+
+    name: str
+    path: str
 
 
 @dataclass(frozen=True)
@@ -213,6 +222,18 @@ class Backend(Protocol):
     async def embed(self, request: EmbeddingsRequest) -> Embeddings:
         """Every input's embedding; raises what ``start`` raises, and the step's or the
         upstream's failure (``EngineStepError`` / ``UpstreamFailed``) itself."""
+        ...
+
+    def adapters(self) -> list[Adapter] | None:
+        """The LoRA adapters served (None: not known here; a fleet's upstreams decide)."""
+        ...
+
+    async def load_adapter(self, name: str, path: str, replace: bool) -> None:
+        """Load a PEFT adapter folder as ``name`` (``engine.errors.AdapterError``)."""
+        ...
+
+    async def unload_adapter(self, name: str) -> bool:
+        """Forget ``name``; False when it was not loaded."""
         ...
 
     def readiness(self) -> tuple[bool, dict[str, Any]]:

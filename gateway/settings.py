@@ -29,6 +29,7 @@ GROUPS: dict[str, str] = {  # the argparse groups of `kvgate serve`, in --help o
     "fleet": "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine",
     "limits": "admission control and abuse limits",
     "tasks": "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)",
+    "lora": "LoRA adapters, with vLLM's flags",
 }
 
 T = TypeVar("T")
@@ -532,6 +533,39 @@ class Settings:
     )
     tenant_salt_secret: str | None = env_only(
         None, "the tenant salt secret itself, instead of --tenant-salt-secret-file"
+    )
+    # LoRA adapters (embedded engine; gateway/adapters.py), spelled as vLLM spells them.
+    enable_lora: bool = flag(
+        False,
+        "serve LoRA adapters (--lora-modules implies it)",
+        group="lora",
+        doc="serve LoRA adapters; `--lora-modules` implies it",
+    )
+    lora_modules: tuple[str, ...] = flag(
+        (),
+        "adapters to load at startup: NAME=PATH ... (or vLLM's JSON form)",
+        group="lora",
+        repeat=True,
+        metavar="NAME=PATH",
+        doc="PEFT adapter folders served under NAME (the OpenAI `model`, the MCP tools' "
+        '`model`): `NAME=PATH` ..., or vLLM\'s JSON `{"name": …, "path": …, '
+        '"base_model_name": …}` (flag only)',
+    )
+    max_lora_rank: int = flag(16, "largest adapter rank r", group="lora", metavar="R")
+    max_loras: int = flag(
+        4,
+        "distinct adapters running at once per replica",
+        group="lora",
+        metavar="N",
+        doc="distinct adapters among a replica's running requests (so in one step; more wait "
+        "their turn); vLLM's default is 1",
+    )
+    allow_runtime_lora_updating: bool = flag(
+        False,
+        "serve /v1/load_lora_adapter and /v1/unload_lora_adapter",
+        group="lora",
+        doc="serve `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter`; "
+        "`VLLM_ALLOW_RUNTIME_LORA_UPDATING=True` does too, as in vLLM",
     )
     instructions: str = env_only(
         "LLM inference as tools: `generate` continues a prompt, `chat` answers a "

@@ -24,6 +24,17 @@ _CACHE_KEY = {
 }
 
 
+_MODEL = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 256,
+    "description": (
+        "Optional LoRA adapter to answer with (an id from the OpenAI /v1/models list); the "
+        "base model by default."
+    ),
+}
+
+
 _TEXT_PART = {
     "type": "object",
     "properties": {"type": {"const": "text"}, "text": {"type": "string"}},
@@ -202,6 +213,7 @@ def _sampling(max_model_len: int) -> dict[str, Any]:
             "description": "Strings that end the completion (not included in the text).",
         },
         "cache_key": _CACHE_KEY,
+        "model": _MODEL,
         **_STRUCTURED,
     }
 

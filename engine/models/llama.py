@@ -10,6 +10,9 @@ attends from the cache, so a prefix-cache hit and a miss compute from identical 
 `pack_weights()` (called by the loader) moves bf16 CPU matmuls onto oneDNN with prepacked
 weights and fused epilogues (see `packed_linear`) and frees the unpacked matmul weights, so
 the model holds one copy; other dtypes and devices keep their parameters and use `F.linear`.
+
+LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
+an MLP whose gate/up an adapter in the step targets runs unfused that step.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
 from engine.model_config import ModelConfig
 from engine.models.checkpoint import WeightSlot, hf_weight_slots
+from engine.models.lora_layers import LayerLoRA, StepLoRA
 from engine.models.moe import SparseMoE
 from engine.models.params import new_param
 from engine.models.rope import rope_inv_freq, rope_tables, rotate
@@ -100,6 +104,7 @@ class Attention(nn.Module):
         kv_cache: KVCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
+        lora: LayerLoRA | None = None,
     ) -> torch.Tensor:
         """``residual`` plus the attention output (the output alone when it is None)."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
@@ -108,6 +113,8 @@ class Attention(nn.Module):
             qkv = pl.linear(x, packed["qkv"], self.qkv_bias)
         else:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+        if lora is not None:
+            lora.add(qkv, x, "qkv")
         heads = self.num_heads
         qk = qkv[:, : q_size + kv_size].view(tokens, heads + self.num_kv_heads, -1)
         if self.q_norm is not None:
@@ -121,10 +128,12 @@ class Attention(nn.Module):
         )
         out = out.reshape(tokens, -1)
         if residual is None:
-            return pl.linear(out, packed["o"]) if packed else F.linear(out, self.o_weight)
-        if packed:
-            return pl.linear_add(out, packed["o"], residual)
-        return residual + F.linear(out, self.o_weight)
+            y = pl.linear(out, packed["o"]) if packed else F.linear(out, self.o_weight)
+        elif packed:
+            y = pl.linear_add(out, packed["o"], residual)
+        else:
+            y = residual + F.linear(out, self.o_weight)
+        return y if lora is None else lora.add(y, out, "o")
 
 
 class MLP(nn.Module):
@@ -147,22 +156,40 @@ class MLP(nn.Module):
         self.packed = {"gate": pl.pack(gate), "up": pl.pack(up), "down": pl.pack(self.down_weight)}
         self.gate_up_weight = self.down_weight = None
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None = None
+    ) -> torch.Tensor:
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
         packed = self.packed
+        if not packed or (lora is not None and lora.touches("gate_up", "down")):
+            return self._unfused(x, residual, lora)
+        rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
+        if self.gelu:
+            gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
+        else:
+            gate = pl.linear_silu(x, packed["gate"])
+        hidden = pl.linear_mul(x, packed["up"], gate)
+        if residual is None:
+            return pl.linear(hidden, packed["down"])[:rows]
+        return pl.linear_add(hidden, packed["down"], pl.pad(residual))[:rows]
+
+    def _unfused(
+        self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
+    ) -> torch.Tensor:
+        """Gate and up as one output (each adapter's delta added before the activation)."""
+        packed = self.packed
         if packed:
-            rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
-            if self.gelu:
-                gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
-            else:
-                gate = pl.linear_silu(x, packed["gate"])
-            hidden = pl.linear_mul(x, packed["up"], gate)
-            if residual is None:
-                return pl.linear(hidden, packed["down"])[:rows]
-            return pl.linear_add(hidden, packed["down"], pl.pad(residual))[:rows]
-        gate, up = F.linear(x, self.gate_up_weight).chunk(2, dim=-1)
+            gate_up = torch.cat((pl.linear(x, packed["gate"]), pl.linear(x, packed["up"])), -1)
+        else:
+            gate_up = F.linear(x, self.gate_up_weight)
+        if lora is not None:
+            lora.add(gate_up, x, "gate_up")
+        gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
-        out = F.linear(gate * up, self.down_weight)
+        hidden = gate * up
+        out = pl.linear(hidden, packed["down"]) if packed else F.linear(hidden, self.down_weight)
+        if lora is not None:
+            lora.add(out, hidden, "down")
         return out if residual is None else residual + out
 
 
@@ -190,13 +217,21 @@ class DecoderLayer(nn.Module):
         kv_cache: KVCache,
         metadata: AttentionMetadata,
         backend: AttentionBackend,
+        lora: LayerLoRA | None = None,
     ) -> torch.Tensor:
         if self.attn_out_norm is None:
-            x = self.attn(self.input_norm(x), x, cos, sin, kv_cache, metadata, backend)
-            return self.mlp(self.post_attention_norm(x), x)
-        out = self.attn(self.input_norm(x), None, cos, sin, kv_cache, metadata, backend)
+            x = self.attn(self.input_norm(x), x, cos, sin, kv_cache, metadata, backend, lora)
+            return self._mlp(self.post_attention_norm(x), x, lora)
+        out = self.attn(self.input_norm(x), None, cos, sin, kv_cache, metadata, backend, lora)
         x = x + self.attn_out_norm(out)
-        return x + self.mlp_out_norm(self.mlp(self.post_attention_norm(x), None))
+        return x + self.mlp_out_norm(self._mlp(self.post_attention_norm(x), None, lora))
+
+    def _mlp(
+        self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
+    ) -> torch.Tensor:
+        if lora is None or isinstance(self.mlp, SparseMoE):  # adapters never target experts
+            return self.mlp(x, residual)
+        return self.mlp(x, residual, lora)
 
 
 class LlamaForCausalLM(nn.Module):
@@ -254,7 +289,9 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[KVCache],
         metadata: AttentionMetadata,
         backend: AttentionBackend,
+        lora: StepLoRA | None = None,
     ) -> torch.Tensor:
+        """Final hidden states; ``lora`` adds the adapters of the rows that have one."""
         tables = [
             (
                 getattr(self, f"rope_cos_{i}")[positions].unsqueeze(1),
@@ -265,8 +302,11 @@ class LlamaForCausalLM(nn.Module):
         x = F.embedding(input_ids, self.embed_weight)
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
-        for layer, kv_cache, rope in zip(self.layers, kv_caches, self.layer_rope, strict=True):
-            x = layer(x, *tables[rope], kv_cache, metadata, backend)
+        for i, (layer, kv_cache, rope) in enumerate(
+            zip(self.layers, kv_caches, self.layer_rope, strict=True)
+        ):
+            layer_lora = None if lora is None else lora.layer(i)
+            x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

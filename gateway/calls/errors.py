@@ -7,6 +7,7 @@ for MCP, ``{"error": …}`` bodies and statuses for OpenAI).
 
 CallError                   the root
 ├── BadInput                the caller can fix it; ``field`` names what to change
+│   └── NotFound            what it names (a model, a LoRA adapter) is not served here: 404
 ├── Rejected                refused at the transport (method, media type, body size or time,
 │                           Origin/Host): an HTTP ``status``, before any call began
 ├── Refused                 not started now, nothing queued: 429 (this client's or tenant's
@@ -34,6 +35,10 @@ class BadInput(CallError):
     def __init__(self, message: str, field: str | None = None) -> None:
         super().__init__(message)
         self.field = field  # the request field to change (OpenAI ``param``), when known
+
+
+class NotFound(BadInput):
+    pass
 
 
 class Rejected(CallError):

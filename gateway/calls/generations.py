@@ -14,17 +14,25 @@ from contextlib import aclosing
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from engine.errors import AdmissionRefused, EngineStepError, InvalidArgument
+from engine.errors import (
+    AdapterError,
+    AdapterNotFound,
+    AdmissionRefused,
+    EngineStepError,
+    InvalidArgument,
+    UnknownAdapter,
+)
 from engine.sampling_params import SamplingParams
 from engine.tokenizer import Tokenizer
 from gateway.auth.budgets import Budgets
 from gateway.auth.identity import current as current_identity
 from gateway.auth.identity import tenant_salt
-from gateway.calls.errors import BadInput, GenerationFailed, Refused
+from gateway.calls.errors import BadInput, GenerationFailed, NotFound, Refused
 from gateway.function_calls.formats import DEFAULT as DEFAULT_FAMILY
 from gateway.function_calls.formats import Family
 from gateway.function_calls.reading import FunctionCalling
 from gateway.generation import (
+    Adapter,
     Backend,
     Completion,
     Embeddings,
@@ -133,6 +141,28 @@ class Generations:
             await self.budgets.settle(identity.tenant, result.prompt_tokens)
         return result
 
+    def adapters(self) -> list[Adapter] | None:
+        """The LoRA adapters served (None: a fleet, whose upstreams know theirs)."""
+        return self.backend.adapters()
+
+    async def load_adapter(self, name: str, path: str, replace: bool = False) -> None:
+        """NotFound (no adapter at ``path``) or BadInput (one that cannot be served)."""
+        try:
+            await self.backend.load_adapter(name, path, replace)
+        except AdapterNotFound as exc:
+            raise NotFound(str(exc), "lora_path") from None
+        except AdapterError as exc:
+            raise BadInput(str(exc), "lora_path") from None
+
+    async def unload_adapter(self, name: str) -> None:
+        """NotFound when no adapter of that name is loaded."""
+        try:
+            removed = await self.backend.unload_adapter(name)
+        except AdapterError as exc:
+            raise BadInput(str(exc), "lora_name") from None
+        if not removed:
+            raise NotFound(f"The lora adapter '{name}' cannot be found.", "lora_name")
+
     async def off_loop(self, size: int, work: Callable[..., T], *args: Any) -> T:
         """Work for a door (parsing, validating a large body) on the backend's worker pool
         when it is large."""
@@ -144,6 +174,8 @@ def _refused(exc: AdmissionRefused) -> Refused:
 
 
 def _bad_input(exc: ValueError, field: str | None = None) -> BadInput:
+    if isinstance(exc, UnknownAdapter):
+        return NotFound(str(exc), "model")
     return BadInput(str(exc), exc.field if isinstance(exc, InvalidArgument) else field)
 
 

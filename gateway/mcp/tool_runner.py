@@ -11,7 +11,8 @@ what to change; so is a generation that broke. With ``json_schema`` the result's
 ``structuredContent.json`` holds the reply parsed; with ``tools`` (``chat``),
 ``structuredContent.tool_calls`` holds the calls the reply made (read below the doors, the
 same for both backends), their arguments parsed into objects (the text as written if a reply
-cut short left it unfinished).
+cut short left it unfinished). ``model`` names a LoRA adapter to answer with (an unknown one
+is a tool error); the result's ``model`` says which answered.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ class ToolRunner:
             generation = await self.generations.start(request)
         except BadInput as exc:
             return _only(failed_call(spec.name, exc))
-        return self._items(spec.name, generation, "json_schema" in arguments)
+        model = request.adapter or self.model_name
+        return self._items(spec.name, generation, "json_schema" in arguments, model)
 
     def _request(self, arguments: Mapping[str, Any]) -> GenerationRequest:
         constraint = {v: arguments[k] for k, v in STRUCTURED_FIELDS.items() if k in arguments}
@@ -83,6 +85,7 @@ class ToolRunner:
             arguments.get("parallel_tool_calls"),
         )
         messages = arguments.get("messages")
+        model = arguments.get("model")
         params = self.generations.sampling_params(
             {
                 **{k: arguments[k] for k in SAMPLING_FIELDS if k in arguments},
@@ -97,9 +100,10 @@ class ToolRunner:
             functions=functions,
             chat_template_kwargs=arguments.get("chat_template_kwargs"),
             cache_key=arguments.get("cache_key"),
+            adapter=None if model == self.model_name else model,
         )
 
-    async def _items(self, tool: str, generation: Stream, parse_json: bool) -> Items:
+    async def _items(self, tool: str, generation: Stream, parse_json: bool, model: str) -> Items:
         try:
             async with aclosing(generation):
                 async for item in generation:
@@ -107,18 +111,18 @@ class ToolRunner:
                         if item.text:  # progress is text: a token still held back waits
                             yield Progress(item.tokens, item.text)
                     else:
-                        yield self._result(item, parse_json)
+                        yield self._result(item, parse_json, model)
         except GenerationFailed as exc:
             yield failed_call(tool, exc)
 
-    def _result(self, done: Completion, parse_json: bool) -> dict[str, Any]:
+    def _result(self, done: Completion, parse_json: bool, model: str) -> dict[str, Any]:
         structured: dict[str, Any] = {
             "text": done.text,
             "finish_reason": done.finish_reason,
             "prompt_tokens": done.prompt_tokens,
             "completion_tokens": done.completion_tokens,
             "cached_tokens": done.cached_tokens,
-            "model": self.model_name,
+            "model": model,
             "replica": done.replica,
         }
         if done.upstream is not None:

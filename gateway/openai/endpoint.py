@@ -1,6 +1,7 @@
 """The OpenAI-compatible door: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
-``/v1/embeddings``, ``/v1/responses`` (``responses_route``), and vLLM's ``/tokenize`` and
-``/detokenize``.
+``/v1/embeddings``, ``/v1/responses`` (``responses_route``), and vLLM's ``/tokenize``,
+``/detokenize`` and LoRA routes (``openai.adapters``; a request's ``model`` names the base
+model or a LoRA adapter).
 
 This module parses the OpenAI wire and renders its answers; what lies between is the call
 path both doors share: ``gateway.calls.lifecycle`` (Origin/Host, the body within its size,
@@ -31,7 +32,7 @@ from gateway.calls.lifecycle import Call, Lifecycle
 from gateway.function_calls.functions import template_messages
 from gateway.generation import GenerationRequest, Stream, TokenizeRequest
 from gateway.http import io as http_io
-from gateway.openai import embeddings
+from gateway.openai import adapters, embeddings
 from gateway.openai import requests as parse
 from gateway.openai.answers import Answer, ChatAnswer, CompletionsAnswer, collect, merged, prepend
 from gateway.openai.errors import OpenAIError, wire
@@ -42,6 +43,7 @@ from gateway.ops.metrics import Metrics
 
 logger = logging.getLogger("kvgate.openai")
 DONE = b"data: [DONE]\n\n"
+PLAIN = b"text/plain; charset=utf-8"
 CLOSE = [(b"connection", b"close")]
 
 
@@ -70,6 +72,7 @@ class OpenAIEndpoint:
         metrics: Metrics,
         calls: Lifecycle,
         store: ResponseStore | None = None,
+        lora_updates: bool = False,
     ) -> None:
         self.generations = generations
         self.model = model
@@ -88,6 +91,11 @@ class OpenAIEndpoint:
             "/tokenize": ("POST", self._tokenize),
             "/detokenize": ("POST", self._detokenize),
         }
+        if lora_updates:  # vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING
+            load = self._adapter_change(lambda body: adapters.load(generations, body, model))
+            unload = self._adapter_change(lambda body: adapters.unload(generations, body))
+            self.routes["/v1/load_lora_adapter"] = ("POST", load)
+            self.routes["/v1/unload_lora_adapter"] = ("POST", unload)
         self.inference_paths = frozenset(p for p, (m, _) in self.routes.items() if m == "POST")
 
     def owns(self, path: str) -> bool:
@@ -157,8 +165,24 @@ class OpenAIEndpoint:
             "parent": None,
             "max_model_len": self.max_model_len,
         }
-        await _send_json(send, {"object": "list", "data": [model]})
+        loras = adapters.cards(
+            self.generations.adapters(), self.model, self.created, self.max_model_len
+        )
+        await _send_json(send, {"object": "list", "data": [model, *loras]})
         return "ok"
+
+    def _adapter_change(self, change: Callable[[dict[str, Any]], Awaitable[str]]) -> Handler:
+        """A LoRA load/unload route: admitted as any call, answered in vLLM's plain text."""
+
+        async def handle(
+            request: Body, headers: dict[str, str], receive: Receive, send: Send
+        ) -> str:
+            async with self.calls.admit(receive, headers):
+                text = await change(request.fields)
+            await http_io.send_response(send, 200, text.encode(), content_type=PLAIN)
+            return "ok"
+
+        return handle
 
     async def _completions(
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send
@@ -167,7 +191,7 @@ class OpenAIEndpoint:
             request.size, self._read_completions, request.fields
         )
         requests = [replace(base, prompt=p) for p in prompts]
-        envelope = Envelope.new("cmpl", self.model)
+        envelope = Envelope.new("cmpl", base.adapter or self.model)
         tokenizer = self.generations.tokenizer
         answer = CompletionsAnswer(envelope, sampling, self.token_text, prompts, echo, tokenizer)
         return await self._run(requests, sampling, headers, receive, send, answer)
@@ -176,7 +200,7 @@ class OpenAIEndpoint:
         self, body: dict[str, Any]
     ) -> tuple[list[str | list[int]], parse.Sampling, bool, GenerationRequest]:
         """The body's fields (on a worker when the body is large)."""
-        parse.check_model(body, self.model)
+        adapter = parse.check_model(body, self.model, self.generations.adapters())
         prompts = parse.completion_prompts(body)
         sampling = parse.sampling(body, chat=False)
         echo = _flag(body, "echo")
@@ -186,6 +210,7 @@ class OpenAIEndpoint:
             self.generations.sampling_params(sampling.fields),
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
+            adapter=adapter,
         )
         return prompts, sampling, echo, base
 
@@ -195,13 +220,14 @@ class OpenAIEndpoint:
         generation, sampling = await self.generations.off_loop(
             request.size, self._read_chat, request.fields
         )
-        answer = ChatAnswer(Envelope.new("chatcmpl", self.model), sampling, self.token_text)
+        envelope = Envelope.new("chatcmpl", generation.adapter or self.model)
+        answer = ChatAnswer(envelope, sampling, self.token_text)
         return await self._run([generation], sampling, headers, receive, send, answer)
 
     def _read_chat(self, body: dict[str, Any]) -> tuple[GenerationRequest, parse.Sampling]:
         """The body's fields, on a worker when the body is large: checking the tools' JSON
         Schemas takes seconds for 128 tools in 1 MiB, the messages tens of milliseconds."""
-        parse.check_model(body, self.model)
+        adapter = parse.check_model(body, self.model, self.generations.adapters())
         messages = template_messages(parse.chat_messages(body))
         sampling = parse.sampling(body, chat=True)
         functions = parse.chat_functions(body)
@@ -215,6 +241,7 @@ class OpenAIEndpoint:
             chat_template_kwargs=kwargs,
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
+            adapter=adapter,
         )
         return generation, sampling
 
@@ -246,7 +273,7 @@ class OpenAIEndpoint:
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         body = request.fields
-        parse.check_model(body, self.model)
+        parse.check_model(body, self.model, self.generations.adapters())
         if "messages" in body:
             text, messages = None, parse.chat_messages(body)
         elif isinstance(body.get("prompt"), str):
@@ -274,7 +301,7 @@ class OpenAIEndpoint:
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         body = request.fields
-        parse.check_model(body, self.model)
+        parse.check_model(body, self.model, self.generations.adapters())
         tokens = body.get("tokens")
         tokenizer = self.generations.tokenizer
         if tokenizer is None:

@@ -17,6 +17,7 @@ from gateway.calls.errors import (
     CallError,
     DeadlineExceeded,
     GenerationFailed,
+    NotFound,
     Refused,
     Rejected,
     UpstreamFailed,
@@ -86,6 +87,9 @@ def wire(error: CallError) -> OpenAIError:
     message = str(error)
     if isinstance(error, OpenAIError):
         return error
+    if isinstance(error, NotFound):
+        code = "model_not_found" if error.field == "model" else "not_found"
+        return OpenAIError(404, message, param=error.field, code=code)
     if isinstance(error, BadInput):
         return OpenAIError(400, message, param=error.field)
     if isinstance(error, Rejected):

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.sampling_params import MAX_LOGIT_BIAS, StructuredOutputs
-from gateway.calls.errors import BadInput
+from gateway.calls.errors import BadInput, NotFound
 from gateway.function_calls.functions import Functions
-from gateway.openai.errors import OpenAIError
+from gateway.generation import Adapter
 
 MAX_N = 16
 MAX_TOP_LOGPROBS = 20
@@ -285,20 +285,19 @@ def chat_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
     return messages
 
 
-def check_model(body: dict[str, Any], served: str) -> None:
+def check_model(
+    body: dict[str, Any], served: str, adapters: list[Adapter] | None = None
+) -> str | None:
+    """The LoRA adapter ``model`` names (None: the served base model); 404 for a name not
+    served. ``adapters`` None (a fleet): any other name is an adapter its upstream judges."""
     model = body.get("model")
-    if model is None:
-        return
+    if model is None or model == served:
+        return None
     if not isinstance(model, str):
         raise BadInput("'model' must be a string", "model")
-    if model != served:
-        raise OpenAIError(
-            404,
-            f"The model '{model}' does not exist (this server serves '{served}')",
-            "invalid_request_error",
-            "model",
-            "model_not_found",
-        )
+    if adapters is None or any(a.name == model for a in adapters):
+        return model
+    raise NotFound(f"The model `{model}` does not exist (this server serves '{served}')", "model")
 
 
 def chat_functions(body: dict[str, Any]) -> Functions | None:

@@ -39,12 +39,13 @@ from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from engine.errors import EngineOverloaded, EngineUnavailable, InvalidArgument
+from engine.errors import AdapterError, EngineOverloaded, EngineUnavailable, InvalidArgument
 from engine.tokenizer import Tokenizer
 from gateway.auth import identity
 from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
+    Adapter,
     Completion,
     Embeddings,
     EmbeddingsRequest,
@@ -268,6 +269,16 @@ class Fleet:
         except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
             return Guarded(_failed(exc), call)
         return Guarded(call.relay(), call)
+
+    def adapters(self) -> list[Adapter] | None:
+        """Not known here: a call's ``model`` goes upstream as given, and its 404 comes back."""
+        return None
+
+    async def load_adapter(self, name: str, path: str, replace: bool) -> None:
+        raise AdapterError("fleet mode: load LoRA adapters on the upstream servers")
+
+    async def unload_adapter(self, name: str) -> bool:
+        raise AdapterError("fleet mode: unload LoRA adapters on the upstream servers")
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         """With a local tokenizer (``--tokenizer``) here; else by an upstream's ``/tokenize``."""

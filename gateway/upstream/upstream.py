@@ -6,7 +6,8 @@ answered 200 with an event stream; anything else is an ``UpstreamFailure`` with 
 (``connect``, ``timeout``, ``reset``, ``status_5xx``, ``overloaded`` for 429/503, ``status``
 for an answer no upstream should give: a redirect, 401, 404, …; ``malformed`` for a reply
 whose content is wrong) or, for a 400/422 with an OpenAI error body, a ValueError carrying
-the upstream's message (the caller's input was at fault; not retried).
+the upstream's message (the caller's input was at fault; not retried); a 404 whose error
+names ``model`` is an ``UnknownAdapter`` (the caller's LoRA adapter is not served there).
 
 Only transport failures, timeouts, 5xx and unexpected statuses count against the breaker
 (``UpstreamFailure.breaks``): what a reply says — which a caller's prompt may steer — never
@@ -24,6 +25,7 @@ from typing import Any
 import httpx
 import orjson
 
+from engine.errors import UnknownAdapter
 from gateway.upstream import bounded
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import Load
@@ -139,6 +141,8 @@ class Upstream:
             raise UpstreamFailure("status_5xx", f"{where}: {message or f'HTTP {status}'}")
         if status in CLIENTS_FAULT and message is not None:
             raise ValueError(message[:500])
+        if status == 404 and message is not None and _names_model(detail):
+            raise UnknownAdapter(str(body.get("model")))  # an adapter the upstream lacks
         raise UpstreamFailure("status", f"{where} answered HTTP {status}")
 
     def observe(self, scraped: Scraped | None) -> None:
@@ -202,6 +206,15 @@ def _error_message(detail: str) -> str | None:
         message = error.get("message") or error.get("detail")
         return message if isinstance(message, str) and message else None
     return error if isinstance(error, str) and error else None
+
+
+def _names_model(detail: bytes) -> bool:
+    """Whether an OpenAI error body blames its ``model`` (vLLM's 404 for an unknown one)."""
+    try:
+        error = orjson.loads(detail).get("error")
+    except (orjson.JSONDecodeError, AttributeError):
+        return False
+    return isinstance(error, dict) and error.get("param") == "model"
 
 
 def _retry_after(response: httpx.Response) -> float:

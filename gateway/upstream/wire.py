@@ -37,7 +37,7 @@ def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str,
     always sent (kvgate's limit, whoever chose it)."""
     params = request.params
     body: dict[str, Any] = {
-        "model": model,
+        "model": request.adapter or model,  # a LoRA adapter's name, as vLLM selects one
         "stream": True,
         "stream_options": {"include_usage": True},
         "max_tokens": params.max_tokens,

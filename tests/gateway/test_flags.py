@@ -57,8 +57,8 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--budget-processes": ("budget_processes", int, "store", None, "authentication"),
     "--drain-timeout": ("drain_timeout_s", float, "store", None, "options"),
     "--log-format": ("log_format", str, "store", ("text", "json"), "options"),
-    "--upstream": ("upstream", str, "append", None, "fleet"),
-    "--upstream-dns": ("upstream_dns", str, "append", None, "fleet"),
+    "--upstream": ("upstream", str, "extend", None, "fleet"),
+    "--upstream-dns": ("upstream_dns", str, "extend", None, "fleet"),
     "--upstream-refresh": ("upstream_refresh_s", float, "store", None, "fleet"),
     "--upstream-scrape-interval": ("upstream_scrape_interval_s", float, "store", None, "fleet"),
     "--tokenizer": ("tokenizer", str, "store", None, "fleet"),
@@ -88,6 +88,12 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--max-header-bytes": ("max_header_bytes", int, "store", None, "limits"),
     "--max-json-depth": ("max_json_depth", int, "store", None, "limits"),
     "--max-listen-streams": ("max_listen_streams", int, "store", None, "limits"),
+    # Added since, with vLLM's spellings (issue 26); repeated flags extend: --flag A B.
+    "--enable-lora": ("enable_lora", str, "bool", None, "lora"),
+    "--lora-modules": ("lora_modules", str, "extend", None, "lora"),
+    "--max-lora-rank": ("max_lora_rank", int, "store", None, "lora"),
+    "--max-loras": ("max_loras", int, "store", None, "lora"),
+    "--allow-runtime-lora-updating": ("allow_runtime_lora_updating", str, "bool", None, "lora"),
 }
 
 # Settings fields that had no flag before the declarations (environment twins only).
@@ -117,7 +123,11 @@ def serve_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
 
 def declared(serve: argparse.ArgumentParser) -> dict[str, tuple[Any, ...]]:
     group_of = {id(a): g.title for g in serve._action_groups for a in g._group_actions}
-    actions = {argparse._StoreAction: "store", argparse._AppendAction: "append"}
+    actions = {
+        argparse._StoreAction: "store",
+        argparse._ExtendAction: "extend",
+        argparse.BooleanOptionalAction: "bool",
+    }
     return {
         a.option_strings[0]: (
             a.dest,
@@ -149,6 +159,7 @@ def test_the_flags_are_the_ones_written_by_hand_before() -> None:
         ("fleet", "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine"),
         ("limits", "admission control and abuse limits"),
         ("tasks", "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)"),
+        ("lora", "LoRA adapters, with vLLM's flags"),
     ]
     assert all(a.default is None for a in serve._actions if a.dest != "help")
 
@@ -165,6 +176,8 @@ def sample(option: Option, other: bool = False) -> tuple[list[str], str]:
     """A flag's arguments and its environment twin's text, for the same non-default value
     (``other``: a second one)."""
     assert option.flag is not None
+    if option.kind is bool:  # --flag / --no-flag
+        return ([option.flag.replace("--", "--no-", 1)], "false") if other else ([option.flag], "1")
     if option.kind is tuple:
         values = ["http://c.example:3"] if other else ["http://a.example:1/", "http://b.example:2"]
         if option.meta.repeat:
