@@ -68,8 +68,10 @@ class FunctionCalling:
 
 
 def content(done: Completion) -> str | None:
-    """The reply's content as the OpenAI API gives it: None when it was only calls."""
-    return None if done.tool_calls and not done.text.strip() else done.text
+    """The reply's content as the OpenAI API gives it: None when it was only calls, or only
+    thinking (as vLLM's reasoning parsers give it)."""
+    only_else = done.tool_calls or done.reasoning is not None
+    return None if only_else and not done.text.strip() else done.text
 
 
 async def _parsed(stream: Stream, calls: parser.CallParser, parallel: bool, forced: bool) -> Items:

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from gateway.calls.errors import BadInput
-from gateway.generation import Embeddings, EmbeddingsRequest
+from gateway.generation import Adapter, Embeddings, EmbeddingsRequest
 from gateway.openai import requests as parse
 
 MAX_INPUTS = 2048  # OpenAI's limit on one call's inputs
@@ -34,9 +34,15 @@ class EmbeddingsCall:
     encoding: str  # "float" or "base64"
 
 
-def read(body: dict[str, Any], model: str) -> EmbeddingsCall:
-    """The body's fields, checked (BadInput naming the field)."""
-    parse.check_model(body, model)
+def read(body: dict[str, Any], model: str, adapters: list[Adapter] | None) -> EmbeddingsCall:
+    """The body's fields, checked (BadInput naming the field). The base model embeds; a LoRA
+    adapter's ``model`` is refused (404 for a name not served at all)."""
+    adapter = parse.check_model(body, model, adapters)
+    if adapter is not None:
+        raise BadInput(
+            f"embeddings are served by the base model '{model}', not the adapter '{adapter}'",
+            "model",
+        )
     inputs = parse.completion_prompts(body, "input")
     if len(inputs) > MAX_INPUTS:
         raise BadInput(f"'input' must have at most {MAX_INPUTS} items, got {len(inputs)}", "input")

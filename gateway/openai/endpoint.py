@@ -249,7 +249,7 @@ class OpenAIEndpoint:
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send
     ) -> str:
         asked = await self.generations.off_loop(
-            request.size, embeddings.read, request.fields, self.model
+            request.size, embeddings.read, request.fields, self.model, self.generations.adapters()
         )
         async with self.calls.admit(receive, headers) as call:
             result = await call.run(self.generations.embed(asked.request))

@@ -56,7 +56,7 @@ class ResponsesRoute:
         receive: Receive,
         send: Send,
     ) -> str:
-        parse.check_model(fields, self.model)
+        adapter = parse.check_model(fields, self.model, self.generations.adapters())
         ask = await self.generations.off_loop(size, responses_input.read, fields)
         if self.store is None:
             refuse_without_store(ask.store, ask.previous_response_id)
@@ -72,10 +72,13 @@ class ResponsesRoute:
             functions=ask.functions,
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
+            adapter=adapter,
         )
         stored = ask.store and self.store is not None
         extra = {"store": stored, "previous_response_id": ask.previous_response_id}
-        builder = ResponseBuilder(self.model, {**ask.echo, "truncation": "disabled"}, extra)
+        builder = ResponseBuilder(
+            adapter or self.model, {**ask.echo, "truncation": "disabled"}, extra
+        )
 
         async def finished() -> None:
             if stored and self.store is not None:

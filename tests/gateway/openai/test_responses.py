@@ -18,16 +18,8 @@ from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
 from tests.gateway.live_server import LiveServer
+from tests.gateway.openai.test_tool_calls import WEATHER
 
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 1, "maxLength": 8},
-        "unit": {"enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 TOOLS: list[Any] = [
     {"type": "function", "name": "get_weather", "description": "Weather", "parameters": WEATHER},
     {"type": "function", "name": "now", "parameters": None, "strict": False},
