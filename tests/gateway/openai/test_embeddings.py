@@ -21,12 +21,6 @@ from engine.tiny_model import default_model_dir
 from tests.engine.test_embeddings import cosine, hf_embedding
 from tests.gateway.live_server import LiveServer
 
-TEXTS = [
-    "Hi",
-    "The quick brown fox jumps over the lazy dog.",
-    "Once upon a time, in a small village by the river, there lived an old clockmaker.",
-]
-
 
 @pytest.fixture(scope="module")
 def client(server: LiveServer) -> Iterator[openai.OpenAI]:
@@ -35,8 +29,15 @@ def client(server: LiveServer) -> Iterator[openai.OpenAI]:
 
 
 @pytest.fixture(scope="module")
-def model(engine: AsyncLLM) -> str:
-    return engine.model_name
+def model(client: openai.OpenAI) -> str:
+    return client.models.list().data[0].id  # the name the server answers to
+
+
+TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time, in a small village by the river, there lived an old clockmaker.",
+]
 
 
 def test_float_and_base64_are_the_same_vectors_and_match_transformers(

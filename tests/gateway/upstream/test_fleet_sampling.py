@@ -1,7 +1,8 @@
 """What fleet mode sends upstream: exactly the sampling fields the caller gave, explicit
 defaults included (``temperature: 1.0`` is sent, never left to the upstream's
-generation_config), and none it did not give; and ``Fleet.tokenize_request``, vLLM's
-``/tokenize`` proxied to an upstream and its answer checked.
+generation_config), and none it did not give; ``Fleet.tokenize_request``, vLLM's
+``/tokenize`` proxied to an upstream and its answer checked; and ``Fleet.embed``, proxied to
+the upstream's ``/v1/embeddings``.
 
 The ``request_body`` tests are pure; the others run real processes on loopback: a
 ``recording_upstream`` (records every body it is sent) behind a ``kvgate serve --upstream``
@@ -25,7 +26,7 @@ from engine.sampling_params import SamplingParams
 from engine.tiny_model import default_model_dir
 from engine.tokenizer import Tokenizer
 from gateway.calls.errors import BadInput, UpstreamFailed
-from gateway.generation import GenerationRequest
+from gateway.generation import EmbeddingsRequest, GenerationRequest
 from gateway.settings import Settings
 from gateway.upstream.fleet import Fleet
 from gateway.upstream.wire import request_body
@@ -373,3 +374,29 @@ def test_the_tokenize_doors_of_a_fleet_without_a_tokenizer_ask_the_upstream(
         tool = call_tool(fleet.base, "tokenize", {"text": body["prompt"]})
     assert via_fleet == direct and direct["count"] > 0
     assert tool["structuredContent"]["token_ids"] == direct["tokens"]
+
+
+# -- Fleet.embed ----------------------------------------------------------------------------------
+
+
+def test_embed_is_proxied_to_the_upstreams_embeddings(kvgate_upstream: Process) -> None:
+    fleet = Fleet.connect(Settings(upstream=(kvgate_upstream.base,), upstream_health_interval_s=0))
+    inputs: list[str | list[int]] = ["Hi", "The quick brown fox jumps over the lazy dog."]
+
+    async def run() -> list[Any]:
+        try:
+            return await asyncio.gather(
+                fleet.embed(EmbeddingsRequest(inputs)),
+                fleet.embed(EmbeddingsRequest([[10**9]])),
+                return_exceptions=True,
+            )
+        finally:
+            await fleet.aclose()
+
+    proxied, refused = asyncio.run(run())
+    direct = httpx.post(
+        kvgate_upstream.base + "/v1/embeddings", json={"input": inputs}, timeout=30
+    ).json()
+    assert proxied.vectors == [d["embedding"] for d in direct["data"]]
+    assert proxied.prompt_tokens == direct["usage"]["prompt_tokens"]
+    assert isinstance(refused, BadInput) and refused.field == "input", refused
