@@ -123,9 +123,8 @@ def create_app(
     generations = Generations(backend, budgets, family)
     calls = Lifecycle(settings, budgets)  # both doors: one client counter, one set of budgets
     tasks = Tasks(settings, make_task_store(settings.redis_url), metrics, backend.stats)
-    endpoint = McpEndpoint(
-        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls, tasks
-    )
+    tools = ToolRunner(generations, tasks.estimate.observe)  # calls' pace: the task rule's
+    endpoint = McpEndpoint(settings, served, tools, cache, metrics, reloader.versions, calls, tasks)
     model = settings.served_model_name or backend.model_name
     openai = OpenAIEndpoint(generations, model, metrics, calls)
     authenticator = Authenticator(settings, openai.inference_paths)

@@ -247,12 +247,15 @@ class McpEndpoint:
             token = None
         declared = era is Era.MODERN and declares_tasks(message.meta)
         as_task = self.tasks.wanted(spec.name, arguments, message.meta, declared)
+        tenant = task_methods.caller_tenant()
         async with self.calls.admit(receive, headers, cache_key, timeout) as call:
+            if as_task:
+                await self.tasks.admit(tenant)  # the tenant's cap, before the engine is asked
             # Admitted (or refused: then the answer is still a plain 503) before anything is
             # sent, so an SSE response starts only once the backend has taken the call.
             items = await call.run(self.tools.start(spec, arguments, body_size))
             if as_task:  # the generation goes on without this connection
-                task = await self.tasks.begin(spec.name, items, task_methods.caller_tenant())
+                task = await self.tasks.begin(spec.name, items, tenant)
                 if task is not None:
                     result = create_task_result(task.view(), catalog.server_info)
                     body = jsonrpc.encode_result(message.request_id, result)
