@@ -4,7 +4,8 @@ In order: HTTP method → Origin/Host → body size → Content-Type → Accept 
 notification (202) → era from ``MCP-Protocol-Version`` → modern envelope and header checks
 (or legacy checks) → method table → handler. Catalog results are pre-serialized bytes spliced
 around the request id; tool calls run on the engine, as JSON or as SSE when the caller sent a
-``progressToken`` and accepts ``text/event-stream``.
+``progressToken`` and accepts ``text/event-stream``. A call that ``gateway.tasks`` makes a task
+(the Tasks extension) is answered with its handle at once; ``tasks/*`` are answered there too.
 
 The steps both doors share are ``gateway.calls.lifecycle``'s: Origin/Host, the body within
 its size and time, its media type; a tools/call is admitted there (the client's concurrency
