@@ -127,9 +127,8 @@ def create_app(
     generations = Generations(backend, budgets, family, reasoning)
     calls = Lifecycle(settings, budgets)  # both doors: one client counter, one set of budgets
     tasks = Tasks(settings, make_task_store(settings.redis_url), metrics, backend.stats)
-    endpoint = McpEndpoint(
-        settings, served, ToolRunner(generations), cache, metrics, reloader.versions, calls, tasks
-    )
+    tools = ToolRunner(generations, tasks.estimate.observe)  # calls' pace: the task rule's
+    endpoint = McpEndpoint(settings, served, tools, cache, metrics, reloader.versions, calls, tasks)
     model = settings.served_model_name or backend.model_name
     store = None
     if settings.redis_url is not None:  # /v1/responses' store: true and previous_response_id

@@ -4,7 +4,8 @@ In order: HTTP method → Origin/Host → body size → Content-Type → Accept 
 notification (202) → era from ``MCP-Protocol-Version`` → modern envelope and header checks
 (or legacy checks) → method table → handler. Catalog results are pre-serialized bytes spliced
 around the request id; tool calls run on the engine, as JSON or as SSE when the caller sent a
-``progressToken`` and accepts ``text/event-stream``.
+``progressToken`` and accepts ``text/event-stream``. A call that ``gateway.tasks`` makes a task
+(the Tasks extension) is answered with its handle at once; ``tasks/*`` are answered there too.
 
 The steps both doors share are ``gateway.calls.lifecycle``'s: Origin/Host, the body within
 its size and time, its media type; a tools/call is admitted there (the client's concurrency
@@ -247,12 +248,15 @@ class McpEndpoint:
             token = None
         declared = era is Era.MODERN and declares_tasks(message.meta)
         as_task = self.tasks.wanted(spec.name, arguments, message.meta, declared)
+        tenant = task_methods.caller_tenant()
         async with self.calls.admit(receive, headers, cache_key, timeout) as call:
+            if as_task:
+                await self.tasks.admit(tenant)  # the tenant's cap, before the engine is asked
             # Admitted (or refused: then the answer is still a plain 503) before anything is
             # sent, so an SSE response starts only once the backend has taken the call.
             items = await call.run(self.tools.start(spec, arguments, body_size))
             if as_task:  # the generation goes on without this connection
-                task = await self.tasks.begin(spec.name, items, task_methods.caller_tenant())
+                task = await self.tasks.begin(spec.name, items, tenant)
                 if task is not None:
                     result = create_task_result(task.view(), catalog.server_info)
                     body = jsonrpc.encode_result(message.request_id, result)

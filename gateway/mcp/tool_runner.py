@@ -18,7 +18,8 @@ is a tool error); the result's ``model`` says which answered.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Mapping
+import time
+from collections.abc import AsyncGenerator, Callable, Mapping
 from contextlib import aclosing
 from dataclasses import dataclass
 from typing import Any
@@ -47,9 +48,14 @@ Items = AsyncGenerator[Progress | dict[str, Any]]
 
 
 class ToolRunner:
-    def __init__(self, generations: Generations) -> None:
+    def __init__(
+        self, generations: Generations, observe: Callable[[int, float], None] | None = None
+    ) -> None:
+        """``observe(completion_tokens, seconds)`` hears of every finished generation (how
+        fast calls run: ``gateway.tasks`` predicts from it)."""
         self.generations = generations
         self.model_name = generations.model_name
+        self.observe = observe
 
     async def start(self, spec: ToolSpec, arguments: Mapping[str, Any], size: int = 0) -> Items:
         """The call's items; raises ``Refused`` when the backend cannot take it now.
@@ -104,6 +110,7 @@ class ToolRunner:
         )
 
     async def _items(self, tool: str, generation: Stream, parse_json: bool, model: str) -> Items:
+        started = time.perf_counter()
         try:
             async with aclosing(generation):
                 async for item in generation:
@@ -111,6 +118,8 @@ class ToolRunner:
                         if item.text:  # progress is text: a token still held back waits
                             yield Progress(item.tokens, item.text)
                     else:
+                        if self.observe is not None:
+                            self.observe(item.completion_tokens, time.perf_counter() - started)
                         yield self._result(item, parse_json, model)
         except GenerationFailed as exc:
             yield failed_call(tool, exc)

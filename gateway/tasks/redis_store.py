@@ -74,16 +74,20 @@ class RedisTaskStore:
                 await self._listener
         await self._redis.aclose()
 
+    async def live(self, tenant: str) -> int:
+        key = _live_key(tenant)
+        async with self._failures():
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.zremrangebyscore(key, "-inf", now_ms())
+            pipe.zcard(key)
+            return int((await pipe.execute())[1])
+
     async def create(self, record: TaskRecord, lease_s: float, cap: int) -> bool:
         live, now = _live_key(record.tenant), now_ms()
         lease_ms = int(lease_s * 1000)
+        if cap and await self.live(record.tenant) >= cap:
+            return False
         async with self._failures():
-            if cap:
-                pipe = self._redis.pipeline(transaction=False)
-                pipe.zremrangebyscore(live, "-inf", now)
-                pipe.zcard(live)
-                if (await pipe.execute())[1] >= cap:
-                    return False
             pipe = self._redis.pipeline(transaction=True)
             pipe.set(PREFIX + record.task_id, record.to_json(), px=record.ttl_ms)
             pipe.set(PREFIX + record.task_id + ":lease", record.owner, px=lease_ms)

@@ -37,6 +37,9 @@ class TaskStore(Protocol):
 
     async def get(self, task_id: str) -> TaskRecord | None: ...
 
+    async def live(self, tenant: str) -> int:
+        """How many of ``tenant``'s tasks are working (their owner alive)."""
+
     async def save(self, record: TaskRecord) -> None:
         """Write a later state (ignored once the stored one is terminal)."""
 
@@ -74,6 +77,10 @@ class MemoryTaskStore:
     async def get(self, task_id: str) -> TaskRecord | None:
         self._sweep()
         return self._tasks.get(task_id)
+
+    async def live(self, tenant: str) -> int:
+        self._sweep()
+        return self._live(tenant)
 
     async def save(self, record: TaskRecord) -> None:
         stored = self._tasks.get(record.task_id)

@@ -110,17 +110,35 @@ class Tasks:
             return False
         if asked:
             return True
-        tokens = predicted_tokens(arguments if isinstance(arguments, dict) else {}, 0)
-        tokens = tokens or DEFAULT_MAX_TOKENS
+        tokens = predicted_tokens(
+            arguments if isinstance(arguments, dict) else {}, DEFAULT_MAX_TOKENS
+        )
         stats = self.engine_stats() if self.engine_stats is not None else None
         waiting = stats.num_waiting if stats is not None else 0
         running = stats.num_running if stats is not None else 0
         return self.estimate.predict_s(tokens, waiting, running) > self.settings.task_threshold_s
 
+    async def admit(self, tenant: str) -> None:
+        """Before a task's generation starts: ``Refused`` (429) at the tenant's cap of live
+        tasks. (Two calls racing past it are answered directly: ``begin`` gives None.)"""
+        cap = self.settings.max_tasks_per_tenant
+        try:
+            full = bool(cap) and await self.store.live(tenant) >= cap
+        except StoreUnavailable:
+            return  # no task will be made: ``begin`` answers None
+        if full:
+            raise Refused(
+                429,
+                "task_limit",
+                f"Too many live tasks: this tenant already has {cap} working (the "
+                "--max-tasks-per-tenant limit); wait for one to finish or cancel one",
+                self.settings.task_poll_interval_s,
+            )
+
     async def begin(self, tool: str, items: Items, tenant: str) -> TaskRecord | None:
         """Make a task of a started call and run it in the background; the record once a
-        ``tasks/get`` would find it. None when the store is down (the caller answers the
-        call directly); ``Refused`` (429) at the tenant's cap of live tasks."""
+        ``tasks/get`` would find it. None when no task could be stored (Redis down, or the
+        tenant's cap reached since ``admit``): the caller answers the call directly."""
         now = now_ms()
         record = TaskRecord(
             task_id=new_task_id(self.settings.task_id_prefix),
@@ -135,19 +153,11 @@ class Tasks:
         )
         cap = self.settings.max_tasks_per_tenant
         try:
-            created = await self.store.create(record, self.settings.task_lease_s, cap)
+            if not await self.store.create(record, self.settings.task_lease_s, cap):
+                return None
         except StoreUnavailable as exc:
             log.warning("no task made, answering directly: %s", exc)
             return None
-        if not created:
-            await items.aclose()
-            raise Refused(
-                429,
-                "task_limit",
-                f"Too many live tasks: this tenant already has {cap} working (the "
-                "--max-tasks-per-tenant limit); wait for one to finish or cancel one",
-                self.settings.task_poll_interval_s,
-            )
         running = self.running[record.task_id] = _Running(record)
         running.job = asyncio.create_task(self._run(running, items), name="kvgate-task")
         self.metrics.count("kvgate_tasks", state="created")
@@ -225,10 +235,6 @@ class Tasks:
             log.exception("task %s: generation failed", record.task_id)
             final = self._failed(record, ProtocolError(INTERNAL_ERROR, "Internal error"))
         seconds = loop.time() - started
-        if final.status == "completed" and result is not None:
-            tokens = (result.get("structuredContent") or {}).get("completion_tokens")
-            if isinstance(tokens, int):
-                self.estimate.observe(tokens, seconds)
         await self._write(final)
         self.running.pop(record.task_id, None)
         self.metrics.count("kvgate_tasks", state=final.status)

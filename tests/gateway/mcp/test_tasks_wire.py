@@ -186,6 +186,10 @@ def test_the_per_tenant_cap_on_live_tasks(http: httpx.Client, live: LiveServer) 
         task_call(http, live.url, "tasks/cancel", task["taskId"], key=A)
         poll_until(http, live.url, task["taskId"], ("cancelled",), key=A)
     poll_until(http, live.url, other["taskId"], ("completed",), key=B)
+    deadline = time.monotonic() + 5
+    while running_requests(live) != 0:  # the refused call's generation was never started
+        assert time.monotonic() < deadline, "a generation still runs"
+        time.sleep(0.02)
     metrics = httpx.get(live.base + "/metrics").text
     assert re.search(r'^kvgate_tasks_total\{state="cancelled"\} [1-9]', metrics, re.M)
     assert re.search(

@@ -52,7 +52,8 @@ def gateways(
         "--task-poll-interval-s",
         "0.2",
     )
-    with running([Process(logs, *flags), Process(logs, *flags)], 120) as started:
+    # a generous wait: on a loaded 2-core machine a start has taken over a minute
+    with running([Process(logs, *flags), Process(logs, *flags)], 300) as started:
         yield started
 
 
