@@ -414,7 +414,7 @@ class Settings:
         metavar="PREFIX",
         doc="task ids begin `PREFIX.` (1-32 letters or digits), so a load balancer can route "
         "`tasks/*` back to the process that made the task by `Mcp-Name` (needed without "
-        "`--redis-url`: see Tasks)",
+        "`--redis-url`: see Long generations as tasks)",
     )
     max_tasks_per_tenant: int = flag(
         64,

@@ -47,6 +47,14 @@ def missing_tasks_capability(why: str) -> ProtocolError:
     )
 
 
+def check_listen_filter(notifications: Any, meta: dict[str, Any]) -> None:
+    """A ``subscriptions/listen`` asking for task notifications (``taskIds``) from a client
+    that does not declare the extension is −32021 (kvgate sends none: its acknowledgement
+    lists no task ids, and clients poll)."""
+    if isinstance(notifications, dict) and "taskIds" in notifications and not declares_tasks(meta):
+        raise missing_tasks_capability("task notifications (taskIds) need the extension declared")
+
+
 def task_not_found() -> ProtocolError:
     """The one answer for an id that is unknown, expired or another tenant's (no leak)."""
     return invalid_params("Failed to retrieve task: Task not found")

@@ -74,7 +74,7 @@ from protocol.methods import (
 )
 from protocol.modern import check_legacy_meta, check_modern_request
 from protocol.results import complete
-from protocol.tasks import create_task_result, declares_tasks
+from protocol.tasks import check_listen_filter, create_task_result, declares_tasks
 from protocol.versions import Era, era_of, negotiate_legacy
 
 logger = logging.getLogger("kvgate.mcp")
@@ -277,6 +277,7 @@ class McpEndpoint:
     async def _listen(
         self, catalog: Catalog, message: Message, receive: Receive, send: Send
     ) -> str:
+        check_listen_filter(message.params.get("notifications"), message.meta)
         honoured = accepted_filter(message.params.get("notifications"))
         events = listen_events(
             message.request_id,

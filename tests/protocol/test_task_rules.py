@@ -9,6 +9,7 @@ from protocol.methods import NAME_BEARING, TASK_METHODS, check_method
 from protocol.tasks import (
     TASKS_EXTENSION,
     TaskView,
+    check_listen_filter,
     create_task_result,
     declares_tasks,
     get_task_result,
@@ -48,6 +49,15 @@ def test_the_missing_capability_error_names_the_extension() -> None:
     error = missing_tasks_capability("why").to_error()
     assert error["code"] == -32021
     assert error["data"] == {"requiredCapabilities": {"extensions": {TASKS_EXTENSION: {}}}}
+
+
+def test_task_notifications_need_the_capability() -> None:
+    declared = {CAPS: {"extensions": {TASKS_EXTENSION: {}}}}
+    check_listen_filter({"taskIds": ["a"]}, declared)
+    check_listen_filter({"toolsListChanged": True}, {})
+    with pytest.raises(ProtocolError) as refused:
+        check_listen_filter({"taskIds": []}, {})
+    assert refused.value.code == -32021
 
 
 def test_task_ids_that_cannot_be_minted_here_are_not_found() -> None:

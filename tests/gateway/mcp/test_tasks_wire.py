@@ -107,6 +107,13 @@ def test_a_task_asked_for_without_the_capability_is_32021(
     poll_until(http, live.url, created["taskId"], ("completed",), key=A)
 
 
+def test_task_notifications_need_the_capability(http: httpx.Client, live: LiveServer) -> None:
+    auth = {"Authorization": f"Bearer {A}"}
+    params = {"notifications": {"taskIds": ["x" * 32]}}
+    refused = call(http, live.url, "subscriptions/listen", params, headers=auth)
+    assert refused.status == 400 and refused.error["code"] == -32021
+
+
 def test_legacy_clients_never_see_tasks(http: httpx.Client, live: LiveServer) -> None:
     auth = {"Authorization": f"Bearer {A}"}
     arguments = {**LONG, "max_tokens": 40, "temperature": 0}
