@@ -16,6 +16,7 @@ gateway that routes it there.
 
     python benchmarks/fleet.py                      # 12 sessions x 6 turns
     python benchmarks/fleet.py --sessions 6 --turns 4
+    python benchmarks/fleet.py --workload overhead  # the router's own cost (fleet_overhead.py)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx  # noqa: E402
 
+from benchmarks import fleet_overhead  # noqa: E402
 from benchmarks.deploy_agentic import RunResult, Turn, count_tokens, request, words  # noqa: E402
 from benchmarks.loopback import free_port  # noqa: E402
 
@@ -212,7 +214,15 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--latency-calls", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", choices=("trace", "overhead"), default="trace")
+    parser.add_argument("--rounds", type=int, default=2, help="overhead: rounds of every router")
+    parser.add_argument("--duration", type=float, default=8.0, help="overhead: seconds per run")
+    parser.add_argument("--concurrency", type=int, default=32, help="overhead: calls in flight")
+    parser.add_argument("--workers", type=int, default=2, help="overhead: kvgate --workers")
     args = parser.parse_args()
+    if args.workload == "overhead":
+        fleet_overhead.run(args)
+        return
     upstreams = [Server() for _ in range(3)]
     try:
         for u in upstreams:
