@@ -53,6 +53,9 @@ class GenerationRequest:
     chat_template_kwargs: dict[str, Any] | None = None
     cache_key: str | None = None
     cache_salt: str | None = None
+    # The caller reads the answer as it comes; False: only once whole (a non-streamed
+    # OpenAI call), so a fleet asks its upstream for one JSON answer instead of a stream.
+    streamed: bool = True
 
     @property
     def operation(self) -> str:

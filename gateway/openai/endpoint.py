@@ -84,6 +84,7 @@ class OpenAIEndpoint:
         return path in self.routes or path.startswith("/v1/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http_io.track_served_by()
         started = time.perf_counter()
         path = scope["path"]
         headers = http_io.header_map(scope)
@@ -174,6 +175,7 @@ class OpenAIEndpoint:
             self.generations.sampling_params(sampling.fields),
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
+            streamed=sampling.stream,
         )
         return prompts, sampling, echo, base
 
@@ -203,6 +205,7 @@ class OpenAIEndpoint:
             chat_template_kwargs=kwargs,
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
+            streamed=sampling.stream,
         )
         return generation, sampling
 
