@@ -93,9 +93,10 @@ def drive(router: Router, args: argparse.Namespace, streamed: bool) -> dict[str,
             + ["--concurrency", str(args.concurrency), "--watch-pid", str(router.process.pid)],
             cwd=ROOT,
             capture_output=True,
-            check=True,
             text=True,
         )
+    if out.returncode != 0:
+        raise RuntimeError(f"loadgen failed against {router.name}: {out.stderr[-2000:]}")
     return dict(json.loads(out.stdout))
 
 

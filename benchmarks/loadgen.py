@@ -33,14 +33,23 @@ class Window:
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
-    """Read one response off a keep-alive connection; return its status code."""
+    """Read one response (a fixed length or chunked body) off a keep-alive connection; return
+    its status code."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
-    length = None
+    length, chunked = None, False
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        name = name.strip().lower()
+        if name == b"content-length":
             length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = value.strip().lower() == b"chunked"
+    if chunked:  # a stream: read its chunks to the last, empty one
+        while size := int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+        return status
     if length is None:
         raise RuntimeError(f"response without Content-Length: {head!r}")
     await reader.readexactly(length)
