@@ -33,7 +33,7 @@ from gateway.http import io as http_io
 from gateway.openai import requests as parse
 from gateway.openai.answers import Answer, ChatAnswer, CompletionsAnswer, collect, merged, prepend
 from gateway.openai.errors import OpenAIError, wire
-from gateway.openai.responses import Envelope, TokenText
+from gateway.openai.responses import Choice, Envelope, TokenText
 from gateway.ops.metrics import Metrics
 
 logger = logging.getLogger("kvgate.openai")
@@ -277,13 +277,18 @@ class OpenAIEndpoint:
             self.calls.admit(receive, headers, sampling.cache_key) as call,
             AsyncExitStack() as stack,
         ):
-            streams = await call.run(self._start(requests, sampling.n, stack))
-            if sampling.stream:
-                await call.watch(self._stream(send, answer, streams, call))
+            if not sampling.stream:  # started and collected under one watch of the client
+                choices = await call.run(self._collected(requests, sampling.n, stack))
+                await _send_json(send, answer.body(choices))
                 return "ok"
-            choices = await call.run(collect(streams))
-            await _send_json(send, answer.body(choices))
+            streams = await call.run(self._start(requests, sampling.n, stack))
+            await call.watch(self._stream(send, answer, streams, call))
             return "ok"
+
+    async def _collected(
+        self, requests: list[GenerationRequest], n: int, stack: AsyncExitStack
+    ) -> list[Choice]:
+        return await collect(await self._start(requests, n, stack))
 
     async def _start(
         self, requests: list[GenerationRequest], n: int, stack: AsyncExitStack

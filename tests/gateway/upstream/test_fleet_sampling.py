@@ -174,6 +174,7 @@ def test_fields_not_given_do_not_reach_the_upstream(
     body = {"prompt": "hi", "max_tokens": 2}
     (sent,) = forwarded(recorder, lambda: post(fleet_gateway, "/v1/completions", body))
     assert sampling_of(sent) == {"max_tokens": 2}
+    assert sent["stream"] is False and "stream_options" not in sent  # one JSON answer
     chat = {"messages": MESSAGES}  # no max_tokens either: the gateway's default is sent
     (sent,) = forwarded(recorder, lambda: post(fleet_gateway, "/v1/chat/completions", chat))
     assert sampling_of(sent).keys() == {"max_tokens"}
