@@ -64,7 +64,7 @@ from gateway.upstream.call import Call
 from gateway.upstream.health import Breaker
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.placement import Placements, follow_or_place, placement_key
-from gateway.upstream.routing import PrefixKeys, UpstreamRouter
+from gateway.upstream.routing import Load, PrefixKeys, UpstreamRouter
 from gateway.upstream.upstream import (
     TRANSPORT_ERRORS,
     Upstream,
@@ -280,7 +280,9 @@ class Fleet:
         call = Call(self, request, hashes, path, body, headers)
         key = placement_key(hashes, request.cache_key) if self.placements is not None else None
         if self.placements is not None and key is not None:
-            call.placed = await follow_or_place(self.placements, key, self.upstreams, self._load)
+            call.placed = await follow_or_place(
+                self.placements, key, self.upstreams, self._load, self._own(hashes, request)
+            )
         try:
             await call.connect()
         except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
@@ -368,6 +370,15 @@ class Fleet:
         upstream = members[position]
         self.metrics.count("kvgate_upstream_routing", upstream=str(upstream.index), reason=reason)
         return upstream, reason
+
+    def _own(self, hashes: list[bytes], request: GenerationRequest) -> Upstream | None:
+        """The upstream the hash gives the call's key, load aside."""
+        members = self.upstreams
+        available = [u.breaker.available() for u in members]
+        if not any(available):
+            return None
+        idle = [Load(0)] * len(members)
+        return members[self.router.choose(hashes, request.cache_key, idle, available)[0]]
 
     def _load(self, upstream: Upstream) -> int:
         return upstream.load(SCRAPES_FRESH * self.settings.upstream_scrape_interval_s).total

@@ -20,7 +20,6 @@ from tests.gateway.upstream.recording_upstream import MODEL
 
 pytestmark = [requires_redis_server, pytest.mark.redis]
 RECORDING = ("-m", "tests.gateway.upstream.recording_upstream")
-NEAR_S = 1.0  # gateway.upstream.placement.NEAR_S: how long a process follows what it read
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +67,7 @@ def served_by(base: str, key: str) -> str:
 
 
 def record(key: str) -> str:
-    return f"kvgate:placement:cache_key:{key}"
+    return f"kvgate:{{placement}}:cache_key:{key}"
 
 
 def test_new_keys_are_spread_evenly_recorded_and_followed_everywhere(
@@ -90,11 +89,11 @@ def test_a_record_is_followed_and_its_ttl_refreshed_on_use(
         store.set(record(key), upstream.base, ex=5)
         assert served_by(fronts[1].base, key) == upstream.base
         assert store.ttl(record(key)) > 60  # read with GETEX: its TTL begins again
-    # Expired (or never there): the next call places the key anew.
-    store.delete(record("pinned-0"))
-    time.sleep(NEAR_S + 0.2)
-    url = served_by(fronts[0].base, "pinned-0")
-    assert store.get(record("pinned-0")) == url
+    # Expired: the next call places the key anew.
+    store.set(record("expiring"), upstreams[0].base, px=200)
+    time.sleep(0.3)
+    url = served_by(fronts[0].base, "expiring")
+    assert store.get(record("expiring")) == url and store.ttl(record("expiring")) > 60
 
 
 def test_redis_down_leaves_the_hash_to_decide_with_no_failed_call(
