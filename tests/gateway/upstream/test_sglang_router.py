@@ -4,9 +4,7 @@ through it complete, streamed or not."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +12,7 @@ import httpx
 import pytest
 
 from tests.gateway.live_server import free_port
-from tests.gateway.upstream.processes import REPO_ROOT, Process, running
+from tests.gateway.upstream.processes import Process, peer, running
 
 pytest.importorskip("sglang_router")
 pytestmark = pytest.mark.slow  # two engine servers and a router: tens of seconds
@@ -32,33 +30,14 @@ def workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Process]]
 def router(
     workers: list[Process], tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[str, Path]]:
-    port = free_port()
+    base = f"http://127.0.0.1:{free_port()}"
     log = tmp_path_factory.mktemp("router") / "router.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
-            + ["--port", str(port), "--worker-urls", *(w.base for w in workers)]
-            + ["--policy", "cache_aware", "--log-level", "warn"],
-            cwd=REPO_ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, log.read_text(errors="replace")
-            assert time.monotonic() < deadline, "sglang-router never became ready"
-            try:
-                if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.2)
+    command = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
+    command += ["--port", base.rsplit(":", 1)[1], "--worker-urls", *(w.base for w in workers)]
+    with peer(
+        [*command, "--policy", "cache_aware", "--log-level", "warn"], log, base + "/v1/models", 60
+    ):
         yield base, log
-    finally:
-        process.terminate()
-        process.wait(30)
 
 
 def test_the_probes_it_sends_are_answered(workers: list[Process]) -> None:
