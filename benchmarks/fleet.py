@@ -16,6 +16,8 @@ gateway that routes it there.
 
     python benchmarks/fleet.py                      # 12 sessions x 6 turns
     python benchmarks/fleet.py --sessions 6 --turns 4
+    python benchmarks/fleet.py --redis --gateway-workers 2  # + placement in Redis, 2 workers each
+    python benchmarks/fleet.py --workload overhead  # the router's own cost (fleet_overhead.py)
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 # Run as a script, this file's directory comes first on sys.path: the repository root instead.
@@ -35,6 +39,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx  # noqa: E402
 
+from benchmarks import fleet_overhead  # noqa: E402
 from benchmarks.deploy_agentic import RunResult, Turn, count_tokens, request, words  # noqa: E402
 from benchmarks.loopback import free_port  # noqa: E402
 
@@ -125,10 +130,13 @@ async def session(
 
 
 async def run_policy(
-    policy: str, upstreams: list[Server], args: argparse.Namespace
+    policy: str, upstreams: list[Server], args: argparse.Namespace, redis_url: str | None = None
 ) -> tuple[RunResult, float, list[float]]:
     flags = [f for u in upstreams for f in ("--upstream", u.base)]
-    gateways = [Server(*flags, "--routing", policy).wait() for _ in range(2)]
+    flags += ["--routing", policy, "--workers", str(args.gateway_workers)]
+    if redis_url is not None:
+        flags += ["--redis-url", redis_url]
+    gateways = [Server(*flags).wait() for _ in range(2)]
     rng = random.Random(f"{args.seed}-{policy}")
     system = f"System ({policy}): " + words(rng, args.system_words)
     low, high = args.turn_words
@@ -160,7 +168,7 @@ async def run_policy(
             )
             result.wall_s = time.perf_counter() - began
             hits1, queries1 = prefix_counters(upstreams)
-            result.name += " " + gateway_events(gateways)
+            result.name += (" + Redis " if redis_url else " ") + gateway_events(gateways)
     finally:
         for g in gateways:
             g.stop()
@@ -183,6 +191,22 @@ async def added_latency(upstreams: list[Server], calls: int) -> tuple[list[float
     finally:
         gateway.stop()
     return samples["direct"], samples["gateway"]
+
+
+@contextmanager
+def private_redis() -> Iterator[str]:
+    """A redis-server of this run's own (empty, no disk), its URL."""
+    port = free_port()
+    process = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        time.sleep(0.5)
+        yield f"redis://127.0.0.1:{port}/0"
+    finally:
+        process.kill()
+        process.wait()
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -212,12 +236,27 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--latency-calls", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--workload", choices=("trace", "overhead"), default="trace")
+    parser.add_argument(
+        "--redis", action="store_true", help="trace: also prefix routing with placement in Redis"
+    )
+    parser.add_argument("--gateway-workers", type=int, default=1, help="trace: each gateway's")
+    parser.add_argument("--rounds", type=int, default=2, help="overhead: rounds of every router")
+    parser.add_argument("--duration", type=float, default=8.0, help="overhead: seconds per run")
+    parser.add_argument("--concurrency", type=int, default=32, help="overhead: calls in flight")
+    parser.add_argument("--workers", type=int, default=2, help="overhead: kvgate --workers")
     args = parser.parse_args()
+    if args.workload == "overhead":
+        fleet_overhead.run(args)
+        return
     upstreams = [Server() for _ in range(3)]
     try:
         for u in upstreams:
             u.wait()
         runs = [asyncio.run(run_policy(p, upstreams, args)) for p in POLICIES]
+        if args.redis:  # balanced first placement: prefix routing with records in Redis
+            with private_redis() as url:
+                runs.insert(0, asyncio.run(run_policy("prefix", upstreams, args, url)))
         direct, through = asyncio.run(added_latency(upstreams, args.latency_calls))
     finally:
         for u in upstreams:
@@ -239,7 +278,7 @@ def main() -> None:
             f"{quantile(latencies, 0.5) * 1e3:.0f} | {quantile(latencies, 0.99) * 1e3:.0f} | "
             f"{result.wall_s:.1f} |"
         )
-    prefix, round_robin = runs[0][0], runs[1][0]
+    prefix, round_robin = runs[0][0], runs[2 if args.redis else 1][0]
     split = [sum(s[0].upstream == u.base for s in prefix.sessions) for u in upstreams]
     print(
         f"\nprefix: sessions per upstream (by their first turn) {'/'.join(map(str, split))}: "

@@ -33,14 +33,23 @@ class Window:
 
 
 async def read_response(reader: asyncio.StreamReader) -> int:
-    """Read one response off a keep-alive connection; return its status code."""
+    """Read one response (a fixed length or chunked body) off a keep-alive connection; return
+    its status code."""
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
-    length = None
+    length, chunked = None, False
     for line in head.split(b"\r\n")[1:]:
         name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
+        name = name.strip().lower()
+        if name == b"content-length":
             length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = value.strip().lower() == b"chunked"
+    if chunked:  # a stream: read its chunks to the last, empty one
+        while size := int((await reader.readuntil(b"\r\n"))[:-2].split(b";")[0], 16):
+            await reader.readexactly(size + 2)
+        await reader.readuntil(b"\r\n")
+        return status
     if length is None:
         raise RuntimeError(f"response without Content-Length: {head!r}")
     await reader.readexactly(length)
@@ -74,10 +83,28 @@ def cpu_and_wait(pid: int | str) -> tuple[float, float]:
     return cpu, waited_ns / 1e9
 
 
+def tree(pid: int) -> list[int]:
+    """``pid`` and its descendants (a server's worker processes)."""
+    found, queue = [], [pid]
+    while queue:
+        current = queue.pop()
+        found.append(current)
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            queue.extend(int(child) for child in task.read_text().split())
+    return found
+
+
+def _tree_cpu_and_wait(pid: int) -> tuple[float, float]:
+    """``cpu_and_wait`` summed over the process and its descendants."""
+    figures = [cpu_and_wait(p) for p in tree(pid)]
+    return sum(f[0] for f in figures), sum(f[1] for f in figures)
+
+
 def _snapshot(pids: Iterable[int]) -> dict[int, tuple[float, float]]:
-    """``cpu_and_wait`` of each distinct process once (a process watched under two names —
-    the server in the load generator's own process — reads the same at both)."""
-    return {pid: cpu_and_wait(pid) for pid in set(pids)}
+    """``cpu_and_wait`` of each distinct process (with its descendants) once (a process
+    watched under two names — the server in the load generator's own process — reads the
+    same at both)."""
+    return {pid: _tree_cpu_and_wait(pid) for pid in set(pids)}
 
 
 def percentile(ordered: list[float], fraction: float) -> float:
@@ -124,7 +151,11 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--duration", type=float, default=5.0, help="measured seconds")
     parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured seconds first")
-    parser.add_argument("--watch-pid", type=int, help="the server's process id, to report its CPU")
+    parser.add_argument(
+        "--watch-pid",
+        type=int,
+        help="the server's process id, to report its CPU (and its children's)",
+    )
     args = parser.parse_args()
     with open(args.request_file, "rb") as file:
         request = file.read()

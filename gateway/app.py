@@ -36,6 +36,7 @@ from gateway.catalog.reload import CatalogReloader
 from gateway.embedded import EngineBackend
 from gateway.function_calls import formats as tool_formats
 from gateway.generation import Backend
+from gateway.http.probes import probe_routes
 from gateway.http.security import HostOriginGuard, OriginPolicy
 from gateway.http.trim import TrimAfterLargeBodies
 from gateway.mcp.endpoint import McpEndpoint
@@ -212,6 +213,7 @@ def create_app(
             Route("/health", healthz),  # vLLM's path, so fleet health checks find either
             Route("/readyz", readyz),
             Route("/metrics", prometheus),
+            *probe_routes(facts, model),  # what sglang-router asks a worker it registers
             *admin_routes(authenticator.admin_enabled, reloader),
             Route("/v1/{rest:path}", openai),
         ],

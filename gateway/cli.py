@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import logging
+import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,11 @@ def serve(settings: Settings) -> None:
     if settings.upstream or settings.upstream_dns:
         serve_fleet(settings)
         return
+    if settings.workers != 1:
+        sys.exit(
+            "kvgate: --workers is for fleet mode (--upstream or --upstream-dns) for now; an "
+            "embedded engine is served by one process (--replicas spreads it over engines)"
+        )
     from engine import AsyncLLM, EngineConfig
     from engine.config import serving_threads
 
@@ -180,13 +187,25 @@ def load_lora_modules(engine: Any, specs: tuple[str, ...]) -> None:
         logger.info("LoRA adapter %s from %s", module.name, module.path)
 
 
-def serve_fleet(settings: Settings) -> None:
+def serve_fleet(settings: Settings, sock: socket.socket | None = None) -> None:
     """Fleet mode: no embedded engine; calls go to the upstreams (a model mismatch among
-    them, or none answering, is a startup error)."""
+    them, or none answering, is a startup error). With ``--workers N`` N processes do so on
+    one port (``gateway.http.workers``)."""
     from gateway.upstream.fleet import Fleet, FleetConfigError
 
     if settings.lora_modules:
         sys.exit("kvgate: --lora-modules: in fleet mode the upstreams load the adapters")
+    if settings.workers < 1:
+        sys.exit(f"kvgate: --workers must be 1 or more, got {settings.workers}")
+    if settings.workers > 1 and sock is None:
+        from gateway.http.workers import Supervisor, listening_sockets
+
+        try:
+            sockets = listening_sockets(settings.host, settings.port, settings.workers)
+        except OSError as exc:
+            sys.exit(f"kvgate: cannot listen on {settings.host}:{settings.port}: {exc}")
+        each = per_worker(settings)
+        sys.exit(Supervisor(sockets, lambda s, _: serve_fleet(each, s)).run())
     try:
         fleet = Fleet.connect(settings)
     except FleetConfigError as exc:
@@ -197,10 +216,22 @@ def serve_fleet(settings: Settings) -> None:
         len(fleet.upstreams),
         ", ".join(u.url for u in fleet.upstreams),
     )
-    run_app(settings, backend=fleet)
+    run_app(settings, sock, backend=fleet)
 
 
-def run_app(settings: Settings, **backend: Any) -> None:
+def per_worker(settings: Settings) -> Settings:
+    """A worker's settings: each of the N processes is one of the gateway processes a tenant
+    budget is split over while Redis is down, and holds 1/N of a client's concurrency."""
+    n = settings.workers
+    limit = settings.max_concurrency_per_client
+    return replace(
+        settings,
+        budget_processes=settings.budget_processes * n,
+        max_concurrency_per_client=-(-limit // n) if limit > 0 else limit,
+    )
+
+
+def run_app(settings: Settings, sock: socket.socket | None = None, **backend: Any) -> None:
     from gateway.app import create_app
     from gateway.catalog.config import CatalogConfigError
     from gateway.http.serving import http_protocol, serve_app
@@ -218,6 +249,7 @@ def run_app(settings: Settings, **backend: Any) -> None:
         settings.drain_timeout_s,
         uvicorn_logging=settings.log_format == "text",
         http=http_protocol(settings),
+        sockets=None if sock is None else [sock],
     )
     logger.info("stopped")
 

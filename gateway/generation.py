@@ -54,6 +54,9 @@ class GenerationRequest:
     cache_key: str | None = None
     cache_salt: str | None = None
     adapter: str | None = None  # a LoRA adapter's name (the OpenAI ``model``); None: the base
+    # The caller reads the answer as it comes; False: only once whole (a non-streamed
+    # OpenAI call), so a fleet asks its upstream for one JSON answer instead of a stream.
+    streamed: bool = True
 
     @property
     def operation(self) -> str:

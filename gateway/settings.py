@@ -86,6 +86,13 @@ class Settings:
         "loopback)",
     )
     port: int = flag(8000, "port")
+    workers: int = flag(
+        1,
+        "HTTP worker processes serving the port (fleet mode)",
+        metavar="N",
+        doc="HTTP worker processes serving the port (`SO_REUSEPORT`), each with the same "
+        "routing; fleet mode only for now",
+    )
     model: str | None = flag(
         None,
         "Hugging Face folder, .gguf file, smollm2, or Hub id org/name",
@@ -493,6 +500,10 @@ class Settings:
     )
     upstream_healthy_after: int = env_only(
         1, "consecutive successful checks that close an upstream's breaker again"
+    )
+    upstream_placement_timeout_s: float = env_only(
+        0.01,
+        "seconds a placement record's Redis read may take before the hash decides instead",
     )
     upstream_cooldown_s: float = env_only(
         5.0, "an open breaker lets one trial call through after this many s"

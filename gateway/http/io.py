@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Iterable, Mapping
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from starlette.types import Receive, Scope, Send
@@ -14,6 +15,30 @@ T = TypeVar("T")
 
 JSON = b"application/json"
 EVENT_STREAM = b"text/event-stream"
+# Who served the request (fleet mode: the upstream's URL): the backend notes it once it has
+# chosen, in a holder the door made for the request (the call itself runs in a task of its
+# own, whose context is a copy); the response's head carries it as X-Kvgate-Upstream.
+SERVED_BY: ContextVar[list[bytes] | None] = ContextVar("kvgate_served_by", default=None)
+UPSTREAM_HEADER = b"x-kvgate-upstream"
+
+
+def track_served_by() -> None:
+    """Begin noting who serves this request (a door calls it as the request begins)."""
+    SERVED_BY.set([])
+
+
+def note_served_by(url: str) -> None:
+    """The backend chose ``url`` for the request's call (the first one noted is sent)."""
+    holder = SERVED_BY.get()
+    if holder is not None and not holder:
+        holder.append(url.encode())
+
+
+def _served_by(raw: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    holder = SERVED_BY.get()
+    if holder:
+        raw.append((UPSTREAM_HEADER, holder[0]))
+    return raw
 
 
 def media_type(content_type: str | None) -> str:
@@ -119,7 +144,7 @@ async def send_response(
     if content_type is not None:
         raw.append((b"content-type", content_type))
     raw.extend(headers)
-    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.start", "status": status, "headers": _served_by(raw)})
     await send({"type": "http.response.body", "body": body})
 
 
@@ -131,7 +156,7 @@ async def start_stream(send: Send, headers: Iterable[tuple[bytes, bytes]] = ()) 
         (b"x-accel-buffering", b"no"),
         *headers,
     ]
-    await send({"type": "http.response.start", "status": 200, "headers": raw})
+    await send({"type": "http.response.start", "status": 200, "headers": _served_by(raw)})
 
 
 async def send_chunk(send: Send, chunk: bytes, more: bool = True) -> None:

@@ -13,6 +13,7 @@ import contextlib
 import functools
 import logging
 import signal
+import socket
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -81,9 +82,11 @@ def serve_app(
     *,
     uvicorn_logging: bool = True,
     http: Any = "auto",
+    sockets: list[socket.socket] | None = None,
 ) -> None:
     """Run until SIGTERM/SIGINT, then drain; ``uvicorn_logging`` False leaves the log setup
-    to the caller (JSON logs); ``http`` is uvicorn's protocol (see ``http_protocol``)."""
+    to the caller (JSON logs); ``http`` is uvicorn's protocol (see ``http_protocol``);
+    ``sockets`` already listening are served instead of binding ``host:port`` (workers)."""
     sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)  # process-wide: this process serves HTTP
     config = uvicorn.Config(
         app,
@@ -96,4 +99,4 @@ def serve_app(
         http=http,
         log_config=LOGGING_CONFIG if uvicorn_logging else None,
     )
-    DrainingServer(config, app.state.begin_drain).run()
+    DrainingServer(config, app.state.begin_drain).run(sockets=sockets)

@@ -118,6 +118,7 @@ class McpEndpoint:
         self.listens = ConcurrencyLimit(settings.max_listen_streams)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http_io.track_served_by()
         started = time.perf_counter()
         headers = http_io.header_map(scope)
         label, tool, outcome = "invalid", None, "error"

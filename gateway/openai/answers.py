@@ -206,6 +206,8 @@ async def collect(streams: list[Stream]) -> list[Choice]:
                 choice.done = item
         return choice
 
+    if len(streams) == 1:  # the usual call: no task to gather it in
+        return [await drain(0, streams[0])]
     return list(await asyncio.gather(*(drain(i, s) for i, s in enumerate(streams))))
 
 

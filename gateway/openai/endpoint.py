@@ -37,7 +37,7 @@ from gateway.openai import requests as parse
 from gateway.openai.answers import Answer, ChatAnswer, CompletionsAnswer, collect, merged, prepend
 from gateway.openai.errors import OpenAIError, wire
 from gateway.openai.response_store import ResponseStore
-from gateway.openai.responses import Envelope, TokenText
+from gateway.openai.responses import Choice, Envelope, TokenText
 from gateway.openai.responses_route import ResponsesRoute
 from gateway.ops.metrics import Metrics
 
@@ -104,6 +104,7 @@ class OpenAIEndpoint:
         return path in self.routes or path.startswith("/v1/")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        http_io.track_served_by()
         started = time.perf_counter()
         path = scope["path"]
         headers = http_io.header_map(scope)
@@ -211,6 +212,7 @@ class OpenAIEndpoint:
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
             adapter=adapter,
+            streamed=sampling.stream,
         )
         return prompts, sampling, echo, base
 
@@ -242,6 +244,7 @@ class OpenAIEndpoint:
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
             adapter=adapter,
+            streamed=sampling.stream,
         )
         return generation, sampling
 
@@ -337,13 +340,18 @@ class OpenAIEndpoint:
             self.calls.admit(receive, headers, sampling.cache_key) as call,
             AsyncExitStack() as stack,
         ):
-            streams = await call.run(self._start(requests, sampling.n, stack))
-            if sampling.stream:
-                await call.watch(self._stream(send, answer, streams, call))
+            if not sampling.stream:  # started and collected under one watch of the client
+                choices = await call.run(self._collected(requests, sampling.n, stack))
+                await _send_json(send, answer.body(choices))
                 return "ok"
-            choices = await call.run(collect(streams))
-            await _send_json(send, answer.body(choices))
+            streams = await call.run(self._start(requests, sampling.n, stack))
+            await call.watch(self._stream(send, answer, streams, call))
             return "ok"
+
+    async def _collected(
+        self, requests: list[GenerationRequest], n: int, stack: AsyncExitStack
+    ) -> list[Choice]:
+        return await collect(await self._start(requests, n, stack))
 
     async def _start(
         self, requests: list[GenerationRequest], n: int, stack: AsyncExitStack

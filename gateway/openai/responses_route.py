@@ -73,6 +73,7 @@ class ResponsesRoute:
             cache_key=sampling.cache_key,
             cache_salt=sampling.cache_salt,
             adapter=adapter,
+            streamed=sampling.stream,
         )
         stored = ask.store and self.store is not None
         extra = {"store": stored, "previous_response_id": ask.previous_response_id}

@@ -14,9 +14,10 @@ far (bounded by the stream's budget), whatever the upstream sends.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
+import aiohttp
 import httpx
 import orjson
 
@@ -38,9 +39,10 @@ def stream_budget(max_tokens: int) -> int:
     return STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * max_tokens
 
 
-def coded(response: httpx.Response) -> str | None:
+def coded(response: aiohttp.ClientResponse | httpx.Response) -> str | None:
     """The response's content coding, unless it is none (``identity``)."""
-    coding = response.headers.get("content-encoding", "").strip().lower()
+    headers: Mapping[str, str] = response.headers
+    coding = headers.get("content-encoding", "").strip().lower()
     return coding if coding not in ("", "identity") else None
 
 
@@ -85,25 +87,28 @@ def _text(line: bytearray) -> str:
         raise StreamError("malformed stream from the upstream: not UTF-8") from None
 
 
-async def read_within(response: httpx.Response, limit: int) -> bytes | None:
+async def read_within(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
     """The response body, or None once it runs past ``limit`` bytes (the rest unread) or
     comes in a content coding."""
     if coded(response) is not None:
         return None
+    length = response.content_length
+    if length is not None and length <= limit:  # one read, as the socket delivers it
+        return await response.read()
     data = bytearray()
-    async for piece in response.aiter_raw():
+    async for piece in response.content.iter_any():
         data += piece
         if len(data) > limit:
             return None
     return bytes(data)
 
 
-async def read_head(response: httpx.Response, limit: int) -> bytes:
+async def read_head(response: aiohttp.ClientResponse, limit: int) -> bytes:
     """At most the first ``limit`` bytes of the body (an error answer's message)."""
     if coded(response) is not None:
         return b""
     data = bytearray()
-    async for piece in response.aiter_raw():
+    async for piece in response.content.iter_any():
         data += piece
         if len(data) >= limit:
             break
@@ -128,15 +133,12 @@ def models_sync(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
         return orjson.loads(data)
 
 
-async def models(client: httpx.AsyncClient, url: str, timeout_s: float) -> Any:
-    """The same with ``client``."""
-    request = client.build_request("GET", url + "/v1/models", timeout=timeout_s)
-    response = await client.send(request, stream=True)
-    try:
+async def models(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Any:
+    """The same with ``session``."""
+    timeout = aiohttp.ClientTimeout(total=timeout_s)
+    async with session.get(url + "/v1/models", timeout=timeout, allow_redirects=False) as response:
         response.raise_for_status()
         data = await read_within(response, MAX_BODY_BYTES)
-    finally:
-        await response.aclose()
     if not data:
         raise ValueError(f"/v1/models answered no JSON within {MAX_BODY_BYTES} bytes")
     return orjson.loads(data)

@@ -20,13 +20,13 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import httpx
+import aiohttp
 
 from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
 from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
 from gateway.upstream import bounded, wire
-from gateway.upstream.upstream import Upstream, UpstreamFailure, failure_of
+from gateway.upstream.upstream import TRANSPORT_ERRORS, Upstream, UpstreamFailure, failure_of
 
 if TYPE_CHECKING:
     from gateway.upstream.fleet import Fleet
@@ -55,9 +55,10 @@ class Call:
         self.tried: set[int] = set()
         self.retries = RETRIES
         self.upstream: Upstream | None = None
-        self.response: httpx.Response | None = None
+        self.response: aiohttp.ClientResponse | None = None
         self.started = 0.0
         self.last: UpstreamFailure | None = None
+        self.placed: Upstream | None = None  # the upstream the key's placement record names
 
     async def connect(self) -> None:
         """Open the stream on the best untried upstream; on failure try the next once.
@@ -65,7 +66,9 @@ class Call:
         fleet = self.fleet
         while True:
             try:
-                upstream, _ = fleet.choose(self.hashes, self.request.cache_key, self.tried)
+                upstream, _ = fleet.choose(
+                    self.hashes, self.request.cache_key, self.tried, self.placed
+                )
             except EngineUnavailable:
                 if self.last is not None and self.last.kind == "overloaded":  # pass it on
                     raise EngineOverloaded(str(self.last), self.last.retry_after_s) from None
@@ -77,7 +80,7 @@ class Call:
             fleet.metrics.count("kvgate_upstream_requests", upstream=str(upstream.index))
             self.started = time.perf_counter()
             try:
-                self.response = await upstream.open_stream(self.path, self.body, self.headers)
+                self.response = await upstream.open(self.path, self.body, self.headers)
             except UpstreamFailure as failure:
                 upstream.in_flight -= 1
                 self._retry_or_refuse(upstream, failure)
@@ -122,27 +125,91 @@ class Call:
         finally:
             await self.aclose()
 
-    async def _items(self) -> AsyncIterator[TextDelta | Completion]:
-        """The current upstream's stream as deltas then one Completion (UpstreamFailure if it
+    def _items(self) -> AsyncIterator[TextDelta | Completion]:
+        """The current upstream's answer as deltas then one Completion (UpstreamFailure if it
         breaks, stalls past the read timeout, reports an error, runs past its bounds or ends
         early)."""
+        assert self.response is not None
+        kind = self.response.headers.get("content-type", "")
+        return self._stream() if kind.startswith("text/event-stream") else self._whole()
+
+    async def _whole(self) -> AsyncIterator[TextDelta | Completion]:
+        """A non-streamed answer: read within the stream's budget, parsed once, checked as
+        its chunks would be, relayed as one delta and the Completion."""
+        assert self.response is not None and self.upstream is not None
+        upstream, asked = self.upstream, self.request.params.max_tokens
+        try:
+            data = await bounded.read_within(self.response, bounded.stream_budget(asked))
+            if data is None:
+                raise wire.StreamError("malformed answer from the upstream: over its budget")
+            chunk = wire.parse_body(data)
+            if chunk.tokens > asked + TOKEN_SLACK:
+                raise wire.StreamError(f"over {chunk.tokens - 1} tokens for max_tokens {asked}")
+            if chunk.finish_reason is None:
+                raise wire.StreamError("malformed answer from the upstream: no finish_reason")
+            calls = wire.ToolCalls()
+            calls.add(chunk.tool_calls)
+        except TRANSPORT_ERRORS as exc:
+            raise failure_of(exc, upstream.url) from None
+        except wire.StreamError as exc:
+            raise UpstreamFailure("malformed", f"upstream {upstream.url}: {exc}") from None
+        if chunk.tokens:
+            self.fleet.ttft.labels(str(upstream.index)).observe(time.perf_counter() - self.started)
+            yield self._delta(chunk, chunk.tokens)
+        reasoning = chunk.reasoning or None
+        yield self._done(
+            chunk.text, chunk.finish_reason, chunk.usage, chunk.tokens, calls, reasoning
+        )
+
+    def _done(
+        self,
+        text: str,
+        finish: str,
+        usage: dict[str, Any] | None,
+        count: int,
+        calls: wire.ToolCalls,
+        reasoning: str | None,
+    ) -> Completion:
+        upstream = self.upstream
+        assert upstream is not None
+        upstream.breaker.success()
+        self.fleet.latency.labels(str(upstream.index)).observe(time.perf_counter() - self.started)
+        usage = usage or {}
+        return Completion(
+            text=text,
+            finish_reason=finish,
+            prompt_tokens=usage.get("prompt_tokens") or 0,
+            completion_tokens=usage.get("completion_tokens") or count,
+            cached_tokens=wire.cached_tokens(usage),
+            replica=upstream.index,
+            upstream=upstream.url,
+            tool_calls=calls.calls or None,  # read into shape below (function_calls.reading)
+            reasoning=reasoning,
+        )
+
+    async def _stream(self) -> AsyncIterator[TextDelta | Completion]:
         assert self.response is not None and self.upstream is not None
         upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
         calls, thought = wire.ToolCalls(), list[str]()
         label, asked = str(upstream.index), self.request.params.max_tokens
-        lines = bounded.sse_lines(self.response.aiter_raw(), bounded.stream_budget(asked))
+        lines = bounded.sse_lines(self.response.content.iter_any(), bounded.stream_budget(asked))
         tail_at: float | None = None
         try:
             while True:
                 try:
-                    if tail_at is None:
-                        line = await anext(lines)
-                    else:
+                    if tail_at is not None:
                         async with asyncio.timeout_at(tail_at):
+                            line = await anext(lines)
+                    elif self.request.streamed:  # the client's read timeout bounds silence
+                        line = await anext(lines)
+                    else:  # asked whole, sent as a stream: its silences bounded here
+                        async with asyncio.timeout(upstream.read_timeout_s):
                             line = await anext(lines)
                 except StopAsyncIteration:
                     break
                 except TimeoutError:
+                    if tail_at is None:  # the read timeout: a transport failure
+                        raise
                     if finish is None:
                         raise wire.StreamError(
                             f"no finish_reason within {TAIL_S:g} s of max_tokens {asked}"
@@ -170,7 +237,7 @@ class Call:
                     yield self._delta(chunk, count)
                 if tail_at is None and (finish is not None or count >= asked):
                     tail_at = asyncio.get_running_loop().time() + TAIL_S
-        except httpx.TransportError as exc:
+        except TRANSPORT_ERRORS as exc:
             raise failure_of(exc, upstream.url) from None
         except wire.StreamError as exc:
             raise UpstreamFailure("malformed", f"upstream {upstream.url}: {exc}") from None
@@ -178,20 +245,7 @@ class Call:
             await lines.aclose()
         if finish is None:
             raise UpstreamFailure("reset", f"upstream {upstream.url} ended the stream early")
-        upstream.breaker.success()
-        self.fleet.latency.labels(label).observe(time.perf_counter() - self.started)
-        usage = usage or {}
-        yield Completion(
-            text="".join(text),
-            finish_reason=finish,
-            prompt_tokens=usage.get("prompt_tokens") or 0,
-            completion_tokens=usage.get("completion_tokens") or count,
-            cached_tokens=wire.cached_tokens(usage),
-            replica=upstream.index,
-            upstream=upstream.url,
-            tool_calls=calls.calls or None,  # read into shape below (function_calls.reading)
-            reasoning="".join(thought) or None,
-        )
+        yield self._done("".join(text), finish, usage, count, calls, "".join(thought) or None)
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
         token_ids, tool_calls = self.fleet.token_ids, chunk.tool_calls or None
@@ -205,7 +259,7 @@ class Call:
         assert upstream is not None and response is not None
         upstream.in_flight -= 1
         self.upstream = self.response = None
-        await response.aclose()
+        response.close()
         return upstream
 
     async def aclose(self) -> None:
@@ -215,4 +269,4 @@ class Call:
             return
         self.upstream.in_flight -= 1
         response, self.upstream, self.response = self.response, None, None
-        await response.aclose()
+        response.close()

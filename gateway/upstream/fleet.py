@@ -41,6 +41,7 @@ from prometheus_client.registry import Collector
 
 from engine.errors import AdapterError, EngineOverloaded, EngineUnavailable, InvalidArgument
 from engine.tokenizer import Tokenizer
+from gateway import redis_connection
 from gateway.auth import identity
 from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.catalog.catalog import ModelFacts
@@ -59,6 +60,7 @@ from gateway.generation import (
     prompt_chars,
     tokenize_here,
 )
+from gateway.http import io as http_io
 from gateway.ops import tracing
 from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
 from gateway.settings import Settings
@@ -66,9 +68,16 @@ from gateway.upstream import bounded, embeddings, scrape, wire
 from gateway.upstream.call import Call
 from gateway.upstream.health import Breaker
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
-from gateway.upstream.routing import PrefixKeys, UpstreamRouter
-from gateway.upstream.upstream import NoCookies, Upstream, UpstreamFailure, failure_of
+from gateway.upstream.placement import Placements, follow_or_place, placement_key
+from gateway.upstream.routing import Load, PrefixKeys, UpstreamRouter
+from gateway.upstream.upstream import (
+    TRANSPORT_ERRORS,
+    Upstream,
+    UpstreamFailure,
+    failure_of,
+)
 from gateway.upstream.upstream import headers as upstream_headers
+from gateway.upstream.upstream import session as upstream_session
 
 logger = logging.getLogger("kvgate.fleet")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call is noise
@@ -127,6 +136,12 @@ class Fleet:
             if upstream.url in down:  # did not answer at startup: out until a check passes
                 for _ in range(settings.upstream_unhealthy_after):
                     upstream.breaker.failure("connect")
+        self.placements = None
+        if settings.redis_url is not None and settings.routing == "prefix":
+            self.placements = Placements(
+                redis_connection.connect(settings.redis_url),
+                settings.upstream_placement_timeout_s,
+            )
         self.prefix_keys = PrefixKeys(tokenizer)
         self.token_ids = wire.TokenIds(tokenizer) if tokenizer is not None else None
         self._tasks: list[asyncio.Task[None]] = []
@@ -240,6 +255,8 @@ class Fleet:
         ):
             if interval > 0:
                 self._tasks.append(asyncio.create_task(_every(interval, work)))
+        if self.placements is not None:
+            await self.placements.connect()
         if self.token_ids is not None:  # string logprobs map back without a stall
             self._tasks.append(asyncio.create_task(asyncio.to_thread(self.token_ids.prepare)))
 
@@ -248,6 +265,8 @@ class Fleet:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await asyncio.gather(*(u.aclose() for u in [*self.upstreams, *self._draining]))
+        if self.placements is not None:
+            await self.placements.aclose()
         self.off_loop.close()
 
     async def start(self, request: GenerationRequest) -> Stream:
@@ -264,10 +283,17 @@ class Fleet:
         headers: dict[str, str] = {}
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = Call(self, request, hashes, path, body, headers)
+        key = placement_key(hashes, request.cache_key) if self.placements is not None else None
+        if self.placements is not None and key is not None:
+            call.placed = await follow_or_place(
+                self.placements, key, self.upstreams, self._load, self._own(hashes, request)
+            )
         try:
             await call.connect()
         except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
             return Guarded(_failed(exc), call)
+        assert call.upstream is not None
+        http_io.note_served_by(call.upstream.url)
         return Guarded(call.relay(), call)
 
     def adapters(self) -> list[Adapter] | None:
@@ -327,24 +353,23 @@ class Fleet:
         ``EngineUnavailable`` (the upstream counted as failed), anything else
         ``UpstreamFailed``."""
         upstream, _ = self.choose([], None, set())
-        headers = {"content-type": "application/json"}
-        request = upstream.client.build_request(
-            "POST", path, content=orjson.dumps(sent), headers=headers
-        )
         try:
-            response = await upstream.client.send(request, stream=True)
+            response = await upstream.post(path, orjson.dumps(sent))
             try:
                 answer = await bounded.read_within(response, limit)
             finally:
-                await response.aclose()
-        except httpx.TransportError as exc:
+                response.close()
+        except TRANSPORT_ERRORS as exc:
             failure = failure_of(exc, upstream.url)
+            self.failed(upstream, failure)
+            raise EngineUnavailable(str(failure)) from None
+        except UpstreamFailure as failure:
             self.failed(upstream, failure)
             raise EngineUnavailable(str(failure)) from None
         where = f"upstream {upstream.url} {path}"
         if answer is None:
             raise UpstreamFailed(f"{where}: its answer is over {limit} bytes")
-        status = response.status_code
+        status = response.status
         if status in (429, 503):
             retry_after = _retry_after(response.headers.get("retry-after"))
             raise EngineOverloaded(f"{where}: answered {status}", retry_after)
@@ -358,16 +383,40 @@ class Fleet:
     # -- routing and health ------------------------------------------------------------------
 
     def choose(
-        self, hashes: list[bytes], cache_key: str | None, tried: set[int]
+        self,
+        hashes: list[bytes],
+        cache_key: str | None,
+        tried: set[int],
+        placed: Upstream | None = None,
     ) -> tuple[Upstream, str]:
+        """The upstream for a call: the one its placement record names (``placed``) while it
+        is available, untried and not pressed; else the router's choice."""
         members = self.upstreams
-        available = [u.breaker.available() and u.index not in tried for u in members]
         max_age = SCRAPES_FRESH * self.settings.upstream_scrape_interval_s
+        if placed is not None and placed.index not in tried and placed.breaker.available():
+            if not placed.load(max_age).pressed:
+                self.metrics.count(
+                    "kvgate_upstream_routing", upstream=str(placed.index), reason="placed"
+                )
+                return placed, "placed"
+        available = [u.breaker.available() and u.index not in tried for u in members]
         loads = [u.load(max_age) for u in members]
         position, reason = self.router.choose(hashes, cache_key, loads, available)
         upstream = members[position]
         self.metrics.count("kvgate_upstream_routing", upstream=str(upstream.index), reason=reason)
         return upstream, reason
+
+    def _own(self, hashes: list[bytes], request: GenerationRequest) -> Upstream | None:
+        """The upstream the hash gives the call's key, load aside."""
+        members = self.upstreams
+        available = [u.breaker.available() for u in members]
+        if not any(available):
+            return None
+        idle = [Load(0)] * len(members)
+        return members[self.router.choose(hashes, request.cache_key, idle, available)[0]]
+
+    def _load(self, upstream: Upstream) -> int:
+        return upstream.load(SCRAPES_FRESH * self.settings.upstream_scrape_interval_s).total
 
     def failed(self, upstream: Upstream, failure: UpstreamFailure) -> None:
         if failure.breaks:
@@ -492,9 +541,9 @@ class Fleet:
         timeout = self.settings.upstream_connect_timeout_s
         try:
             key_header = upstream_headers(self.settings.upstream_api_key)
-            async with httpx.AsyncClient(headers=key_header, cookies=NoCookies()) as client:
+            async with upstream_session(key_header) as client:
                 name, _ = _served_model(await bounded.models(client, url, timeout))
-        except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
+        except (*TRANSPORT_ERRORS, ValueError, KeyError, IndexError, TypeError) as exc:
             logger.info("upstream %s is not serving yet (%s)", url, exc)
             return False
         if name != self.model_name:

@@ -30,18 +30,18 @@ _OWN_FORM = frozenset(("logprobs", "structured_outputs", "max_tokens"))
 
 
 def request_body(request: GenerationRequest, model: str) -> tuple[str, dict[str, Any]]:
-    """The upstream path and body. The sampling fields are exactly those the caller gave
+    """The upstream path and body: streamed, unless the caller wants only the whole answer
+    (``GenerationRequest.streamed``), which is then asked as one JSON body. The sampling fields are exactly those the caller gave
     (``SamplingParams.given``), explicit defaults included (``temperature: 1.0`` is sent, not
     left to the upstream's generation_config); those it did not give are left out, so the
     upstream's own defaults apply to them as they would to a direct call. ``max_tokens`` is
     always sent (kvgate's limit, whoever chose it)."""
     params = request.params
-    body: dict[str, Any] = {
-        "model": request.adapter or model,  # a LoRA adapter's name, as vLLM selects one
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "max_tokens": params.max_tokens,
-    }
+    # a LoRA adapter's name, as vLLM selects one
+    body: dict[str, Any] = {"model": request.adapter or model, "stream": request.streamed}
+    if request.streamed:
+        body["stream_options"] = {"include_usage": True}
+    body["max_tokens"] = params.max_tokens
     for name in sorted(params.given - _OWN_FORM):
         body[name] = getattr(params, name)
     if body.get("top_k") == 0:
@@ -114,7 +114,31 @@ def parse_line(line: str) -> Chunk | None:
     data = line[5:].strip()
     if data == "[DONE]":
         return Chunk(done=True)
-    chunk = _object(data)
+    return _chunk(_object(data), "delta")
+
+
+def parse_body(data: bytes) -> Chunk:
+    """A non-streamed answer (``choices[].message`` or ``choices[].text``), checked as a
+    chunk is; its tool calls as ``delta.tool_calls`` entries (each its own index), its
+    tokens the ``usage.completion_tokens`` it reports (else one per logprob, else one)."""
+    body = _object(data)
+    choices = body.get("choices")
+    for choice in choices if isinstance(choices, list) else ():
+        message = choice.get("message") if isinstance(choice, dict) else None
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(message, dict) and isinstance(calls, list):
+            message["tool_calls"] = [
+                {**c, "index": i} if isinstance(c, dict) else c for i, c in enumerate(calls)
+            ]
+    out = _chunk(body, "message")
+    completion_tokens = (out.usage or {}).get("completion_tokens")
+    if out.tokens and completion_tokens:
+        out.tokens = completion_tokens
+    return out
+
+
+def _chunk(chunk: dict[str, Any], key: str) -> Chunk:
+    """A chunk's (``key`` ``delta``) or an answer's (``message``) fields, type-checked."""
     if "error" in chunk:
         error = chunk["error"]
         message = error.get("message", error) if isinstance(error, dict) else error
@@ -124,10 +148,10 @@ def parse_line(line: str) -> Chunk | None:
         raise StreamError("malformed chunk from the upstream: 'choices' is not a list")
     out = Chunk(usage=_usage(chunk.get("usage")))
     for choice in choices or ():
-        delta = choice.get("delta", {}) if isinstance(choice, dict) else None
+        delta = (choice.get(key) or {}) if isinstance(choice, dict) else None
         if not isinstance(delta, dict):
             raise StreamError("malformed chunk from the upstream: a choice is not an object")
-        text = delta.get("content") if "delta" in choice else choice.get("text")
+        text = delta.get("content") if key in choice else choice.get("text")
         if not isinstance(text or "", str):
             raise StreamError("malformed chunk from the upstream: its text is not a string")
         finish = choice.get("finish_reason")
@@ -171,7 +195,7 @@ def _count(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < MAX_COUNT
 
 
-def _object(data: str) -> dict[str, Any]:
+def _object(data: str | bytes) -> dict[str, Any]:
     """A chunk's JSON object (anything else is a ``StreamError``)."""
     with contextlib.suppress(orjson.JSONDecodeError):
         if isinstance(chunk := orjson.loads(data), dict):

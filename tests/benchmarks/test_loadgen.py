@@ -75,8 +75,13 @@ async def test_fails_when_nothing_succeeds() -> None:
             await run(options(port), REQUEST)
 
 
-async def test_refuses_responses_without_content_length() -> None:
-    server, port, _ = await serve(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n")
+async def test_reads_chunked_answers_and_refuses_bodies_of_no_length() -> None:
+    chunked = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+    server, port, _ = await serve(chunked)
+    async with server:
+        figures = await run(options(port), REQUEST)
+    assert figures["requests"] > 0 and figures["errors"] == 0
+    server, port, _ = await serve(b"HTTP/1.1 200 OK\r\n\r\n{}")
     async with server:
         with pytest.raises(RuntimeError, match="Content-Length"):
             await run(options(port), REQUEST)

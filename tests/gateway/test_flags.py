@@ -28,6 +28,7 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser declared them by hand
     "--host": ("host", str, "store", None, "options"),
     "--port": ("port", int, "store", None, "options"),
+    "--workers": ("workers", int, "store", None, "options"),
     "--model": ("model", str, "store", None, "options"),
     "--served-model-name": ("served_model_name", str, "store", None, "options"),
     "--max-model-len": ("max_model_len", int, "store", None, "options"),
@@ -108,6 +109,7 @@ ENV_ONLY = {
     "oauth_admin_scope",
     "upstream_healthy_after",
     "upstream_cooldown_s",
+    "upstream_placement_timeout_s",
     "tenant_salt_secret",
     "instructions",
 }

@@ -110,6 +110,35 @@ class Process:
 
 
 @contextmanager
+def peer(
+    command: list[str], log_path: Path, probe: str, timeout_s: float, poll_s: float = 0.2
+) -> Iterator[None]:
+    """Another project's server (vLLM, sglang-router) run as ``command``, its output in
+    ``log_path``: ready once ``GET probe`` answers 200, terminated afterwards."""
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            assert process.poll() is None, f"{command[:3]} exited: {log_path.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, f"{command[:3]} did not start"
+            try:
+                if httpx.get(probe, timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(poll_s)
+        yield
+    finally:
+        process.terminate()
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@contextmanager
 def running(processes: list[Process], timeout_s: float = 120) -> Iterator[list[Process]]:
     """Start them all, wait until each is ready, and stop them all afterwards."""
     for process in processes:

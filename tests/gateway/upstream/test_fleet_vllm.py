@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +20,7 @@ from gateway.settings import Settings
 from gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.openai.test_tool_calls import MESSAGES, SCHEMAS, TOOLS, accumulate
-from tests.gateway.upstream.processes import call_tool, generate
+from tests.gateway.upstream.processes import call_tool, generate, peer
 from tests.gateway.upstream.test_fleet_tool_calls import NAMED
 
 VLLM_PYTHON = (
@@ -56,53 +54,32 @@ pytestmark = [
 def vllm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     model = make_tiny_model(tmp_path_factory.mktemp("model") / "tiny")
     port = free_port()
-    log = (tmp_path_factory.mktemp("vllm") / "vllm.log").open("wb")
-    process = subprocess.Popen(
-        [
-            str(ENV_SH),
-            str(VLLM_PYTHON),
-            "-m",
-            "vllm.entrypoints.openai.api_server",
-            "--model",
-            str(model),
-            "--host",
-            "127.0.0.1",
-            "--port",
-            str(port),
-            "--max-model-len",
-            "2048",
-            "--served-model-name",
-            "tiny",
-            "--enable-prompt-tokens-details",
-            "--enable-auto-tool-choice",  # vLLM 0.32 serves no tool_choice but none without
-            "--tool-call-parser",
-            "pythonic",  # one that needs no special tokens in the tiny model's vocabulary
-            "--structured-outputs-config",  # else the random model pads calls with whitespace
-            '{"backend": "xgrammar", "disable_any_whitespace": true}',
-        ],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
+    log = tmp_path_factory.mktemp("vllm") / "vllm.log"
+    command = [
+        str(ENV_SH),
+        str(VLLM_PYTHON),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        "2048",
+        "--served-model-name",
+        "tiny",
+        "--enable-prompt-tokens-details",
+        "--enable-auto-tool-choice",  # vLLM 0.32 serves no tool_choice but none without
+        "--tool-call-parser",
+        "pythonic",  # one that needs no special tokens in the tiny model's vocabulary
+        "--structured-outputs-config",  # else the random model pads calls with whitespace
+        '{"backend": "xgrammar", "disable_any_whitespace": true}',
+    ]
     base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 400
-        while True:
-            assert process.poll() is None, f"vLLM exited; see {log.name}"
-            assert time.monotonic() < deadline, "vLLM did not start"
-            try:
-                if httpx.get(base + "/health", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(1)
+    with peer(command, log, base + "/health", 400, poll_s=1):
         yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 def test_mcp_generate_through_a_vllm_upstream(vllm: str) -> None:

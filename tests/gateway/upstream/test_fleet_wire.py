@@ -31,7 +31,7 @@ from gateway.upstream.routing import (
     PrefixKeys,
     UpstreamRouter,
 )
-from gateway.upstream.wire import StreamError, TokenIds, parse_line, request_body
+from gateway.upstream.wire import StreamError, TokenIds, parse_body, parse_line, request_body
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.mcp.test_streaming import wait_idle
 from tests.gateway.upstream.processes import generate, tool_call
@@ -374,3 +374,26 @@ def test_upstream_logprobs_parse_as_ids_or_strings() -> None:
     assert tokenizer.decode([token_id]) == word and entry == {token_id: -0.25}
     with pytest.raises(StreamError, match="malformed logprobs"):
         parse_line('data: {"choices": [{"text": "x", "logprobs": {"tokens": ["a"]}}]}')
+
+
+def test_a_whole_answer_is_read_and_checked_as_its_chunks_would_be() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    usage = {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}
+    message = {"role": "assistant", "content": None, "tool_calls": [call]}
+    choice = {"index": 0, "message": message, "finish_reason": "tool_calls"}
+    chat = parse_body(orjson.dumps({"choices": [choice], "usage": usage}))
+    assert (chat.text, chat.finish_reason, chat.tokens) == ("", "tool_calls", 3)
+    assert chat.tool_calls == [{"index": 0, **call}]
+    text = parse_body(b'{"choices": [{"text": "ab", "finish_reason": "length"}]}')
+    assert (text.text, text.finish_reason, text.tokens) == ("ab", "length", 1)
+    for bad, says in (
+        (b"[1, 2]", "malformed chunk"),
+        (b'{"choices": [{"message": "x"}]}', "not an object"),
+        (b'{"choices": [{"message": {"content": 7}}]}', "not a string"),
+        (b'{"choices": [{"text": "a", "finish_reason": "DROP TABLE"}]}', "finish_reason"),
+        (b'{"choices": [], "usage": {"completion_tokens": -1}}', "usage"),
+        (b'{"choices": [{"message": {"tool_calls": [{"type": "x"}]}}]}', "tool_calls"),
+        (b'{"error": {"message": "out of memory"}}', "out of memory"),
+    ):
+        with pytest.raises(StreamError, match=says):
+            parse_body(bad)

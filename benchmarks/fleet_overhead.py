@@ -1,0 +1,187 @@
+"""Fleet mode's own cost: a router in front of three upstreams that answer at once.
+
+Three ``benchmarks.instant_upstream`` processes; in front of them, one after the other in the
+same run, kvgate in fleet mode (``--routing prefix``, 1 and ``--workers`` processes) and, when
+installed, sglang-router (``python -m sglang_router.launch_router --policy cache_aware``), the
+Rust router a fleet operator would otherwise pick. ``benchmarks.loadgen`` drives each with a
+closed loop of non-streamed (and then streamed) ``/v1/chat/completions`` calls over
+keep-alive connections and reports req/s, p50/p99 and the router's CPU per call, summed over
+its whole process tree (every kvgate worker). Several rounds, interleaved, with ``uptime``.
+
+    python benchmarks/fleet.py --workload overhead --rounds 3 --duration 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import orjson
+
+from benchmarks.loopback import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "You are a helpful assistant. Answer the question in one word. " * 4
+
+
+def request_bytes(port: int, streamed: bool) -> bytes:
+    body = orjson.dumps(
+        {
+            "model": "instant",
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 8,
+            "stream": streamed,
+        }
+    )
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1:{port}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class Router:
+    """A router process in front of the upstreams, ready once it answers a call."""
+
+    def __init__(self, name: str, command: Callable[[int], list[str]]) -> None:
+        self.name, self.port = name, free_port()
+        self.process = subprocess.Popen(
+            command(self.port),
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        body = orjson.loads(request_bytes(self.port, False).split(b"\r\n\r\n", 1)[1])
+        deadline = time.monotonic() + 60
+        while True:
+            assert self.process.poll() is None, f"{name} exited"
+            assert time.monotonic() < deadline, f"{name} never answered"
+            try:
+                url = f"http://127.0.0.1:{self.port}/v1/chat/completions"
+                if httpx.post(url, json=body, timeout=2).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def drive(router: Router, args: argparse.Namespace, streamed: bool) -> dict[str, float]:
+    with tempfile.NamedTemporaryFile(suffix=".bin") as file:
+        file.write(request_bytes(router.port, streamed))
+        file.flush()
+        out = subprocess.run(
+            [sys.executable, "-m", "benchmarks.loadgen", "--port", str(router.port)]
+            + ["--request-file", file.name, "--duration", str(args.duration)]
+            + ["--concurrency", str(args.concurrency), "--watch-pid", str(router.process.pid)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        )
+    if out.returncode != 0:
+        raise RuntimeError(f"loadgen failed against {router.name}: {out.stderr[-2000:]}")
+    return dict(json.loads(out.stdout))
+
+
+def routers(urls: list[str], workers: int) -> list[tuple[str, Callable[[int], list[str]]]]:
+    flags = [f for url in urls for f in ("--upstream", url)]
+
+    def kvgate(n: int) -> Callable[[int], list[str]]:
+        return lambda port: (
+            [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+            + [
+                *flags,
+                "--routing",
+                "prefix",
+                "--workers",
+                str(n),
+            ]
+        )
+
+    out = [("kvgate", kvgate(1)), (f"kvgate --workers {workers}", kvgate(workers))]
+    if importlib.util.find_spec("sglang_router") is not None:
+        out.append(
+            (
+                "sglang-router cache_aware",
+                lambda port: (
+                    [sys.executable, "-m", "sglang_router.launch_router"]
+                    + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
+                    + ["--policy", "cache_aware", "--log-level", "warn"]
+                ),
+            )
+        )
+    else:
+        print("sglang-router is not installed: it is left out (pip install sglang-router)")
+    return out
+
+
+def run(args: argparse.Namespace) -> None:
+    ports = [free_port() for _ in range(3)]
+    upstreams = [
+        subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.instant_upstream", "--port", str(p)], cwd=ROOT
+        )
+        for p in ports
+    ]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    rows: list[tuple[str, str, int, dict[str, float], str]] = []
+    try:
+        time.sleep(1)
+        for round_ in range(args.rounds):
+            for name, command in routers(urls, args.workers):
+                router = Router(name, command)
+                try:
+                    for streamed in (False, True):
+                        load = os.getloadavg()[0]
+                        figures = drive(router, args, streamed)
+                        kind = "streamed" if streamed else "non-streamed"
+                        rows.append((name, kind, round_, figures, f"{load:.1f}"))
+                finally:
+                    router.stop()
+    finally:
+        for u in upstreams:
+            u.terminate()
+            u.wait()
+    print(
+        f"\nthree instant upstreams, closed loop c={args.concurrency} /v1/chat/completions, "
+        f"{args.duration:g} s per run, {args.rounds} rounds, {os.cpu_count()} CPUs\n"
+    )
+    print(
+        "| router | call | round | req/s | p50 ms | p99 ms | CPU ms per call (all its processes) | load |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for name, kind, round_, f, load in rows:
+        print(
+            f"| {name} | {kind} | {round_} | {f['rps']:.0f} | {f['p50_ms']:.1f} | "
+            f"{f['p99_ms']:.1f} | {f['server_us_per_request'] / 1e3:.3f} | {load} |"
+        )
+    peer = [r for r in rows if r[0].startswith("sglang")]
+    ours = [r for r in rows if r[0] == f"kvgate --workers {args.workers}"]
+    for kind in ("non-streamed", "streamed"):
+        mine = [r[3] for r in ours if r[1] == kind]
+        theirs = [r[3] for r in peer if r[1] == kind]
+        if mine and theirs:
+            ratio = sum(m["rps"] for m in mine) / sum(t["rps"] for t in theirs)
+            cpu = sum(m["server_us_per_request"] for m in mine) / len(mine) / 1e3
+            print(
+                f"{kind}: kvgate --workers {args.workers} req/s / sglang-router's = "
+                f"{ratio:.2f}x, kvgate CPU per call {cpu:.3f} ms"
+            )
+    print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())

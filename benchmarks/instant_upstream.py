@@ -1,0 +1,135 @@
+"""A fake OpenAI engine server that answers at once: the upstream of fleet.py's overhead
+workload, so what is timed is the router in front of it, never a model.
+
+A raw asyncio protocol (uvloop when installed) over HTTP/1.1 keep-alive: ``GET /v1/models``,
+``/health``, ``/metrics`` (vLLM's gauge names, all zero) and the probes a router sends
+(``/server_info``, ``/model_info``, ``/get_server_info``, ``/get_model_info``); ``POST
+/v1/chat/completions`` and ``/v1/completions`` answer a fixed two-token reply, as one JSON body
+or, when the body asks ``"stream": true``, as SSE events. Usage:
+
+    python -m benchmarks.instant_upstream --port 9001
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+import orjson
+
+MODEL = "instant"
+CHAT = orjson.dumps(
+    {
+        "id": "chatcmpl-instant",
+        "object": "chat.completion",
+        "created": 0,
+        "model": MODEL,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": "ok ok"},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10},
+    }
+)
+
+
+def _event(delta: dict[str, object], finish: str | None, usage: bool = False) -> bytes:
+    chunk: dict[str, object] = {
+        "id": "chatcmpl-instant",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": MODEL,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    if usage:
+        chunk["usage"] = {"prompt_tokens": 8, "completion_tokens": 2, "total_tokens": 10}
+    return b"data: " + orjson.dumps(chunk) + b"\n\n"
+
+
+STREAM = (
+    _event({"role": "assistant", "content": "ok"}, None)
+    + _event({"content": " ok"}, None)
+    + _event({}, "stop", usage=True)
+    + b"data: [DONE]\n\n"
+)
+GETS = {
+    b"/v1/models": orjson.dumps(
+        {"object": "list", "data": [{"id": MODEL, "object": "model", "max_model_len": 4096}]}
+    ),
+    b"/health": b"{}",
+    b"/metrics": b"vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n",
+    b"/server_info": b"{}",
+    b"/get_server_info": b"{}",
+    b"/model_info": orjson.dumps({"model_path": MODEL, "is_generation": True}),
+    b"/get_model_info": orjson.dumps({"model_path": MODEL, "is_generation": True}),
+}
+
+
+def _answer(body: bytes, kind: bytes = b"application/json", status: bytes = b"200 OK") -> bytes:
+    return (
+        b"HTTP/1.1 " + status + b"\r\ncontent-type: " + kind
+        + b"\r\ncontent-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )  # fmt: skip
+
+
+ANSWERS = {path: _answer(body) for path, body in GETS.items()}
+JSON_ANSWER = _answer(CHAT)
+SSE_ANSWER = _answer(STREAM, b"text/event-stream")
+NOT_FOUND = _answer(b'{"error": "not found"}', status=b"404 Not Found")
+
+
+class Instant(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.buffer = b""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport: asyncio.WriteTransport = transport  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        while True:
+            end = self.buffer.find(b"\r\n\r\n")
+            if end < 0:
+                return
+            head = self.buffer[:end]
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"content-length":
+                    length = int(value)
+            if len(self.buffer) < end + 4 + length:
+                return
+            body = self.buffer[end + 4 : end + 4 + length]
+            self.buffer = self.buffer[end + 4 + length :]
+            method, path = head.split(b" ", 2)[:2]
+            if method == b"POST":
+                streamed = b'"stream":true' in body.replace(b" ", b"")
+                self.transport.write(SSE_ANSWER if streamed else JSON_ANSWER)
+            else:
+                self.transport.write(ANSWERS.get(path.split(b"?")[0], NOT_FOUND))
+
+
+async def serve(port: int) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(Instant, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, required=True)
+    port = parser.parse_args().port
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(serve(port))
+    else:
+        uvloop.run(serve(port))
+
+
+if __name__ == "__main__":
+    main()
