@@ -6,9 +6,12 @@ in the dev extra: it brings boto3 and more)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 from typing import Any
 
+import httpx
+import openai
 import pytest
 
 from engine import AsyncLLM, SamplingParams
@@ -19,59 +22,79 @@ PROMPT = "Tell me a story about a clockmaker."
 MAX_TOKENS = 8
 
 
-def engine_reply(engine: AsyncLLM) -> str:
+async def greedy_reply(engine: AsyncLLM) -> str:
     """The engine's own greedy reply to ``PROMPT`` as a chat turn (what every client must get)."""
+    prompt = engine.apply_chat_template([{"role": "user", "content": PROMPT}])
+    params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
+    return [o async for o in engine.generate(prompt, params)][-1].text
 
-    async def run() -> str:
-        prompt = engine.apply_chat_template([{"role": "user", "content": PROMPT}])
-        params = SamplingParams(max_tokens=MAX_TOKENS, temperature=0)
-        return [o async for o in engine.generate(prompt, params)][-1].text
 
-    return asyncio.run(run())
+def engine_reply(engine: AsyncLLM) -> str:
+    return asyncio.run(greedy_reply(engine))
 
 
 def engine_embedding(engine: AsyncLLM, text: str) -> list[float]:
     return asyncio.run(engine.embed(text)).embedding
 
 
-# LiteLLM's own: a TypedDict pydantic warns about, and the sync clients it never closes.
+# LiteLLM's own: a TypedDict pydantic warns about, and an event loop it opens and never closes
+# (collected here, so that no later test meets it).
 @pytest.mark.filterwarnings("ignore:.*the `ReadOnly` qualifier:UserWarning")
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_litellm_completion_and_embedding(server: LiveServer, engine: AsyncLLM) -> None:
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetched from the web
     litellm: Any = pytest.importorskip("litellm")
-    where = {"api_base": server.base + "/v1", "api_key": "unused"}
-    model = f"openai/{engine.model_name}"
-    reply = litellm.completion(
-        model=model,
-        messages=[{"role": "user", "content": PROMPT}],
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        **where,
-    )
-    assert reply.choices[0].message.content == engine_reply(engine)
-    assert reply.usage.completion_tokens > 0
-    vectors = litellm.embedding(model=model, input=["Hi"], **where)
+    try:
+        _litellm_calls(litellm, server, engine)
+    finally:
+        gc.collect()
+
+
+def _litellm_calls(litellm: Any, server: LiveServer, engine: AsyncLLM) -> None:
+    base = server.base + "/v1"
+    with openai.OpenAI(base_url=base, api_key="unused") as client:  # ours, closed here
+        where = {"api_base": base, "api_key": "unused", "client": client}
+        model = f"openai/{engine.model_name}"
+        reply = litellm.completion(
+            model=model,
+            messages=[{"role": "user", "content": PROMPT}],
+            max_tokens=MAX_TOKENS,
+            temperature=0,
+            **where,
+        )
+        assert reply.choices[0].message.content == engine_reply(engine)
+        assert reply.usage.completion_tokens > 0
+        vectors = litellm.embedding(model=model, input=["Hi"], **where)
     assert cosine(vectors.data[0]["embedding"], engine_embedding(engine, "Hi")) >= 0.9999
 
 
 def test_langchain_chat_openai_and_embeddings(server: LiveServer, engine: AsyncLLM) -> None:
     langchain_openai: Any = pytest.importorskip("langchain_openai")
-    where = {"base_url": server.base + "/v1", "api_key": "unused", "model": engine.model_name}
-    chat = langchain_openai.ChatOpenAI(max_tokens=MAX_TOKENS, temperature=0, **where)
-    assert chat.invoke(PROMPT).content == engine_reply(engine)
-    # tiktoken's ctx-length check would download an encoding: kvgate counts tokens itself
-    embeddings = langchain_openai.OpenAIEmbeddings(check_embedding_ctx_length=False, **where)
-    assert cosine(embeddings.embed_query("Hi"), engine_embedding(engine, "Hi")) >= 0.9999
+    with httpx.Client() as http:  # ours, closed here: the default one outlives the test
+        where = {
+            "base_url": server.base + "/v1",
+            "api_key": "unused",
+            "model": engine.model_name,
+            "http_client": http,
+        }
+        chat = langchain_openai.ChatOpenAI(max_tokens=MAX_TOKENS, temperature=0, **where)
+        assert chat.invoke(PROMPT).content == engine_reply(engine)
+        # tiktoken's ctx-length check would download an encoding: kvgate counts tokens itself
+        embeddings = langchain_openai.OpenAIEmbeddings(check_embedding_ctx_length=False, **where)
+        assert cosine(embeddings.embed_query("Hi"), engine_embedding(engine, "Hi")) >= 0.9999
 
 
-def test_pydantic_ai_agent_on_chat_completions(server: LiveServer, engine: AsyncLLM) -> None:
+async def test_pydantic_ai_agent_on_chat_completions(server: LiveServer, engine: AsyncLLM) -> None:
     pytest.importorskip("pydantic_ai")
+    from openai import AsyncOpenAI
     from pydantic_ai import Agent
     from pydantic_ai.models.openai import OpenAIChatModel
     from pydantic_ai.providers.openai import OpenAIProvider
 
-    provider = OpenAIProvider(base_url=server.base + "/v1", api_key="unused")
-    agent = Agent(OpenAIChatModel(engine.model_name, provider=provider))
-    result = agent.run_sync(PROMPT, model_settings={"max_tokens": MAX_TOKENS, "temperature": 0})
-    assert result.output == engine_reply(engine)
+    # Our own client, closed here (the provider's default one is shared and never closed).
+    async with AsyncOpenAI(base_url=server.base + "/v1", api_key="unused") as client:
+        model = OpenAIChatModel(engine.model_name, provider=OpenAIProvider(openai_client=client))
+        result = await Agent(model).run(
+            PROMPT, model_settings={"max_tokens": MAX_TOKENS, "temperature": 0}
+        )
+    assert result.output == await greedy_reply(engine)
