@@ -4,7 +4,9 @@ memory (after imports, peak, after load) and single-stream decode tok/s.
     python benchmarks/gguf.py [FILE.gguf] [--dtype bfloat16|float32] [--tokens 128] [--threads 2]
 
 FILE defaults to the SmolLM2-135M-Instruct Q4_1 file (`kvgate fetch-model smollm2`). Each
-engine loads in its own fresh process, so its memory figures are its own. Decode tok/s is one
+engine loads in its own fresh process, so its memory figures are its own; kvgate's load time
+and RSS after load are the file's load alone (model, tokenizer), before the engine around it
+(KV cache, attention kernels) is built; peak RSS is over the whole run. Decode tok/s is one
 chat prompt generating `--tokens` new tokens less a 1-token run (prefill excluded), best of 3.
 Both engines dequantize the file at load (kvgate has no quantized matmul yet). Run it on an
 otherwise idle machine (`flock /tmp/kvgate-bench.lock`).
@@ -37,11 +39,16 @@ tokens, chat = int(tokens), json.loads(chat)
 import torch
 torch.set_num_threads(int(threads))
 if engine == "kvgate":
+    from pathlib import Path
     from engine import LLM, SamplingParams
+    from engine.model_source import load_model_at
     base = rss_mb()
     start = time.perf_counter()
-    llm = LLM(path, dtype=dtype, kv_cache_memory="64MiB", threads=int(threads))
+    loaded = load_model_at(Path(path), dtype)  # the file alone: no KV cache, no kernel build
     load = time.perf_counter() - start
+    after_load = rss_mb()
+    del loaded
+    llm = LLM(path, dtype=dtype, kv_cache_memory="64MiB", threads=int(threads))
     prompt = llm.tokenizer.encode_chat(chat)
     def run(new):
         params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
@@ -57,6 +64,7 @@ else:
         folder, gguf_file=name, dtype=getattr(torch, dtype)
     ).eval()
     load = time.perf_counter() - start
+    after_load = rss_mb()
     tokenizer = transformers.AutoTokenizer.from_pretrained(folder, gguf_file=name)
     text = tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True)
     prompt = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"]])
@@ -65,7 +73,6 @@ else:
         with torch.no_grad():
             model.generate(prompt, max_new_tokens=new, min_new_tokens=new, do_sample=False)
         return time.perf_counter() - start
-after_load = rss_mb()
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 run(tokens)  # warm-up
 decode = min(run(tokens) - run(1) for _ in range(3))
