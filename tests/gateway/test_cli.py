@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -116,3 +117,18 @@ def test_limit_flags_reach_the_settings_and_the_engine() -> None:
 def test_limits_have_environment_twins() -> None:
     settings = Settings.from_env({"KVGATE_MAX_WAITING": "3", "KVGATE_REQUEST_TIMEOUT_S": "9.5"})
     assert (settings.max_waiting, settings.request_timeout_s) == (3, 9.5)
+
+
+def test_fetch_model_prints_the_cached_path(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"cached")
+    done = subprocess.run(
+        [sys.executable, "-m", "gateway", "fetch-model", "smollm2"],
+        env=os.environ | {"KVGATE_CACHE_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{models / 'SmolLM2-135M-Instruct.Q4_1.gguf'}\n"

@@ -30,6 +30,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--port": ("port", int, "store", None, "options"),
     "--workers": ("workers", int, "store", None, "options"),
     "--model": ("model", str, "store", None, "options"),
+    "--revision": ("revision", str, "store", None, "options"),
     "--served-model-name": ("served_model_name", str, "store", None, "options"),
     "--max-model-len": ("max_model_len", int, "store", None, "options"),
     "--dtype": ("dtype", str, "store", None, "options"),
