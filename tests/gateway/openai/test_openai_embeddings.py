@@ -8,7 +8,6 @@ from __future__ import annotations
 import base64
 import math
 import struct
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -20,18 +19,6 @@ from engine import AsyncLLM
 from engine.tiny_model import default_model_dir
 from tests.engine.test_embeddings import cosine, hf_embedding
 from tests.gateway.live_server import LiveServer
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id  # the name the server answers to
-
 
 TEXTS = [
     "Hi",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 
 import httpx
 import openai
@@ -15,12 +14,6 @@ from tests.engine.test_async_llm import all_blocks_released
 from tests.gateway.live_server import LiveServer
 
 LONG_PROMPT = "The quick brown fox jumps over the lazy dog. " * 12
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ stateless refusals of ``store`` / ``previous_response_id``."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -25,17 +24,6 @@ TOOLS: list[Any] = [
     {"type": "function", "name": "now", "parameters": None, "strict": False},
 ]
 EVENTS: TypeAdapter[Any] = TypeAdapter(ResponseStreamEvent)
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def model(client: openai.OpenAI) -> str:
-    return client.models.list().data[0].id
 
 
 def streamed(client: openai.OpenAI, **fields: Any) -> tuple[list[Any], Response]:

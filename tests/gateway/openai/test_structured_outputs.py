@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
 
 import httpx
 import jsonschema
@@ -26,12 +25,6 @@ PERSON = {
     "additionalProperties": False,
 }
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def test_chat_json_schema_choices_all_validate(client: openai.OpenAI) -> None:

@@ -5,7 +5,6 @@ non-streamed answer, conversations with earlier calls render, bad tools are 400s
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -36,12 +35,6 @@ TOOLS: list[Any] = [
 ]
 MESSAGES: list[Any] = [{"role": "user", "content": "What is the weather in Paris?"}]
 SCHEMAS = {"get_weather": WEATHER, "now": {"type": "object"}}
-
-
-@pytest.fixture(scope="module")
-def client(server: LiveServer) -> Iterator[openai.OpenAI]:
-    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 def create(client: openai.OpenAI, **fields: Any) -> Any:
