@@ -41,6 +41,7 @@ import torch
 from engine.errors import InvalidArgument
 from engine.sampling_params import StructuredOutputs
 from engine.tokenizer import Tokenizer
+from engine.utf8_guard import Utf8Guard
 
 MAX_CACHED_GRAMMARS = 256  # entries, besides the bytes bound
 GRAMMAR_CACHE_BYTES = 256 * 2**20  # compiled grammars kept: 8+ of the largest spec allowed
@@ -77,13 +78,16 @@ def _xgr() -> ModuleType:
 
 
 class GrammarState:
-    """One request's position in its grammar."""
+    """One request's position in its grammar, and the UTF-8 lead byte its output ends on."""
 
-    def __init__(self, compiled: Any):
+    def __init__(self, compiled: Any, guard: Utf8Guard):
         self.matcher = _xgr().GrammarMatcher(compiled)
+        self.guard = guard
+        self.lead = 0
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False when the grammar cannot take it."""
+        self.lead = self.guard.lead_after(token_id)
         return bool(self.matcher.accept_token(token_id))
 
     @property
@@ -114,6 +118,8 @@ class GrammarCache:
         self._bytes = 0  # the compiled memory of the grammars kept
         self._lock = threading.Lock()  # the cache (held for microseconds: the loop asks it)
         self._build_lock = threading.Lock()  # building the compiler (seconds, on a worker)
+        self.token_bytes: list[bytes] = []  # each token's bytes as xgrammar reads them
+        self._guard: Utf8Guard | None = None  # built with the compiler, from token_bytes
 
     @functools.cached_property
     def _compiler(self) -> Any:
@@ -128,11 +134,15 @@ class GrammarCache:
             vocab_size=self.vocab_size,
             stop_token_ids=self.stop_token_ids,
         )
+        self.token_bytes = list(info.decoded_vocab)
+        self._guard = Utf8Guard(self.token_bytes, self.vocab_size)
         return xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
 
     def state(self, spec: StructuredOutputs) -> GrammarState:
         """A fresh grammar state for ``spec``; ValueError naming the field if it is bad."""
-        return GrammarState(self.compile(spec))
+        compiled = self.compile(spec)  # builds the compiler, and the guard with it
+        assert self._guard is not None
+        return GrammarState(compiled, self._guard)
 
     def cached(self, spec: StructuredOutputs) -> bool:
         """Whether ``spec`` is compiled already (a front door compiles the others off its
@@ -215,7 +225,10 @@ def fill_bitmask(grammars: Sequence[GrammarState | None], vocab_size: int) -> to
         return None
     bitmask = _xgr().allocate_token_bitmask(len(grammars), vocab_size)  # all allowed
     for i in rows:
-        grammars[i].matcher.fill_next_token_bitmask(bitmask, i)  # type: ignore[union-attr]
+        grammar = grammars[i]
+        assert grammar is not None
+        grammar.matcher.fill_next_token_bitmask(bitmask, i)
+        bitmask[i] &= grammar.guard.masks[grammar.lead]  # valid UTF-8 only (utf8_guard)
     return bitmask
 
 
