@@ -41,16 +41,17 @@ class Utf8Guard:
     that the output so far ends on."""
 
     def __init__(self, token_bytes: Sequence[bytes], vocab_size: int):
-        allowed = torch.ones(vocab_size, dtype=torch.bool)
-        first = torch.full((vocab_size,), -1, dtype=torch.int32)
+        valid, starts = [True] * vocab_size, [-1] * vocab_size  # lists: one tensor each, once
         self._trailing = [0] * vocab_size
         for token_id, data in enumerate(token_bytes[:vocab_size]):
             if not data:
                 continue
-            allowed[token_id] = not invalid_inside(data)
-            first[token_id] = data[0]
+            valid[token_id] = not invalid_inside(data)
+            starts[token_id] = data[0]
             if data[-1] in FORBIDDEN_SECOND:
                 self._trailing[token_id] = data[-1]
+        allowed = torch.tensor(valid, dtype=torch.bool)
+        first = torch.tensor(starts, dtype=torch.int32)
         self.masks = {0: _packed(allowed)}
         for lead, second in FORBIDDEN_SECOND.items():
             banned = (first >= second.start) & (first < second.stop)
