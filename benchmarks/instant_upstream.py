@@ -104,7 +104,11 @@ class Instant(asyncio.Protocol):
                 return
             body = self.buffer[end + 4 : end + 4 + length]
             self.buffer = self.buffer[end + 4 + length :]
-            method, path = head.split(b" ", 2)[:2]
+            request_line = head.split(b"\r\n", 1)[0].split(b" ", 2)
+            if len(request_line) < 2:  # not HTTP/1.1 (a stray line): no answer, no crash
+                self.transport.close()
+                return
+            method, path = request_line[:2]
             if method == b"POST":
                 streamed = b'"stream":true' in body.replace(b" ", b"")
                 self.transport.write(SSE_ANSWER if streamed else JSON_ANSWER)
