@@ -60,9 +60,7 @@ def load_model(
     path = Path(path)
     if not path.is_dir():
         raise ModelLoadError(f"model folder {path} does not exist")
-    config = ModelConfig.from_dir(path)
-    if max_model_len is not None and max_model_len < config.max_model_len:
-        config = dataclasses.replace(config, max_model_len=max_model_len)
+    config = bounded_context(ModelConfig.from_dir(path), max_model_len)
     torch_dtype = resolve_dtype(dtype, config)
     files = safetensors_files(path)
     tokenizer = Tokenizer.from_dir(path)
@@ -73,6 +71,14 @@ def load_model(
     return LoadedModel(
         model, config, tokenizer, model_identity(path, files, torch_dtype), path, torch_dtype
     )
+
+
+def bounded_context(config: ModelConfig, max_model_len: int | None) -> ModelConfig:
+    """``config`` with its context bounded by ``max_model_len`` when that is smaller (RoPE
+    tables and the cache are sized to it: a 1M-position config need not precompute 1M)."""
+    if max_model_len is not None and max_model_len < config.max_model_len:
+        return dataclasses.replace(config, max_model_len=max_model_len)
+    return config
 
 
 def safetensors_files(path: Path) -> list[Path]:

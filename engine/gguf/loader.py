@@ -7,7 +7,6 @@ kernel). The file is memory-mapped and converted tensor by tensor (see `tensors`
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -16,7 +15,7 @@ from gguf import GGUFReader
 from engine.gguf.metadata import gguf_architecture, model_config
 from engine.gguf.tensors import load_gguf_weights
 from engine.gguf.vocab import gguf_tokenizer
-from engine.loader import LoadedModel, resolve_dtype, sampled_digest
+from engine.loader import LoadedModel, bounded_context, resolve_dtype, sampled_digest
 from engine.model_config import ModelLoadError
 from engine.models.registry import model_class
 
@@ -31,9 +30,7 @@ def load_gguf(
         reader = GGUFReader(path)
     except (ValueError, OSError) as exc:  # a bad magic or version, a truncated file
         raise ModelLoadError(f"cannot read GGUF file {path}: {exc}") from exc
-    config = model_config(reader)
-    if max_model_len is not None and max_model_len < config.max_model_len:
-        config = dataclasses.replace(config, max_model_len=max_model_len)
+    config = bounded_context(model_config(reader), max_model_len)
     torch_dtype = resolve_dtype(dtype, config)
     tokenizer = gguf_tokenizer(reader)
     model = model_class(config.architecture)(config, torch_dtype, device)
