@@ -8,7 +8,7 @@ import pytest
 import torch
 from attention_cases import expected_output, make_case
 
-from engine.attention import AttentionMetadata, cpu, get_attention_backend, paged_attention
+from engine.attention import AttentionMetadata, get_attention_backend, paged_attention
 from engine.attention.cpu import NativeDecode, native_decode
 from engine.attention.kv_cache import FP8_DTYPE, KVCache
 
@@ -130,17 +130,6 @@ def test_the_cpu_backend_serves_decode_rows_with_it_and_prefill_rows_as_before(
         ),
         _decode(kernel, decode_only),
     )
-
-
-def test_a_new_build_removes_this_cpu_kinds_older_ones_only(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    monkeypatch.setenv("KVGATE_CACHE_DIR", str(tmp_path))
-    current = cpu.build_directory(cpu._build_name())
-    older = current.with_name(f"kvgate_cpu_attention_{cpu._cpu_kind()}_000000000000")
-    other_machine = current.with_name("kvgate_cpu_attention_ffffffff_000000000000")
-    for folder in (current, older, other_machine):
-        folder.mkdir(parents=True)
-    cpu._remove_stale_builds(current)
-    assert current.is_dir() and other_machine.is_dir() and not older.exists()
 
 
 def test_every_finite_fp8_value_widens_exactly(kernel: NativeDecode) -> None:
