@@ -14,7 +14,7 @@ from types import ModuleType
 
 import torch
 
-from engine import native
+import engine.native as native
 from engine.attention.kv_cache import FP8_DTYPE, KVCache
 
 SOURCES = [Path(__file__).with_name("paged_decode.cpp")]
