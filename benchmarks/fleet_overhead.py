@@ -124,6 +124,8 @@ def routers(urls: list[str], workers: int) -> list[tuple[str, Callable[[int], li
                     [sys.executable, "-m", "sglang_router.launch_router"]
                     + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
                     + ["--policy", "cache_aware", "--log-level", "warn"]
+                    # Its metrics listener defaults to 29000, which another router may hold.
+                    + ["--prometheus-port", str(free_port())]
                 ),
             )
         )

@@ -14,13 +14,14 @@ far (bounded by the stream's budget), whatever the upstream sends.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Mapping
 from typing import Any
 
-import aiohttp
 import httpx
 import orjson
 
+from gateway.upstream.http1 import Pool, Response
 from gateway.upstream.wire import StreamError
 
 MAX_LINE_BYTES = 1 << 20
@@ -39,7 +40,7 @@ def stream_budget(max_tokens: int) -> int:
     return STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * max_tokens
 
 
-def coded(response: aiohttp.ClientResponse | httpx.Response) -> str | None:
+def coded(response: Response | httpx.Response) -> str | None:
     """The response's content coding, unless it is none (``identity``)."""
     headers: Mapping[str, str] = response.headers
     coding = headers.get("content-encoding", "").strip().lower()
@@ -87,7 +88,7 @@ def _text(line: bytearray) -> str:
         raise StreamError("malformed stream from the upstream: not UTF-8") from None
 
 
-async def read_within(response: aiohttp.ClientResponse, limit: int) -> bytes | None:
+async def read_within(response: Response, limit: int) -> bytes | None:
     """The response body, or None once it runs past ``limit`` bytes (the rest unread) or
     comes in a content coding."""
     if coded(response) is not None:
@@ -96,19 +97,19 @@ async def read_within(response: aiohttp.ClientResponse, limit: int) -> bytes | N
     if length is not None and length <= limit:  # one read, as the socket delivers it
         return await response.read()
     data = bytearray()
-    async for piece in response.content.iter_any():
+    async for piece in response.chunks():
         data += piece
         if len(data) > limit:
             return None
     return bytes(data)
 
 
-async def read_head(response: aiohttp.ClientResponse, limit: int) -> bytes:
+async def read_head(response: Response, limit: int) -> bytes:
     """At most the first ``limit`` bytes of the body (an error answer's message)."""
     if coded(response) is not None:
         return b""
     data = bytearray()
-    async for piece in response.content.iter_any():
+    async for piece in response.chunks():
         data += piece
         if len(data) >= limit:
             break
@@ -133,12 +134,20 @@ def models_sync(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
         return orjson.loads(data)
 
 
-async def models(session: aiohttp.ClientSession, url: str, timeout_s: float) -> Any:
-    """The same with ``session``."""
-    timeout = aiohttp.ClientTimeout(total=timeout_s)
-    async with session.get(url + "/v1/models", timeout=timeout, allow_redirects=False) as response:
-        response.raise_for_status()
-        data = await read_within(response, MAX_BODY_BYTES)
+async def models(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
+    """The same without blocking: over a connection of its own, closed after."""
+    pool = Pool(url, {**HEADERS, **headers}, timeout_s)
+    try:
+        async with asyncio.timeout(timeout_s):
+            response = await pool.request("GET", "/v1/models")
+            try:
+                if not 200 <= response.status < 300:
+                    raise ValueError(f"/v1/models answered HTTP {response.status}")
+                data = await read_within(response, MAX_BODY_BYTES)
+            finally:
+                response.close()
+    finally:
+        pool.aclose()
     if not data:
         raise ValueError(f"/v1/models answered no JSON within {MAX_BODY_BYTES} bytes")
     return orjson.loads(data)

@@ -20,12 +20,10 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
-
 from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
 from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
-from gateway.upstream import bounded, wire
+from gateway.upstream import bounded, http1, wire
 from gateway.upstream.upstream import TRANSPORT_ERRORS, Upstream, UpstreamFailure, failure_of
 
 if TYPE_CHECKING:
@@ -55,7 +53,7 @@ class Call:
         self.tried: set[int] = set()
         self.retries = RETRIES
         self.upstream: Upstream | None = None
-        self.response: aiohttp.ClientResponse | None = None
+        self.response: http1.Response | None = None
         self.started = 0.0
         self.last: UpstreamFailure | None = None
         self.placed: Upstream | None = None  # the upstream the key's placement record names
@@ -192,7 +190,7 @@ class Call:
         upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
         calls, thought = wire.ToolCalls(), list[str]()
         label, asked = str(upstream.index), self.request.params.max_tokens
-        lines = bounded.sse_lines(self.response.content.iter_any(), bounded.stream_budget(asked))
+        lines = bounded.sse_lines(self.response.chunks(), bounded.stream_budget(asked))
         tail_at: float | None = None
         try:
             while True:

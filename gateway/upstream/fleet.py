@@ -77,7 +77,6 @@ from gateway.upstream.upstream import (
     failure_of,
 )
 from gateway.upstream.upstream import headers as upstream_headers
-from gateway.upstream.upstream import session as upstream_session
 
 logger = logging.getLogger("kvgate.fleet")
 logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call is noise
@@ -541,8 +540,7 @@ class Fleet:
         timeout = self.settings.upstream_connect_timeout_s
         try:
             key_header = upstream_headers(self.settings.upstream_api_key)
-            async with upstream_session(key_header) as client:
-                name, _ = _served_model(await bounded.models(client, url, timeout))
+            name, _ = _served_model(await bounded.models(url, timeout, key_header))
         except (*TRANSPORT_ERRORS, ValueError, KeyError, IndexError, TypeError) as exc:
             logger.info("upstream %s is not serving yet (%s)", url, exc)
             return False

@@ -16,9 +16,10 @@ takes an upstream out for everyone. The client keeps no cookies, follows no redi
 for no content coding (and decodes none), and sends ``--upstream-api-key`` as
 ``Authorization: Bearer`` on every request (calls, checks, scrapes).
 
-The client is aiohttp's, one session per upstream with an unbounded keep-alive pool: on
-benchmarks/fleet.py's overhead path (c=32 POSTs to an instant upstream) it spent 0.12 ms of
-CPU per call where httpx spent 1.1 ms (httpcore's pool scans every connection per request).
+The client is ``http1.Pool``, one per upstream with an unbounded keep-alive pool: on
+benchmarks/fleet.py's overhead path (c=32 POSTs to an instant upstream) it spends 0.02 ms of
+CPU per call where aiohttp spent 0.12 ms and httpx 1.1 ms (httpcore's pool scans every
+connection per request).
 """
 
 from __future__ import annotations
@@ -27,19 +28,16 @@ import asyncio
 import time
 from typing import Any
 
-import aiohttp
 import orjson
-from yarl import URL
 
 from engine.errors import UnknownAdapter
-from gateway.upstream import bounded
+from gateway.upstream import bounded, http1
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import Load
 from gateway.upstream.scrape import Scraped
 
-# What a failing upstream connection raises: aiohttp's errors (timeouts included) and the
-# socket's own.
-TRANSPORT_ERRORS = (aiohttp.ClientError, TimeoutError, OSError)
+# What a failing upstream connection raises: the client's errors (OSErrors) and timeouts.
+TRANSPORT_ERRORS = (TimeoutError, OSError)
 OVERLOADED = (429, 503)
 CLIENTS_FAULT = (400, 422)  # with an OpenAI error body: the caller's input was refused
 NOT_COUNTED = frozenset(("overloaded", "malformed"))
@@ -68,26 +66,11 @@ def headers(api_key: str | None) -> dict[str, str]:
 def failure_of(exc: BaseException, url: str) -> UpstreamFailure:
     if isinstance(exc, TimeoutError):
         kind = "timeout"
-    elif isinstance(exc, aiohttp.ClientConnectorError | ConnectionRefusedError):
+    elif isinstance(exc, http1.ConnectError | ConnectionRefusedError):
         kind = "connect"
     else:
         kind = "reset"
     return UpstreamFailure(kind, f"upstream {url}: {type(exc).__name__} {exc}".strip())
-
-
-def session(
-    headers: dict[str, str], timeout: aiohttp.ClientTimeout | None = None
-) -> aiohttp.ClientSession:
-    """A client session as every upstream request needs it: pooled keep-alive connections
-    with no bound (a call never waits for one), no cookies, bodies as sent."""
-    return aiohttp.ClientSession(
-        connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, enable_cleanup_closed=False),
-        headers=headers,
-        cookie_jar=aiohttp.DummyCookieJar(),
-        auto_decompress=False,
-        timeout=timeout or aiohttp.ClientTimeout(),
-        skip_auto_headers=("User-Agent",),
-    )
 
 
 class Upstream:
@@ -107,51 +90,25 @@ class Upstream:
         self.scraped: Scraped | None = None
         self._queued = 0.0  # the waiting figure of the scrape before the last
         self._scraped_at = 0.0
-        self._headers = headers(api_key)
         self.read_timeout_s = read_timeout_s
-        self._timeout = aiohttp.ClientTimeout(
-            sock_connect=connect_timeout_s, sock_read=read_timeout_s
-        )
-        # A non-streamed answer comes in one piece once generated: no bound on the silence
-        # before it (the call's deadline bounds it; a stalled upstream fails its checks).
-        self._whole_timeout = aiohttp.ClientTimeout(sock_connect=connect_timeout_s)
-        self._session: aiohttp.ClientSession | None = None  # made on the serving loop
-        self._urls: dict[str, URL] = {}
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = session(self._headers, self._timeout)
-        return self._session
-
-    def url_of(self, path: str) -> URL:
-        """``path`` on this upstream, parsed once."""
-        url = self._urls.get(path)
-        if url is None:
-            url = self._urls[path] = URL(self.url + path)
-        return url
+        json_headers = {**headers(api_key), "content-type": "application/json"}
+        self.pool = http1.Pool(url, json_headers, connect_timeout_s)
 
     async def post(
         self, path: str, content: bytes, headers: dict[str, str] | None = None, whole: bool = False
-    ) -> aiohttp.ClientResponse:
+    ) -> http1.Response:
         """A JSON POST's response, its body unread (the caller closes it); ``whole``: an
-        answer that comes in one piece, with no bound on the silence before it."""
-        extra = {"content-type": "application/json", **(headers or {})}
-        timeout = self._whole_timeout if whole else self._timeout
+        answer that comes in one piece, with no bound on the silence before it (the call's
+        deadline bounds it; a stalled upstream fails its checks)."""
+        timeout = None if whole else self.read_timeout_s
         try:
-            return await self.session.post(
-                self.url_of(path),
-                data=content,
-                headers=extra,
-                allow_redirects=False,
-                timeout=timeout,
-            )
+            return await self.pool.request("POST", path, content, headers or None, timeout)
         except TRANSPORT_ERRORS as exc:
             raise failure_of(exc, self.url) from None
 
     async def open(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
-    ) -> aiohttp.ClientResponse:
+    ) -> http1.Response:
         streamed = bool(body.get("stream"))
         response = await self.post(path, orjson.dumps(body), headers, whole=not streamed)
         status = response.status
@@ -207,7 +164,7 @@ class Upstream:
         non-2xx answer or a body over the limit)."""
         try:
             async with asyncio.timeout(timeout_s):
-                response = await self.session.get(self.url_of(path), allow_redirects=False)
+                response = await self.pool.request("GET", path)
                 try:
                     if not 200 <= response.status < 300:
                         raise UpstreamFailure("status_5xx", f"{path} answered {response.status}")
@@ -225,11 +182,10 @@ class Upstream:
         await self.get_text(path, timeout_s, bounded.MAX_BODY_BYTES)
 
     async def aclose(self) -> None:
-        if self._session is not None:
-            await self._session.close()
+        self.pool.aclose()
 
 
-def _readable(response: aiohttp.ClientResponse, streamed: bool) -> bool:
+def _readable(response: http1.Response, streamed: bool) -> bool:
     """Is a 200 one the call can read: an event stream, or (not streamed) JSON; uncoded."""
     kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
     wanted = ("text/event-stream",) if streamed else ("text/event-stream", "application/json")
@@ -259,7 +215,7 @@ def _names_model(detail: bytes) -> bool:
     return isinstance(error, dict) and error.get("param") == "model"
 
 
-def _retry_after(response: aiohttp.ClientResponse) -> float:
+def _retry_after(response: http1.Response) -> float:
     try:
         return max(float(response.headers.get("retry-after", "1")), 0.0)
     except ValueError:

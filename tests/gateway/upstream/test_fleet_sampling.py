@@ -352,7 +352,7 @@ def test_tokenize_request_without_an_answer_marks_the_upstream_failed() -> None:
 
     async def run() -> None:
         try:
-            with pytest.raises(EngineUnavailable, match="Cannot connect"):
+            with pytest.raises(EngineUnavailable, match="(?i)cannot connect"):
                 await fleet.tokenize_request({"prompt": "hi"})
             assert not fleet.upstreams[0].breaker.healthy
             with pytest.raises(EngineUnavailable, match="no healthy upstream"):

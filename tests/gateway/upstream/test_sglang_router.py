@@ -35,7 +35,12 @@ def router(
     command = [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1"]
     command += ["--port", base.rsplit(":", 1)[1], "--worker-urls", *(w.base for w in workers)]
     with peer(
-        [*command, "--policy", "cache_aware", "--log-level", "warn"], log, base + "/v1/models", 60
+        # Its metrics listener defaults to 29000, which another router may hold.
+        [*command, "--policy", "cache_aware", "--log-level", "warn"]
+        + ["--prometheus-port", str(free_port())],
+        log,
+        base + "/v1/models",
+        60,
     ):
         yield base, log
 

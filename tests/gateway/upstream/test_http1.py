@@ -1,0 +1,230 @@
+"""The upstream HTTP/1.1 client against raw asyncio servers that answer byte for byte."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+
+import pytest
+
+from gateway.upstream import http1
+
+Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"
+
+
+@asynccontextmanager
+async def serving(handler: Handler) -> AsyncIterator[tuple[http1.Pool, list[int]]]:
+    """A server running ``handler`` per connection; the pool, and one entry per connection."""
+    connections: list[int] = []
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = http1.Pool(f"http://127.0.0.1:{port}", {"accept-encoding": "identity"}, 2.0)
+    try:
+        yield pool, connections
+    finally:
+        pool.aclose()
+        server.close()
+
+
+async def read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.startswith(b"content-len")
+    )
+    return head + await reader.readexactly(length)
+
+
+async def answer_each(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, reply: bytes = OK
+) -> None:
+    while True:
+        try:
+            await read_request(reader)
+        except asyncio.IncompleteReadError:
+            return
+        writer.write(reply)
+        await writer.drain()
+
+
+def test_keep_alive_reuses_one_connection() -> None:
+    async def run() -> None:
+        async with serving(answer_each) as (pool, connections):
+            for _ in range(5):
+                response = await pool.request("POST", "/v1/x", b'{"a":1}')
+                assert (response.status, await response.read()) == (200, b"{}")
+                assert response.headers["content-type"] == "application/json"
+            assert len(connections) == 1
+
+    asyncio.run(run())
+
+
+def test_the_request_carries_its_headers_and_body() -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        seen.append(await read_request(reader))
+        writer.write(OK)
+        await writer.drain()
+
+    async def run() -> None:
+        async with serving(record) as (pool, _):
+            response = await pool.request("POST", "/v1/y", b"body", {"x-call": "7"})
+            await response.read()
+        head, body = seen[0].split(b"\r\n\r\n")
+        lines = head.split(b"\r\n")
+        assert lines[0] == b"POST /v1/y HTTP/1.1"
+        assert {b"accept-encoding: identity", b"x-call: 7", b"content-length: 4"} <= set(lines)
+        assert any(line.startswith(b"host: 127.0.0.1:") for line in lines)
+        assert body == b"body"
+
+    asyncio.run(run())
+
+
+def test_chunked_and_close_delimited_bodies() -> None:
+    chunked = (
+        b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+        b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\n"
+    )
+    until_close = b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\nall of it"
+
+    async def once(reply: bytes) -> Handler:
+        async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await read_request(reader)
+            writer.write(reply)
+            await writer.drain()
+
+        return handler
+
+    async def run() -> None:
+        async with serving(await once(chunked)) as (pool, _):
+            response = await pool.request("GET", "/")
+            assert await response.read() == b"hello world"
+        async with serving(await once(until_close)) as (pool, connections):
+            response = await pool.request("GET", "/")
+            assert await response.read() == b"all of it"
+            response = await pool.request("GET", "/")  # not pooled: a new connection
+            assert await response.read() == b"all of it"
+            assert len(connections) == 2
+
+    asyncio.run(run())
+
+
+def test_a_body_closed_early_closes_its_connection() -> None:
+    async def run() -> None:
+        reply = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial"
+        async with serving(lambda r, w: answer_each(r, w, reply)) as (pool, connections):
+            response = await pool.request("GET", "/")
+            async for piece in response.chunks():
+                assert piece == b"partial"
+                break  # the caller stops reading: the connection cannot be reused
+            response = await pool.request("GET", "/")
+            response.close()
+            assert len(connections) == 2
+
+    asyncio.run(run())
+
+
+def test_an_upstream_closing_mid_body_is_an_error() -> None:
+    async def cut(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial")
+        await writer.drain()
+
+    async def run() -> None:
+        async with serving(cut) as (pool, _):
+            response = await pool.request("GET", "/")
+            with pytest.raises(http1.ProtocolError, match="closed the connection"):
+                await response.read()
+
+    asyncio.run(run())
+
+
+def test_malformed_answers_and_silence() -> None:
+    async def garbage(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(b"SPDY/9 nonsense\r\n\r\n")
+        await writer.drain()
+        await asyncio.sleep(1)
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        await asyncio.sleep(5)
+
+    async def run() -> None:
+        async with serving(garbage) as (pool, _):
+            with pytest.raises(http1.ProtocolError, match="malformed HTTP"):
+                await pool.request("GET", "/")
+        async with serving(silent) as (pool, _):
+            with pytest.raises(TimeoutError):
+                await pool.request("GET", "/", read_timeout_s=0.2)
+
+    asyncio.run(run())
+
+
+def test_headers_are_bounded() -> None:
+    huge = b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"a" * (http1.MAX_HEAD_BYTES + 1) + b"\r\n\r\n"
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, huge)) as (pool, _):
+            with pytest.raises(http1.ProtocolError, match="headers over"):
+                await pool.request("GET", "/")
+
+    asyncio.run(run())
+
+
+def test_an_idle_connection_the_server_closed_is_replaced() -> None:
+    async def one_answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(OK)  # keep-alive promised, then closed as the next request is sent
+        await writer.drain()
+        await reader.read(1)
+
+    async def run() -> None:
+        async with serving(one_answer) as (pool, connections):
+            for _ in range(3):
+                response = await pool.request("POST", "/", b"{}")
+                assert await response.read() == b"{}"
+            assert len(connections) == 3
+
+    asyncio.run(run())
+
+
+def test_a_large_body_flows_with_reading_paused_and_resumed() -> None:
+    size = 5 * http1.HIGH_WATER
+    reply = b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % size + b"z" * size
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, reply)) as (pool, _):
+            response = await pool.request("GET", "/")
+            await asyncio.sleep(0.2)  # let the server fill the buffer past the high water
+            assert len(await response.read()) == size
+
+    asyncio.run(run())
+
+
+def test_refused_connections_are_connect_errors() -> None:
+    async def run() -> None:
+        server = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        server.close()
+        await server.wait_closed()
+        pool = http1.Pool(f"http://127.0.0.1:{port}", {}, 1.0)
+        with pytest.raises(http1.ConnectError, match="cannot connect"):
+            await pool.request("GET", "/")
+
+    asyncio.run(run())
+
+
+def test_only_http_urls() -> None:
+    with pytest.raises(ValueError, match="not an http"):
+        http1.Pool("ftp://host/", {}, 1.0)
