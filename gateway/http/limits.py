@@ -22,6 +22,8 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.http.corking import CorkedTransport
+
 MAX_TARGET_BYTES = 8192  # the request line limit most servers use (Apache, nginx buffers)
 
 
@@ -46,6 +48,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # A response's head and body in one send (the flow control keeps the raw transport).
+        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
