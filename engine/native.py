@@ -13,10 +13,13 @@ instructions) — how the AVX2 paths are tested and timed on an AVX-512 machine.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from types import ModuleType
 
@@ -72,16 +75,17 @@ def build(family: str, sources: list[Path]) -> ModuleType | None:
         except ImportError:
             pass
         directory.mkdir(parents=True, exist_ok=True)
-        if not any(directory.glob(f"{name}*.so")):
-            log.info("building the CPU kernels %s for this machine (once)", family)
-        module: ModuleType = cpp_extension.load(
-            name=name,
-            sources=[str(source) for source in sources],
-            extra_cflags=["-O3", *_ISA_FLAGS[isa()], "-fopenmp"],
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(directory),
-            verbose=False,
-        )
+        with _building(directory):
+            if not any(directory.glob(f"{name}*.so")):
+                log.info("building the CPU kernels %s for this machine (once)", family)
+            module: ModuleType = cpp_extension.load(
+                name=name,
+                sources=[str(source) for source in sources],
+                extra_cflags=["-O3", *_ISA_FLAGS[isa()], "-fopenmp"],
+                extra_ldflags=["-fopenmp"],
+                build_directory=str(directory),
+                verbose=False,
+            )
     except Exception as exc:  # noqa: BLE001 - any build failure: the torch path serves
         log.warning("CPU kernels %s unavailable (%s); using the torch path", family, exc)
         return None
@@ -89,9 +93,25 @@ def build(family: str, sources: list[Path]) -> ModuleType | None:
     return module
 
 
+@contextmanager
+def _building(directory: Path) -> Iterator[None]:
+    """One process at a time builds or loads in ``directory``, under a lock the kernel
+    releases when its holder dies. torch's own lock is a file that a process killed mid-build
+    (Ctrl-C on a first start) leaves behind, and every later process then waits on it
+    forever; under this lock nobody else is building, so such a file is stale: removed."""
+    with open(directory.parent / f"{directory.name}.lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        try:
+            (directory / "lock").unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(held, fcntl.LOCK_UN)
+
+
 def _remove_stale_builds(family: str, current: Path) -> None:
     """This CPU kind's and ISA's earlier builds (another source or torch) are never loaded
     again: drop them. A process still running one keeps its mapped copy."""
     for other in current.parent.glob(f"kvgate_{family}_{_cpu_kind()}_{isa()}_*"):
-        if other != current:
+        if other != current and other.is_dir():
             shutil.rmtree(other, ignore_errors=True)
+            other.with_name(f"{other.name}.lock").unlink(missing_ok=True)

@@ -1,5 +1,10 @@
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
+
 import pytest
 
 from engine import native
@@ -30,3 +35,37 @@ def test_the_isa_is_named_in_the_build_and_an_unknown_one_refused(monkeypatch) -
 def test_disabled_kernels_build_nothing(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     assert native.build("gemm", []) is None
+
+
+def test_a_build_lock_left_by_a_killed_build_holds_nobody_up(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A process killed while building leaves torch's lock file behind; the next build
+    removes it instead of waiting on it forever, and the kernel's lock died with the
+    killed process."""
+    directory = tmp_path / "kvgate_gemm_x_native_0"
+    directory.mkdir()
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from pathlib import Path; from engine import native\n"
+            "with native._building(Path(sys.argv[1])):\n"
+            "    (Path(sys.argv[1]) / 'lock').touch(); print('held', flush=True); time.sleep(60)",
+            str(directory),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        holder.send_signal(signal.SIGKILL)  # mid-build: torch's lock file stays
+        holder.wait(10)
+        assert (directory / "lock").exists()
+        started = time.monotonic()
+        with native._building(directory):
+            assert not (directory / "lock").exists()
+        assert time.monotonic() - started < 5
+    finally:
+        holder.kill()
+        holder.wait()
+        assert holder.stdout is not None
+        holder.stdout.close()
