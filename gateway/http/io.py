@@ -4,7 +4,6 @@ running work until the client disconnects (closing a stream is how MCP cancels).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Iterable, Mapping
 from contextvars import ContextVar
 from typing import Any, TypeVar
@@ -171,22 +170,34 @@ async def before(deadline: float, work: Awaitable[T]) -> T:
 
 
 async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """Run ``work``; if the client disconnects first, cancel it and raise ClientGone."""
-    task: asyncio.Future[T] = asyncio.ensure_future(work)
+    """Run ``work``; if the client disconnects first, cancel it and raise ClientGone.
+
+    ``work`` runs in the caller's task and only the watcher is a task of its own: the
+    disconnect cancels the caller, as ``asyncio.timeout`` does (one task per call less, and
+    no ``asyncio.wait``, on every front door's hot path)."""
+    current = asyncio.current_task()
+    assert current is not None
+    gone, running = False, True
+
+    def on_watcher_done(watcher: asyncio.Future[Any]) -> None:
+        nonlocal gone
+        # ``running``: a callback already scheduled when ``work`` ended must not cancel the
+        # caller at its next await.
+        if running and not watcher.cancelled() and watcher.exception() is None:
+            gone = True
+            current.cancel()
+
     watcher = asyncio.ensure_future(_disconnected(receive))
+    watcher.add_done_callback(on_watcher_done)
     try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
+        return await work
+    except asyncio.CancelledError:
+        if gone and current.uncancel() == 0:  # ours alone, not a cancel from outside
+            raise ClientGone from None
         raise
     finally:
+        running = False
         watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
-    raise ClientGone
 
 
 async def _disconnected(receive: Receive) -> Any:
