@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from engine.errors import TooManyTokens
+from engine.errors import InvalidArgument, TooManyTokens
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
@@ -290,6 +290,23 @@ def encode_within(
     except TooManyTokens as exc:
         message = f"{'text' if isinstance(text, str) else 'messages'}: {exc} (max_model_len)"
         raise TooManyTokens(message, exc.at_least, exc.limit) from None
+
+
+def check_max_tokens(params: SamplingParams, prompt_tokens: int, context: int) -> None:
+    """vLLM's server check: a ``max_tokens`` the caller chose must fit in the context after
+    the prompt (one past the context is refused however short the prompt), else
+    ``InvalidArgument``; a default one only bounds the output (it stops at the context's
+    end). A prompt that fills the context is the engine's to refuse, naming it."""
+    asked = params.max_tokens
+    if prompt_tokens >= context:
+        return
+    if asked > context or ("max_tokens" in params.given and prompt_tokens + asked > context):
+        raise InvalidArgument(
+            f"max_tokens: this model's context length is {context} tokens, but "
+            f"{prompt_tokens + asked} were asked for ({prompt_tokens} in the prompt, {asked} "
+            "to generate): lower max_tokens or shorten the prompt",
+            "max_tokens",
+        )
 
 
 def tokenize_here(tokenizer: Tokenizer, max_model_len: int, request: TokenizeRequest) -> Tokenized:

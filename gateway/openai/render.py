@@ -15,8 +15,10 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
+from engine.errors import InvalidArgument
 from engine.sampling_params import STRUCTURED_KINDS, SamplingParams
 from gateway.calls.errors import BadInput
+from gateway.generation import check_max_tokens
 
 # The fields of vLLM's GenerateRequest a text-only render leaves empty (vLLM 0.32).
 EMPTY = (
@@ -37,24 +39,20 @@ def request_ids(prefix: str, prompts: int) -> list[str]:
 
 
 def max_tokens(params: SamplingParams, prompt_tokens: int, context: int, prompt: str) -> int:
-    """The most a call would generate after ``prompt_tokens``: the asked ``max_tokens``
-    within the context; a prompt that leaves no room, or an asked ``max_tokens`` that cannot
-    fit after it, is refused as the call itself would be (400; ``prompt`` names the field)."""
+    """The most a call would generate after ``prompt_tokens``: its ``max_tokens`` within the
+    context; a prompt that leaves no room, or a ``max_tokens`` the call itself would be
+    refused for (``check_max_tokens``), is a 400 (``prompt`` names the prompt's field)."""
     if prompt_tokens >= context:
         raise BadInput(
             f"this model's context length is {context} tokens, and the prompt has "
             f"{prompt_tokens}: shorten it",
             prompt,
         )
-    room = context - prompt_tokens
-    if "max_tokens" in params.given and params.max_tokens > room:
-        raise BadInput(
-            f"max_tokens: this model's context length is {context} tokens, but "
-            f"{prompt_tokens + params.max_tokens} were asked for ({prompt_tokens} in the prompt, "
-            f"{params.max_tokens} to generate): lower max_tokens or shorten the prompt",
-            "max_tokens",
-        )
-    return min(params.max_tokens, room)
+    try:
+        check_max_tokens(params, prompt_tokens, context)
+    except InvalidArgument as exc:
+        raise BadInput(str(exc), exc.field) from None
+    return min(params.max_tokens, context - prompt_tokens)
 
 
 def sampling_params(params: SamplingParams, n: int, most: int) -> dict[str, Any]:
