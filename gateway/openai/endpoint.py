@@ -90,6 +90,7 @@ class OpenAIEndpoint:
             "/v1/chat/completions/render": ("POST", self._render_chat),
             "/v1/embeddings": ("POST", self._embeddings),
             "/v1/responses": ("POST", self._responses),
+            "/v1/responses/render": ("POST", self._render_responses),
             "/tokenize": ("POST", self._tokenize),
             "/detokenize": ("POST", self._detokenize),
         }
@@ -309,6 +310,30 @@ class OpenAIEndpoint:
         generation, sampling = await self.generations.off_loop(
             request.size, self._read_chat, request.fields
         )
+        return await self._render_one(
+            "chatcmpl-", generation, sampling, request, "messages", headers, receive, send
+        )
+
+    async def _render_responses(
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
+    ) -> str:
+        generation, ask, _ = await self.responses.read(request.fields, request.size)
+        return await self._render_one(
+            "resp_", generation, ask.sampling, request, "input", headers, receive, send
+        )
+
+    async def _render_one(
+        self,
+        prefix: str,
+        generation: GenerationRequest,
+        sampling: parse.Sampling,
+        request: Body,
+        prompt: str,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+    ) -> str:
+        """A chat's render (the chat form of ``/tokenize``: its template with its tools)."""
         tokenize = TokenizeRequest(
             messages=generation.messages,
             tools=generation.template_tools,
@@ -316,8 +341,8 @@ class OpenAIEndpoint:
         )
         async with self.calls.admit(receive, headers) as call:
             ids = (await call.run(self.generations.tokenize(tokenize))).ids
-        (request_id,) = render.request_ids("chatcmpl", 1)
-        answer = self._rendered(request_id, ids, generation, sampling, request.fields, "messages")
+        (request_id,) = render.request_ids(prefix, 1)
+        answer = self._rendered(request_id, ids, generation, sampling, request.fields, prompt)
         await _send_json(send, answer)
         return "ok"
 
@@ -332,7 +357,7 @@ class OpenAIEndpoint:
                 p if isinstance(p, list) else (await call.run(self._tokenized(p))).ids
                 for p in prompts
             ]
-        ids = render.request_ids("cmpl", len(prompts))
+        ids = render.request_ids("cmpl-", len(prompts))
         answer = [
             self._rendered(i, p, base, sampling, request.fields, "prompt")
             for i, p in zip(ids, prompt_ids, strict=True)

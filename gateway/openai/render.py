@@ -1,13 +1,15 @@
-"""vLLM's render answers (``/v1/chat/completions/render``, ``/v1/completions/render``): the
-prompt token ids a call would be prefilled with and the sampling settings it would run with,
-as vLLM's ``GenerateRequest`` (``vllm/entrypoints/scale_out/render/``), without generating.
+"""vLLM's render answers (``/v1/chat/completions/render``, ``/v1/completions/render``,
+``/v1/responses/render``): the prompt token ids a call would be prefilled with and the
+sampling settings it would run with, as vLLM's ``GenerateRequest``
+(``vllm/entrypoints/scale_out/render/``), without generating.
 
 vllm-router's ``cache_aware`` policy asks a worker's render endpoint for every call it routes
-(then ``/tokenize`` when render answers 404) and routes on the ``token_ids``; a chat answers
-one object, a completion a list, one per prompt (ids suffixed ``-0``, ``-1``… when the call
-has several). ``sampling_params`` carries vLLM's names for what this server applies (the
-fields vLLM leaves out at their defaults left out here too; none of vLLM's internal ones);
-``max_tokens`` is the most this server would generate: what was asked, within the context.
+(then ``/tokenize`` when a chat's or completion's render answers 404) and routes on the
+``token_ids``; a chat or a response answers one object, a completion a list, one per prompt
+(ids suffixed ``-0``, ``-1``… when the call has several). ``sampling_params`` carries vLLM's
+names for what this server applies (the fields vLLM leaves out at their defaults left out
+here too; none of vLLM's internal ones); ``max_tokens`` is the most this server would
+generate: what was asked, within the context.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ EMPTY = (
 
 
 def request_ids(prefix: str, prompts: int) -> list[str]:
-    """vLLM's ids: ``prefix-<16 hex>``, suffixed with the prompt's index when there are
-    several."""
-    base = f"{prefix}-{uuid.uuid4().hex[:16]}"
+    """vLLM's ids: ``prefix`` (``chatcmpl-``, ``cmpl-``, ``resp_``) and 16 hex digits,
+    suffixed with the prompt's index when there are several."""
+    base = f"{prefix}{uuid.uuid4().hex[:16]}"
     return [base] if prompts == 1 else [f"{base}-{i}" for i in range(prompts)]
 
 

@@ -49,9 +49,10 @@ def post(server: LiveServer, path: str, body: Any) -> httpx.Response:
 
 
 def test_request_ids_are_vllms() -> None:
-    (one,) = render.request_ids("chatcmpl", 1)
+    (one,) = render.request_ids("chatcmpl-", 1)
     assert re.fullmatch(r"chatcmpl-[0-9a-f]{16}", one)
-    several = render.request_ids("cmpl", 3)
+    assert re.fullmatch(r"resp_[0-9a-f]{16}", render.request_ids("resp_", 1)[0])
+    several = render.request_ids("cmpl-", 3)
     assert [i.rsplit("-", 1)[1] for i in several] == ["0", "1", "2"]
     assert len({i.rsplit("-", 1)[0] for i in several}) == 1
 
@@ -137,6 +138,17 @@ def test_completions_render_one_answer_per_prompt(server: LiveServer, engine: As
     assert [p["token_ids"] for p in ids] == [[5, 6], [7]]
 
 
+def test_responses_render_is_the_chat_it_runs(server: LiveServer, engine: AsyncLLM) -> None:
+    body = {"input": "hi there", "instructions": "be brief", "max_output_tokens": 4}
+    answer = post(server, "/v1/responses/render", body)
+    assert answer.status_code == 200, answer.text
+    rendered = answer.json()
+    assert list(rendered) == VLLM_FIELDS and rendered["request_id"].startswith("resp_")
+    system = [{"role": "system", "content": "be brief"}]
+    assert rendered["token_ids"] == engine.apply_chat_template(system + CHAT)
+    assert rendered["sampling_params"]["max_tokens"] == 4
+
+
 @pytest.mark.parametrize(
     ("path", "body", "status", "param"),
     [
@@ -148,6 +160,7 @@ def test_completions_render_one_answer_per_prompt(server: LiveServer, engine: As
         ("/v1/completions/render", {}, 400, "prompt"),
         ("/v1/completions/render", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
         ("/v1/completions/render", [1], 400, None),
+        ("/v1/responses/render", {"input": 5}, 400, "input"),
     ],
 )
 def test_bad_input_is_refused_in_openai_errors(

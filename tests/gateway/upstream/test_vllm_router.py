@@ -1,8 +1,8 @@
 """kvgate engine servers behind vllm-router (skipped when it is not installed), with its
 ``cache_aware`` and ``round_robin`` policies: calls through it complete, streamed or not, and
 every request it sends a worker — ``/health``, and for ``cache_aware`` the render of each call
-(``/v1/chat/completions/render``, ``/v1/completions/render``; ``/tokenize`` only were render
-404) — is answered, never 404 or 405. A recording proxy in front of each worker sees them."""
+(``/v1/chat/completions/render``, ``/v1/completions/render``, ``/v1/responses/render``;
+``/tokenize`` only were a render 404) — is answered, never 404 or 405. A recording proxy in front of each worker sees them."""
 
 from __future__ import annotations
 
@@ -129,6 +129,9 @@ def test_calls_through_it_complete_and_every_probe_is_answered(
         answer = httpx.post(base + "/v1/completions", json=body, timeout=30)
         assert answer.status_code == 200, answer.text
         assert len(answer.json()["choices"]) == (1 if isinstance(prompt, str) else 2)
+    body = {"model": model, "input": "hi", "max_output_tokens": 3}
+    answer = httpx.post(base + "/v1/responses", json=body, timeout=30)
+    assert answer.status_code == 200 and answer.json()["object"] == "response", answer.text
     streamed_body = {"model": model, "messages": history, "max_tokens": 4, "stream": True}
     with httpx.stream(
         "POST", base + "/v1/chat/completions", json=streamed_body, timeout=30
@@ -140,7 +143,8 @@ def test_calls_through_it_complete_and_every_probe_is_answered(
     paths = {path for _, path, _ in seen}
     assert {"/v1/chat/completions", "/v1/completions"} <= paths
     if policy == "cache_aware":  # render answered, so no /tokenize fallback
-        assert {"/v1/chat/completions/render", "/v1/completions/render"} <= paths
+        rendered = {"/v1/chat/completions/render", "/v1/completions/render", "/v1/responses/render"}
+        assert rendered <= paths
         assert "/tokenize" not in paths
     text = re.sub(r"\x1b\[[0-9;]*m", "", log.read_text(errors="replace"))  # its colours
     assert " WARN " not in text and " ERROR " not in text, text[-2000:]
