@@ -354,7 +354,7 @@ class OpenAIEndpoint:
         )
         async with self.calls.admit(receive, headers) as call:
             prompt_ids = [
-                p if isinstance(p, list) else (await call.run(self._tokenized(p))).ids
+                p if isinstance(p, list) else (await call.run(self._tokenize_text(p))).ids
                 for p in prompts
             ]
         ids = render.request_ids("cmpl-", len(prompts))
@@ -365,7 +365,8 @@ class OpenAIEndpoint:
         await http_io.send_response(send, 200, orjson.dumps(answer))
         return "ok"
 
-    def _tokenized(self, prompt: str) -> Awaitable[Tokenized]:
+    def _tokenize_text(self, prompt: str) -> Awaitable[Tokenized]:
+        """A completion prompt's ids, as the call would prefill them (special tokens added)."""
         return self.generations.tokenize(TokenizeRequest(prompt))
 
     def _rendered(
