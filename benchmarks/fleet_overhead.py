@@ -2,8 +2,9 @@
 
 Three ``benchmarks.instant_upstream`` processes; in front of them, one after the other in the
 same run, kvgate in fleet mode (``--routing prefix``, 1 and ``--workers`` processes) and, when
-installed, sglang-router (``python -m sglang_router.launch_router --policy cache_aware``), the
-Rust router a fleet operator would otherwise pick. ``benchmarks.loadgen`` drives each with a
+installed, the Rust routers a fleet operator would otherwise pick: sglang-router (``python -m
+sglang_router.launch_router --policy cache_aware``) and vllm-router (``vllm-router --policy
+cache_aware``, which asks an upstream to render each call before it routes it). ``benchmarks.loadgen`` drives each with a
 closed loop of non-streamed (and then streamed) ``/v1/chat/completions`` calls over
 keep-alive connections and reports req/s, p50/p99 and the router's CPU per call, summed over
 its whole process tree (every kvgate worker). Several rounds, interleaved, with ``uptime``.
@@ -131,6 +132,20 @@ def routers(urls: list[str], workers: int) -> list[tuple[str, Callable[[int], li
         )
     else:
         print("sglang-router is not installed: it is left out (pip install sglang-router)")
+    if importlib.util.find_spec("vllm_router") is not None:
+        out.append(
+            (
+                "vllm-router cache_aware",
+                lambda port: (
+                    [sys.executable, "-m", "vllm_router.launch_router"]
+                    + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
+                    + ["--policy", "cache_aware", "--log-level", "warning"]
+                    + ["--prometheus-port", str(free_port())]  # else 29000, maybe taken
+                ),
+            )
+        )
+    else:
+        print("vllm-router is not installed: it is left out (pip install vllm-router)")
     return out
 
 
@@ -174,16 +189,17 @@ def run(args: argparse.Namespace) -> None:
             f"| {name} | {kind} | {round_} | {f['rps']:.0f} | {f['p50_ms']:.1f} | "
             f"{f['p99_ms']:.1f} | {f['server_us_per_request'] / 1e3:.3f} | {load} |"
         )
-    peer = [r for r in rows if r[0].startswith("sglang")]
     ours = [r for r in rows if r[0] == f"kvgate --workers {args.workers}"]
-    for kind in ("non-streamed", "streamed"):
-        mine = [r[3] for r in ours if r[1] == kind]
-        theirs = [r[3] for r in peer if r[1] == kind]
-        if mine and theirs:
-            ratio = sum(m["rps"] for m in mine) / sum(t["rps"] for t in theirs)
-            cpu = sum(m["server_us_per_request"] for m in mine) / len(mine) / 1e3
-            print(
-                f"{kind}: kvgate --workers {args.workers} req/s / sglang-router's = "
-                f"{ratio:.2f}x, kvgate CPU per call {cpu:.3f} ms"
-            )
+    for peer in ("sglang-router", "vllm-router"):
+        theirs_rows = [r for r in rows if r[0].startswith(peer)]
+        for kind in ("non-streamed", "streamed"):
+            mine = [r[3] for r in ours if r[1] == kind]
+            theirs = [r[3] for r in theirs_rows if r[1] == kind]
+            if mine and theirs:
+                ratio = sum(m["rps"] for m in mine) / sum(t["rps"] for t in theirs)
+                cpu = sum(m["server_us_per_request"] for m in mine) / len(mine) / 1e3
+                print(
+                    f"{kind}: kvgate --workers {args.workers} req/s / {peer}'s = "
+                    f"{ratio:.2f}x, kvgate CPU per call {cpu:.3f} ms"
+                )
     print("uptime:", subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip())

@@ -5,7 +5,9 @@ A raw asyncio protocol (uvloop when installed) over HTTP/1.1 keep-alive: ``GET /
 ``/health``, ``/metrics`` (vLLM's gauge names, all zero) and the probes a router sends
 (``/server_info``, ``/model_info``, ``/get_server_info``, ``/get_model_info``); ``POST
 /v1/chat/completions`` and ``/v1/completions`` answer a fixed two-token reply, as one JSON body
-or, when the body asks ``"stream": true``, as SSE events. Usage:
+or, when the body asks ``"stream": true``, as SSE events; vLLM's ``/v1/chat/completions/render``
+and ``/v1/completions/render`` (what vllm-router's ``cache_aware`` asks first) a fixed prompt
+of 64 token ids. Usage:
 
     python -m benchmarks.instant_upstream --port 9001
 """
@@ -67,6 +69,14 @@ GETS = {
     b"/get_model_info": orjson.dumps({"model_path": MODEL, "is_generation": True}),
 }
 
+RENDERED = {  # vLLM's GenerateRequest, the fields a router reads
+    "request_id": "instant",
+    "token_ids": list(range(1, 65)),
+    "sampling_params": {"max_tokens": 8},
+    "model": MODEL,
+    "stream": False,
+}
+
 
 def _answer(body: bytes, kind: bytes = b"application/json", status: bytes = b"200 OK") -> bytes:
     return (
@@ -78,6 +88,10 @@ def _answer(body: bytes, kind: bytes = b"application/json", status: bytes = b"20
 ANSWERS = {path: _answer(body) for path, body in GETS.items()}
 JSON_ANSWER = _answer(CHAT)
 SSE_ANSWER = _answer(STREAM, b"text/event-stream")
+RENDERS = {
+    b"/v1/chat/completions/render": _answer(orjson.dumps(RENDERED)),
+    b"/v1/completions/render": _answer(orjson.dumps([RENDERED])),
+}
 NOT_FOUND = _answer(b'{"error": "not found"}', status=b"404 Not Found")
 
 
@@ -109,7 +123,9 @@ class Instant(asyncio.Protocol):
                 self.transport.close()
                 return
             method, path = request_line[:2]
-            if method == b"POST":
+            if method == b"POST" and path in RENDERS:
+                self.transport.write(RENDERS[path])
+            elif method == b"POST":
                 streamed = b'"stream":true' in body.replace(b" ", b"")
                 self.transport.write(SSE_ANSWER if streamed else JSON_ANSWER)
             else:

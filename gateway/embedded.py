@@ -15,7 +15,7 @@ from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.errors import InvalidArgument, TooManyTokens
+from engine.errors import TooManyTokens
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
@@ -34,6 +34,7 @@ from gateway.generation import (
     TextDelta,
     Tokenized,
     TokenizeRequest,
+    check_max_tokens,
     prompt_chars,
     tokenize_here,
 )
@@ -158,7 +159,7 @@ class EngineBackend:
 
     async def start(self, request: GenerationRequest) -> Stream:
         prompt = await self.off_loop.run(prompt_chars(request), self._prompt, request)
-        self._check_max_tokens(request.params, len(prompt))
+        check_max_tokens(request.params, len(prompt), self.max_model_len)
         spec = request.params.structured_outputs
         if spec is not None and not self.engine.grammar_compiled(spec):
             identity = current_identity()  # ms to seconds, on a thread of its own
@@ -209,21 +210,6 @@ class EngineBackend:
     def _embedding_inputs(self, inputs: list[str | list[int]]) -> list[list[int]]:
         """Every input's token ids, checked before any is queued (on a worker when large)."""
         return [self.engine.encode_embedding_input(i) for i in inputs]
-
-    def _check_max_tokens(self, params: SamplingParams, prompt_tokens: int) -> None:
-        """vLLM's server check: a ``max_tokens`` the caller chose must fit in the context after
-        the prompt (one past the context is refused however short the prompt), else 400; a
-        default one only bounds the output (it stops at the context's end)."""
-        context, asked = self.max_model_len, params.max_tokens
-        if prompt_tokens >= context:
-            return  # the engine refuses the prompt itself, naming it
-        if asked > context or ("max_tokens" in params.given and prompt_tokens + asked > context):
-            raise InvalidArgument(
-                f"max_tokens: this model's context length is {context} tokens, but "
-                f"{prompt_tokens + asked} were asked for ({prompt_tokens} in the prompt, {asked} "
-                "to generate): lower max_tokens or shorten the prompt",
-                "max_tokens",
-            )
 
     def _prompt(self, request: GenerationRequest) -> list[int]:
         """The prompt's token ids (on a worker when it is large; its length is checked)."""

@@ -19,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from engine.errors import TooManyTokens
+from engine.errors import InvalidArgument, TooManyTokens
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
@@ -100,16 +100,31 @@ class Completion:
 
 @dataclass(frozen=True)
 class TokenizeRequest:
-    """A text, or a conversation rendered by the chat template, to count in tokens."""
+    """A text, or a conversation rendered by the chat template, to count in tokens; a
+    conversation as vLLM's ``/tokenize`` takes it: with the tools and template variables the
+    template renders, and the assistant's turn opened or not."""
 
     text: str | None = None
     messages: list[dict[str, Any]] | None = None
     add_special_tokens: bool = True
     token_strs: bool = False  # also each token's vocabulary string
+    tools: list[dict[str, Any]] | None = None  # as given: what the chat template renders
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
 
     @property
     def chars(self) -> int:
-        return len(self.text) if self.text is not None else messages_chars(self.messages or [])
+        if self.text is not None:
+            return len(self.text)
+        return messages_chars(self.messages or []) + len(str(self.tools or ""))
+
+    def template(self) -> dict[str, Any]:
+        """The chat template's options (``Tokenizer.encode_chat``) for ``messages``."""
+        return {
+            "add_generation_prompt": self.add_generation_prompt,
+            "tools": self.tools,
+            "chat_template_kwargs": self.chat_template_kwargs,
+        }
 
 
 @dataclass(frozen=True)
@@ -262,24 +277,45 @@ def encode_within(
     max_model_len: int,
     text: str | list[dict[str, Any]],
     add_special_tokens: bool = True,
+    **template: Any,
 ) -> list[int]:
     """Token ids for the tokenize doors (a text, or a conversation rendered by the chat
-    template): one too long to fit in ``max_model_len`` tokens is refused (``TooManyTokens``)
-    without tokenizing it — no such text can be a prompt, and 1 MiB costs ~0.5 s and
-    ~150 MiB of transient memory to tokenize."""
+    template with ``template``'s options): one too long to fit in ``max_model_len`` tokens is
+    refused (``TooManyTokens``) without tokenizing it — no such text can be a prompt, and
+    1 MiB costs ~0.5 s and ~150 MiB of transient memory to tokenize."""
     try:
         if isinstance(text, str):
             return tokenizer.encode(text, add_special_tokens, max_model_len)
-        return tokenizer.encode_chat(text, max_tokens=max_model_len)
+        return tokenizer.encode_chat(text, max_tokens=max_model_len, **template)
     except TooManyTokens as exc:
         message = f"{'text' if isinstance(text, str) else 'messages'}: {exc} (max_model_len)"
         raise TooManyTokens(message, exc.at_least, exc.limit) from None
 
 
+def check_max_tokens(params: SamplingParams, prompt_tokens: int, context: int) -> None:
+    """vLLM's server check: a ``max_tokens`` the caller chose must fit in the context after
+    the prompt (one past the context is refused however short the prompt), else
+    ``InvalidArgument``; a default one only bounds the output (it stops at the context's
+    end). A prompt that fills the context is the engine's to refuse, naming it."""
+    asked = params.max_tokens
+    if prompt_tokens >= context:
+        return
+    if asked > context or ("max_tokens" in params.given and prompt_tokens + asked > context):
+        raise InvalidArgument(
+            f"max_tokens: this model's context length is {context} tokens, but "
+            f"{prompt_tokens + asked} were asked for ({prompt_tokens} in the prompt, {asked} "
+            "to generate): lower max_tokens or shorten the prompt",
+            "max_tokens",
+        )
+
+
 def tokenize_here(tokenizer: Tokenizer, max_model_len: int, request: TokenizeRequest) -> Tokenized:
     """``request`` tokenized with a tokenizer of this process (within ``max_model_len``)."""
-    text = request.text if request.text is not None else request.messages or []
-    ids = encode_within(tokenizer, max_model_len, text, request.add_special_tokens)
+    if request.text is not None:
+        ids = encode_within(tokenizer, max_model_len, request.text, request.add_special_tokens)
+    else:
+        messages = request.messages or []
+        ids = encode_within(tokenizer, max_model_len, messages, **request.template())
     strs = [tokenizer.backend.id_to_token(i) or "" for i in ids] if request.token_strs else None
     return Tokenized(ids, strs)
 

@@ -1,7 +1,7 @@
 """The OpenAI-compatible door: ``/v1/models``, ``/v1/completions``, ``/v1/chat/completions``,
 ``/v1/embeddings``, ``/v1/responses`` (``responses_route``), and vLLM's ``/tokenize``,
-``/detokenize`` and LoRA routes (``openai.adapters``; a request's ``model`` names the base
-model or a LoRA adapter).
+``/detokenize``, render (``openai.render``: a call's prompt ids, not run) and LoRA routes
+(``openai.adapters``; a request's ``model`` names the base model or a LoRA adapter).
 
 This module parses the OpenAI wire and renders its answers; what lies between is the call
 path both doors share: ``gateway.calls.lifecycle`` (Origin/Host, the body within its size,
@@ -30,9 +30,9 @@ from gateway.calls.errors import BadInput, CallError, DeadlineExceeded
 from gateway.calls.generations import Generations
 from gateway.calls.lifecycle import Call, Lifecycle
 from gateway.function_calls.functions import template_messages
-from gateway.generation import GenerationRequest, Stream, TokenizeRequest
+from gateway.generation import GenerationRequest, Stream, Tokenized, TokenizeRequest
 from gateway.http import io as http_io
-from gateway.openai import adapters, embeddings
+from gateway.openai import adapters, embeddings, render
 from gateway.openai import requests as parse
 from gateway.openai.answers import Answer, ChatAnswer, CompletionsAnswer, collect, merged, prepend
 from gateway.openai.errors import OpenAIError, wire
@@ -86,8 +86,11 @@ class OpenAIEndpoint:
             "/v1/models": ("GET", self._models),
             "/v1/completions": ("POST", self._completions),
             "/v1/chat/completions": ("POST", self._chat),
+            "/v1/completions/render": ("POST", self._render_completions),
+            "/v1/chat/completions/render": ("POST", self._render_chat),
             "/v1/embeddings": ("POST", self._embeddings),
             "/v1/responses": ("POST", self._responses),
+            "/v1/responses/render": ("POST", self._render_responses),
             "/tokenize": ("POST", self._tokenize),
             "/detokenize": ("POST", self._detokenize),
         }
@@ -233,9 +236,7 @@ class OpenAIEndpoint:
         messages = template_messages(parse.chat_messages(body))
         sampling = parse.sampling(body, chat=True)
         functions = parse.chat_functions(body)
-        kwargs = body.get("chat_template_kwargs")
-        if kwargs is not None and not isinstance(kwargs, dict):
-            raise BadInput("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+        kwargs = _template_kwargs(body)
         generation = GenerationRequest(
             self.generations.sampling_params(sampling.fields),
             messages=messages,
@@ -277,18 +278,21 @@ class OpenAIEndpoint:
     ) -> str:
         body = request.fields
         parse.check_model(body, self.model, self.generations.adapters())
-        if "messages" in body:
-            text, messages = None, parse.chat_messages(body)
+        strs = _flag(body, "return_token_strs")
+        if "messages" in body:  # vLLM's chat form: the template's tools and variables too
+            functions = parse.chat_functions(body)
+            tokenize = TokenizeRequest(
+                messages=parse.chat_messages(body),
+                token_strs=strs,
+                tools=None if functions is None else functions.raw,
+                chat_template_kwargs=_template_kwargs(body),
+                add_generation_prompt=_flag(body, "add_generation_prompt", default=True),
+            )
         elif isinstance(body.get("prompt"), str):
-            text, messages = body["prompt"], None
+            add_special = _flag(body, "add_special_tokens", default=True)
+            tokenize = TokenizeRequest(body["prompt"], None, add_special, strs)
         else:
             raise BadInput("'prompt' (a string) or 'messages' is required", "prompt")
-        tokenize = TokenizeRequest(
-            text,
-            messages,
-            _flag(body, "add_special_tokens", default=True),
-            _flag(body, "return_token_strs"),
-        )
         async with self.calls.admit(receive, headers) as call:
             tokenized = await call.run(self.generations.tokenize(tokenize))
         result = {
@@ -299,6 +303,91 @@ class OpenAIEndpoint:
         }
         await _send_json(send, result)
         return "ok"
+
+    async def _render_chat(
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
+    ) -> str:
+        generation, sampling = await self.generations.off_loop(
+            request.size, self._read_chat, request.fields
+        )
+        return await self._render_one(
+            "chatcmpl-", generation, sampling, request, "messages", headers, receive, send
+        )
+
+    async def _render_responses(
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
+    ) -> str:
+        generation, ask, _ = await self.responses.read(request.fields, request.size)
+        return await self._render_one(
+            "resp_", generation, ask.sampling, request, "input", headers, receive, send
+        )
+
+    async def _render_one(
+        self,
+        prefix: str,
+        generation: GenerationRequest,
+        sampling: parse.Sampling,
+        request: Body,
+        prompt: str,
+        headers: dict[str, str],
+        receive: Receive,
+        send: Send,
+    ) -> str:
+        """A chat's render (the chat form of ``/tokenize``: its template with its tools)."""
+        tokenize = TokenizeRequest(
+            messages=generation.messages,
+            tools=generation.template_tools,
+            chat_template_kwargs=generation.chat_template_kwargs,
+        )
+        async with self.calls.admit(receive, headers) as call:
+            ids = (await call.run(self.generations.tokenize(tokenize))).ids
+        (request_id,) = render.request_ids(prefix, 1)
+        answer = self._rendered(request_id, ids, generation, sampling, request.fields, prompt)
+        await _send_json(send, answer)
+        return "ok"
+
+    async def _render_completions(
+        self, request: Body, headers: dict[str, str], receive: Receive, send: Send
+    ) -> str:
+        prompts, sampling, _, base = await self.generations.off_loop(
+            request.size, self._read_completions, request.fields
+        )
+        async with self.calls.admit(receive, headers) as call:
+            prompt_ids = [
+                p if isinstance(p, list) else (await call.run(self._tokenize_text(p))).ids
+                for p in prompts
+            ]
+        ids = render.request_ids("cmpl-", len(prompts))
+        answer = [
+            self._rendered(i, p, base, sampling, request.fields, "prompt")
+            for i, p in zip(ids, prompt_ids, strict=True)
+        ]
+        await http_io.send_response(send, 200, orjson.dumps(answer))
+        return "ok"
+
+    def _tokenize_text(self, prompt: str) -> Awaitable[Tokenized]:
+        """A completion prompt's ids, as the call would prefill them (special tokens added)."""
+        return self.generations.tokenize(TokenizeRequest(prompt))
+
+    def _rendered(
+        self,
+        request_id: str,
+        ids: list[int],
+        generation: GenerationRequest,
+        sampling: parse.Sampling,
+        body: dict[str, Any],
+        prompt: str,
+    ) -> dict[str, Any]:
+        most = render.max_tokens(generation.params, len(ids), self.max_model_len, prompt)
+        return render.generate_request(
+            request_id,
+            ids,
+            render.sampling_params(generation.params, sampling.n, most),
+            body.get("model"),
+            sampling.stream,
+            body.get("stream_options"),
+            sampling.cache_salt,
+        )
 
     async def _detokenize(
         self, request: Body, headers: dict[str, str], receive: Receive, send: Send
@@ -408,3 +497,10 @@ def _flag(body: dict[str, Any], name: str, default: bool = False) -> bool:
     if not isinstance(value, bool):
         raise BadInput(f"'{name}' must be a boolean", name)
     return value
+
+
+def _template_kwargs(body: dict[str, Any]) -> dict[str, Any] | None:
+    kwargs = body.get("chat_template_kwargs")
+    if kwargs is not None and not isinstance(kwargs, dict):
+        raise BadInput("'chat_template_kwargs' must be an object", "chat_template_kwargs")
+    return kwargs

@@ -56,25 +56,8 @@ class ResponsesRoute:
         receive: Receive,
         send: Send,
     ) -> str:
-        adapter = parse.check_model(fields, self.model, self.generations.adapters())
-        ask = await self.generations.off_loop(size, responses_input.read, fields)
-        if self.store is None:
-            refuse_without_store(ask.store, ask.previous_response_id)
-        earlier: list[dict[str, Any]] = []
-        if ask.previous_response_id is not None and self.store is not None:
-            earlier = await self.store.conversation(ask.previous_response_id)
-        conversation = earlier + ask.input
-        system = [{"role": "system", "content": ask.instructions}] if ask.instructions else []
-        sampling = ask.sampling
-        request = GenerationRequest(
-            self.generations.sampling_params(sampling.fields),
-            messages=template_messages(system + conversation),
-            functions=ask.functions,
-            cache_key=sampling.cache_key,
-            cache_salt=sampling.cache_salt,
-            adapter=adapter,
-            streamed=sampling.stream,
-        )
+        request, ask, conversation = await self.read(fields, size)
+        adapter, sampling = request.adapter, ask.sampling
         stored = ask.store and self.store is not None
         extra = {"store": stored, "previous_response_id": ask.previous_response_id}
         builder = ResponseBuilder(
@@ -97,6 +80,32 @@ class ResponsesRoute:
         body = orjson.dumps(builder.response(builder.status))
         await http_io.send_response(send, 200, body)
         return "ok"
+
+    async def read(
+        self, fields: dict[str, Any], size: int
+    ) -> tuple[GenerationRequest, responses_input.ResponsesAsk, list[dict[str, Any]]]:
+        """The body as a chat (continued from the stored response it names), what it asked,
+        and the conversation without the instructions (what a stored response keeps)."""
+        adapter = parse.check_model(fields, self.model, self.generations.adapters())
+        ask = await self.generations.off_loop(size, responses_input.read, fields)
+        if self.store is None:
+            refuse_without_store(ask.store, ask.previous_response_id)
+        earlier: list[dict[str, Any]] = []
+        if ask.previous_response_id is not None and self.store is not None:
+            earlier = await self.store.conversation(ask.previous_response_id)
+        conversation = earlier + ask.input
+        system = [{"role": "system", "content": ask.instructions}] if ask.instructions else []
+        sampling = ask.sampling
+        request = GenerationRequest(
+            self.generations.sampling_params(sampling.fields),
+            messages=template_messages(system + conversation),
+            functions=ask.functions,
+            cache_key=sampling.cache_key,
+            cache_salt=sampling.cache_salt,
+            adapter=adapter,
+            streamed=sampling.stream,
+        )
+        return request, ask, conversation
 
     async def _stream(
         self, send: Send, builder: ResponseBuilder, stream: Stream, call: Call, finished: Finished

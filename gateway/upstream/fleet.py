@@ -316,6 +316,7 @@ class Fleet:
         }
         if request.messages is not None:
             body["messages"] = request.messages
+            body.update((k, v) for k, v in request.template().items() if v is not None)
         else:
             body["prompt"] = request.text
         answer = await self.tokenize_request(body)

@@ -321,6 +321,26 @@ def test_tokenize_and_detokenize_like_vllm(server: LiveServer, engine: AsyncLLM)
     assert httpx.post(server.base + "/detokenize", json={"tokens": [-1]}).status_code == 400
 
 
+def test_tokenize_renders_a_chat_as_vllm_does(server: LiveServer, engine: AsyncLLM) -> None:
+    """The chat form's tools and ``add_generation_prompt`` reach the template, as in vLLM."""
+    messages = [{"role": "user", "content": "Hi"}]
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    with_tools = httpx.post(
+        server.base + "/tokenize", json={"messages": messages, "tools": tools}
+    ).json()
+    assert with_tools["tokens"] == engine.apply_chat_template(messages, tools=tools)
+    unopened = httpx.post(
+        server.base + "/tokenize", json={"messages": messages, "add_generation_prompt": False}
+    ).json()
+    text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=False)
+    assert unopened["tokens"] == engine.tokenizer.encode(text, add_special_tokens=False)
+    assert unopened["count"] < with_tools["count"]
+    bad = httpx.post(
+        server.base + "/tokenize", json={"messages": messages, "chat_template_kwargs": [1]}
+    )
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "chat_template_kwargs"
+
+
 def test_a_client_gone_mid_stream_frees_everything(server: LiveServer, engine: AsyncLLM) -> None:
     body = {"prompt": "Run long", "max_tokens": 400, "stream": True, "ignore_eos": True}
     with httpx.stream("POST", server.base + "/v1/completions", json=body) as response:

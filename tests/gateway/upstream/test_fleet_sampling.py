@@ -377,6 +377,25 @@ def test_the_tokenize_doors_of_a_fleet_without_a_tokenizer_ask_the_upstream(
     assert tool["structuredContent"]["token_ids"] == direct["tokens"]
 
 
+def test_a_fleet_without_a_tokenizer_renders_a_chat_through_the_upstream(
+    log_dir: Path, kvgate_upstream: Process
+) -> None:
+    """vLLM's render and the chat form of ``/tokenize`` on a fleet gateway with no
+    ``--tokenizer``: the upstream's ``/tokenize`` renders the tools and template options."""
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "tools": tools}
+    unopened = {**chat, "add_generation_prompt": False}
+    direct = [
+        post(kvgate_upstream, path, body)
+        for path, body in (("/v1/chat/completions/render", chat), ("/tokenize", unopened))
+    ]
+    with running([gateway(log_dir, [kvgate_upstream])]) as (fleet,):
+        rendered = post(fleet, "/v1/chat/completions/render", chat)
+        tokenized = post(fleet, "/tokenize", unopened)
+    assert rendered["token_ids"] == direct[0]["token_ids"]
+    assert tokenized == direct[1] and tokenized["count"] < len(rendered["token_ids"])
+
+
 # -- Fleet.embed ----------------------------------------------------------------------------------
 
 
