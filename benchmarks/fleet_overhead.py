@@ -117,35 +117,24 @@ def routers(urls: list[str], workers: int) -> list[tuple[str, Callable[[int], li
         )
 
     out = [("kvgate", kvgate(1)), (f"kvgate --workers {workers}", kvgate(workers))]
-    if importlib.util.find_spec("sglang_router") is not None:
+    # The Rust routers a fleet operator would pick instead, when installed. Their metrics
+    # listeners default to port 29000, which another router may hold: a free one each.
+    for package, log_level in (("sglang_router", "warn"), ("vllm_router", "warning")):
+        name = package.replace("_", "-")
+        if importlib.util.find_spec(package) is None:
+            print(f"{name} is not installed: it is left out (pip install {name})")
+            continue
         out.append(
             (
-                "sglang-router cache_aware",
-                lambda port: (
-                    [sys.executable, "-m", "sglang_router.launch_router"]
+                f"{name} cache_aware",
+                lambda port, package=package, log_level=log_level: (
+                    [sys.executable, "-m", f"{package}.launch_router"]
                     + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
-                    + ["--policy", "cache_aware", "--log-level", "warn"]
-                    # Its metrics listener defaults to 29000, which another router may hold.
+                    + ["--policy", "cache_aware", "--log-level", log_level]
                     + ["--prometheus-port", str(free_port())]
                 ),
             )
         )
-    else:
-        print("sglang-router is not installed: it is left out (pip install sglang-router)")
-    if importlib.util.find_spec("vllm_router") is not None:
-        out.append(
-            (
-                "vllm-router cache_aware",
-                lambda port: (
-                    [sys.executable, "-m", "vllm_router.launch_router"]
-                    + ["--host", "127.0.0.1", "--port", str(port), "--worker-urls", *urls]
-                    + ["--policy", "cache_aware", "--log-level", "warning"]
-                    + ["--prometheus-port", str(free_port())]  # else 29000, maybe taken
-                ),
-            )
-        )
-    else:
-        print("vllm-router is not installed: it is left out (pip install vllm-router)")
     return out
 
 
