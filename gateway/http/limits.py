@@ -49,12 +49,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # A response's head and body in one send (the flow control keeps the raw transport).
-        self.transport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
+        self.transport: CorkedTransport = CorkedTransport(transport, self.loop)  # type: ignore[assignment]
         self._start_header_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
         super().connection_lost(exc)
+
+    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio allows a bool
+        """A client that half-closes right after its request still gets the answer: the
+        transport stays open for it (then uvicorn closes, as for ``Connection: close``).
+        Closing at once, asyncio's default, loses a response not yet written."""
+        self.transport.flush()  # an answer complete but still corked goes before the close
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            return None
+        cycle.keep_alive = False
+        return True
 
     def data_received(self, data: bytes) -> None:
         """Hand the parser at most what is left of the head's allowance, then the rest only
