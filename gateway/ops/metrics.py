@@ -10,6 +10,7 @@ extension) can scrape a kvgate pod as if it were a vLLM pod.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -134,6 +135,7 @@ class Metrics:
         self._request_counters: dict[tuple[str, str, str, str], Counter] = {}
         self._durations: dict[str, Histogram] = {}
         self._counters: dict[str, tuple[Counter, tuple[str, ...]]] = {}
+        self._children: dict[tuple[Any, ...], Counter] = {}  # count()'s, by name and labels
         if engine_stats is not None:
             self.registry.register(EngineCollector(engine_stats, model_name))
 
@@ -160,7 +162,15 @@ class Metrics:
         self._task_duration.labels(state).observe(seconds)
 
     def count(self, name: str, **labels: str) -> None:
-        """Increment the counter `name` (created on first use); its label names must not vary."""
+        """Increment the counter `name` (created on first use); its label names must not vary.
+        Its labelled children are kept as ``observe`` keeps them."""
+        key = (name, *labels.items())
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = self._counter_child(name, labels)
+        child.inc()
+
+    def _counter_child(self, name: str, labels: dict[str, str]) -> Counter:
         label_names = tuple(sorted(labels))
         if name not in self._counters:
             counter = Counter(name, f"kvgate counter {name}.", label_names, registry=self.registry)
@@ -168,7 +178,7 @@ class Metrics:
         counter, known = self._counters[name]
         if label_names != known:
             raise ValueError(f"counter {name} has labels {known}, got {label_names}")
-        (counter.labels(**labels) if labels else counter).inc()
+        return counter.labels(**labels) if labels else counter
 
     def gauge(self, name: str, documentation: str, read: Callable[[], float]) -> None:
         """A gauge whose value `read()` gives at scrape time (nothing to update on the hot path)."""
