@@ -8,14 +8,32 @@ import pytest
 import torch
 from attention_cases import expected_output, make_case
 
+import engine.attention.cpu as cpu_attention
+import engine.native as native
 from engine.attention import AttentionMetadata, get_attention_backend, paged_attention
 from engine.attention.cpu import NativeDecode, native_decode
 from engine.attention.kv_cache import FP8_DTYPE, KVCache
+from engine.config import cpu_flags
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def isa(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
-def kernel() -> NativeDecode:
-    found = native_decode()
+def kernel(isa: str) -> NativeDecode:
+    """The kernel built for this machine, and its AVX2 path (``KVGATE_CPU_ISA=avx2``: the
+    build a Zen 3 gets), forced on any x86 machine that has AVX2 and FMA."""
+    if isa == "native":
+        found = native_decode()
+    else:
+        if not {"avx2", "fma"} <= cpu_flags():
+            pytest.skip("the AVX2 path needs an x86 CPU with AVX2 and FMA")
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(native.ISA_ENV, "avx2")
+            module = native.build("cpu_attention", cpu_attention.SOURCES)
+        found = None if module is None else NativeDecode(module)
     if found is None:
         # Not a skip where a compiler is present: a build that broke must fail the suite.
         assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
@@ -113,10 +131,12 @@ def test_takes_only_what_it_was_built_for(kernel: NativeDecode) -> None:
 
 
 def test_the_cpu_backend_serves_decode_rows_with_it_and_prefill_rows_as_before(
-    kernel: NativeDecode,
+    kernel: NativeDecode, isa: str
 ) -> None:
     """A mixed step: the decode rows match the kernel's own answer, the prefill rows the
     reference's, and all of it the dense oracle."""
+    if isa != "native":
+        pytest.skip("the backend serves the build for this machine")
     backend = get_attention_backend("torch", "cpu")
     case = make_case([30, 64, 7], [1, 20, 1], 4, 2, 64)
     got = backend.paged_attention(case.q, case.cache, case.md, case.scale)
