@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NamedTuple, TypeAlias, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from engine.router import KEY_BLOCKS
@@ -115,11 +116,17 @@ class Placements:
         self._tasks: set[asyncio.Task[Any]] = set()
 
     async def connect(self) -> None:
-        """Open a few connections now, so the first calls' reads are not connects, and start
-        listening (failures are left to the calls: they fall back to the hash)."""
+        """Load the scripts and open a few connections now, so the first calls' reads are
+        neither connects nor script loads, and start listening (failures are left to the
+        calls: they fall back to the hash)."""
+        client = self._client
         try:
             async with asyncio.timeout(CONNECT_S):
-                await asyncio.gather(*(self._client.ping() for _ in range(WARM_CONNECTIONS)))
+                await asyncio.gather(
+                    client.script_load(PLACE),
+                    client.script_load(MOVE),
+                    *(client.ping() for _ in range(WARM_CONNECTIONS - 2)),
+                )
         except REDIS_FAILURES:
             pass
         self._spawn(self._listen())
@@ -184,10 +191,19 @@ class Placements:
         task.add_done_callback(self._tasks.discard)
         return task
 
+    async def _run(self, script: Any, key: bytes, args: list[Any]) -> Any:
+        """``script`` on ``key``'s record and the counts, within ``ANSWER_S``; once more on
+        a connection error (a pooled connection that Redis closed, as a restart does)."""
+        keys = [PREFIX + key.decode(), COUNTS]
+        async with asyncio.timeout(ANSWER_S):
+            try:
+                return await script(keys=keys, args=args)
+            except RedisConnectionError:
+                return await script(keys=keys, args=args)
+
     async def _ask(self, key: bytes, args: list[Any]) -> Answer | None:
         try:
-            async with asyncio.timeout(ANSWER_S):
-                raw = await self._place(keys=[PREFIX + key.decode(), COUNTS], args=args)
+            raw = await self._run(self._place, key, args)
         except REDIS_FAILURES as exc:
             self._failed(exc)
             return None
@@ -201,8 +217,7 @@ class Placements:
             return
         args = [self.ttl_s, answer.url, went, key]
         try:
-            async with asyncio.timeout(ANSWER_S):
-                moved = await self._move(keys=[PREFIX + key.decode(), COUNTS], args=args)
+            moved = await self._run(self._move, key, args)
         except REDIS_FAILURES as exc:
             self._failed(exc)
             return
