@@ -3,31 +3,36 @@
 The hash alone spreads a few keys unevenly (12 sessions fell 1/6/5 over three upstreams). With
 Redis, the first gateway to see a new routing key (a ``cache_key``, else the prompt's prefix
 key) places it on the least-loaded healthy upstream and records it; every gateway and worker
-follows the record, refreshing its TTL as it uses it. Load is what the placing gateway knows
-(scraped running + waiting, its own in-flight calls) plus the keys every gateway placed there
-in the last ``COUNT_S`` seconds (a Redis hash, so sessions that start together are spread
-before any of them shows in a scrape). One Lua script reads the record, or places the key and
-counts it, atomically: two gateways placing the same new key at once get the same answer,
-and concurrent new keys see each other's counts. A record naming an upstream that is out or
-gone is replaced — only if it still names that one, so every gateway replaces it alike.
+follows the record, refreshing its TTL as it uses it. Load is the larger of what the placing
+gateway knows (scraped running + waiting, its own in-flight calls) and the keys every gateway
+placed there (a Redis hash, kept while placements come at least every ``COUNT_S`` seconds):
+sessions that start together are spread before any of them shows in a scrape, and a new
+session's first call, in flight, is not counted twice. One Lua script reads the record, or
+places the key and counts it, atomically: two gateways placing the same new key at once get
+the same answer, and concurrent new keys see each other's counts. A record naming an
+upstream that is out or gone is replaced — only if it still names that one, so every
+gateway replaces it alike.
 
 A record must name where the key's calls went, or its session's cache is split between two
-upstreams. So nothing here leaves a call's route to the timing of a Redis answer:
+upstreams (on a busy machine, Redis answered the first turns of a 12-session burst after the
+bound: each went by the hash while its script, run anyway, recorded another upstream, and the
+later turns followed the record; other processes, reading the record late, went by the hash
+too). So nothing here leaves a call's route to the timing of a Redis answer:
 
-- A call waits at most ``KVGATE_UPSTREAM_PLACEMENT_TIMEOUT_S`` (10 ms) for Redis, then goes by
-  the hash — but the answer is still read (never cancelled: a cancelled read also drops its
-  connection), and a key this call's script placed elsewhere is moved to where the call went
-  (``settle``), only if the record still names the first choice.
+- A call waits at most ``KVGATE_UPSTREAM_PLACEMENT_TIMEOUT_S`` (50 ms) for Redis — none while
+  an earlier read is already overdue — then goes by the hash; the answer is still read
+  (never cancelled: a cancelled read also drops its connection), and a key its script placed
+  elsewhere is moved to where the call went (``settle``), only if the record still names it.
 - Every placement, move and replacement is published; every process keeps what it hears in a
   near cache and follows it with no Redis read in the call's path (a process seeing a session
   for the first time already knows where it went). An entry older than ``NEAR_S`` is still
   followed while one background read refreshes it (and the record's TTL).
 
-A call waits on Redis only for a key its process has not heard of (or one whose upstream is
-out here), and never longer than the bound. Redis down, or an answer not come within
-``ANSWER_S``: Redis is left alone for ``BACKOFF_S`` and the hash decides, no call fails.
-Hot keys still overflow: a record is followed only while its upstream is not pressed
-(``Load.pressed``). Keys share one hash tag, so the scripts run on Redis Cluster too.
+So a call waits on Redis only for a key its process has not heard of (or one whose upstream
+is out here). Redis down, or an answer not come within ``ANSWER_S``: Redis is left alone for
+``BACKOFF_S`` and the hash decides, no call fails. Hot keys still overflow: a record is
+followed only while its upstream is not pressed (``Load.pressed``). Keys share one hash tag,
+so the scripts run on Redis Cluster too.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ if current and current ~= ARGV[3] then
 end
 local best, least = nil, nil
 for i = 5, #ARGV, 2 do
-  local load = tonumber(ARGV[i + 1]) + (tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0)
+  local load = math.max(tonumber(ARGV[i + 1]), tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0)
   if least == nil or load < least then best, least = ARGV[i], load end
 end
 redis.call('SET', KEYS[1], best, 'EX', ARGV[1])
