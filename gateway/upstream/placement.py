@@ -164,8 +164,9 @@ class Placements:
     async def wait(self, asked: Asked) -> Answer | None:
         """``asked``'s answer if it comes within the bound, else None (it is still read).
         While an earlier read is overdue Redis is slow: no call waits on it."""
-        overdue = time.monotonic() - self.timeout_s
-        if any(since < overdue for since in self._asking.values()):
+        now = time.monotonic()
+        oldest = next(iter(self._asking.values()), now)  # reads are kept in the order sent
+        if oldest < now - self.timeout_s:
             return None
         done, _ = await asyncio.wait((asked,), timeout=self.timeout_s)
         return asked.result() if done else None

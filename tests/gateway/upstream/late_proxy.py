@@ -36,9 +36,9 @@ def late_proxy(port: int, delay_s: float) -> Iterator[int]:
     async def start() -> None:
         ready.append(await asyncio.start_server(serve, "127.0.0.1", 0))
 
-    loop.run_until_complete(start())
     thread = threading.Thread(target=loop.run_forever, daemon=True)
     thread.start()
+    asyncio.run_coroutine_threadsafe(start(), loop).result(5)
     try:
         yield ready[0].sockets[0].getsockname()[1]
     finally:
