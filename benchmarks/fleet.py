@@ -4,8 +4,9 @@ prefix routing vs round robin vs random.
 The trace is deploy_agentic.py's: S sessions at once, T turns each, every turn resending a
 shared system prompt plus the session's growing history as one `generate` call with
 `cache_key` = the session id. Turns alternate between the two gateway processes, so a session
-keeps its upstream only if both gateways route it alike. Each run (prefix with Redis too) gets its own system prompt
-(no run reuses another's cache) and its own pair of gateways over the same three upstreams.
+keeps its upstream only if both gateways route it alike. Each run (prefix with Redis too) gets
+its own system prompt (no run reuses another's cache) and its own pair of gateways over the
+same three upstreams.
 
 Reported per policy: token-weighted prefix hit rate from the upstreams' own counters
 (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, scraped before and after),
