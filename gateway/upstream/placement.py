@@ -75,7 +75,8 @@ if current and current ~= ARGV[3] then
 end
 local best, least = nil, nil
 for i = 5, #ARGV, 2 do
-  local load = math.max(tonumber(ARGV[i + 1]), tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0)
+  local placed = tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0
+  local load = math.max(tonumber(ARGV[i + 1]), placed)
   if least == nil or load < least then best, least = ARGV[i], load end
 end
 redis.call('SET', KEYS[1], best, 'EX', ARGV[1])
@@ -284,11 +285,12 @@ async def follow_or_place(
     by_url = {u.url: u for u in upstreams}
     url, fresh = placements.near(key)
     recorded = by_url.get(url) if url is not None else None
+    if recorded is not None and recorded.breaker.available() and fresh:
+        return recorded, None  # the common case: no Redis, no load figures
     ordered = sorted(upstreams, key=lambda u: u is not own)  # ties go to the first
     live = [(u.url, load(u)) for u in ordered if u.breaker.available()]
     if recorded is not None and recorded.breaker.available():
-        if not fresh:
-            placements.refresh(key, live)
+        placements.refresh(key, live)
         return recorded, None
     for _ in range(2):  # a second time when the record names one out or gone here
         asked = placements.ask(key, live, url or "")
