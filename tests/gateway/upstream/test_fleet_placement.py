@@ -122,7 +122,6 @@ def test_a_late_answer_records_the_key_where_its_first_call_went(
     """The split the agent trace showed: the first call of a session went by the hash (Redis
     late) while its script, still run, recorded the least-loaded upstream — every later turn
     followed the record, away from the cached prefix."""
-    all_listening(store, 6)
     favoured = upstreams[0]
     with favouring(store, upstreams, favoured):
         for key in keys_hashed_away(upstreams, favoured, "late"):
