@@ -4,8 +4,9 @@ prefix routing vs round robin vs random.
 The trace is deploy_agentic.py's: S sessions at once, T turns each, every turn resending a
 shared system prompt plus the session's growing history as one `generate` call with
 `cache_key` = the session id. Turns alternate between the two gateway processes, so a session
-keeps its upstream only if both gateways route it alike. Each policy gets its own system prompt
-(no run reuses another's cache) and its own pair of gateways over the same three upstreams.
+keeps its upstream only if both gateways route it alike. Each run (prefix with Redis too) gets
+its own system prompt (no run reuses another's cache), the same user turns, and its own pair
+of gateways over the same three upstreams.
 
 Reported per policy: token-weighted prefix hit rate from the upstreams' own counters
 (`vllm:prefix_cache_hits_total` / `vllm:prefix_cache_queries_total`, scraped before and after),
@@ -137,8 +138,11 @@ async def run_policy(
     if redis_url is not None:
         flags += ["--redis-url", redis_url]
     gateways = [Server(*flags).wait() for _ in range(2)]
-    rng = random.Random(f"{args.seed}-{policy}")
-    system = f"System ({policy}): " + words(rng, args.system_words)
+    run = f"{policy}-redis" if redis_url is not None else policy
+    # A system prompt of its own (nothing cached by another run is reused), the same turns:
+    # the runs differ only in where their calls went.
+    system = f"System ({run}): " + words(random.Random(f"{args.seed}-{run}"), args.system_words)
+    rng = random.Random(args.seed)
     low, high = args.turn_words
     trace = [
         [words(rng, rng.randint(low, high)) for _ in range(args.turns)]
@@ -158,7 +162,7 @@ async def run_policy(
                             [g.base for g in gateways],
                             system,
                             turns,
-                            f"{policy}-session-{i}",
+                            f"{run}-session-{i}",
                             args.max_tokens,
                             latencies,
                         )

@@ -502,8 +502,9 @@ class Settings:
         1, "consecutive successful checks that close an upstream's breaker again"
     )
     upstream_placement_timeout_s: float = env_only(
-        0.01,
-        "seconds a placement record's Redis read may take before the hash decides instead",
+        0.05,
+        "seconds a call waits for the placement record of a key its process has not heard "
+        "of before the hash decides (the record then follows the call)",
     )
     upstream_cooldown_s: float = env_only(
         5.0, "an open breaker lets one trial call through after this many s"

@@ -282,16 +282,21 @@ class Fleet:
         headers: dict[str, str] = {}
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = Call(self, request, hashes, path, body, headers)
-        key = placement_key(hashes, request.cache_key) if self.placements is not None else None
-        if self.placements is not None and key is not None:
-            call.placed = await follow_or_place(
-                self.placements, key, self.upstreams, self._load, self._own(hashes, request)
+        placements = self.placements
+        key = placement_key(hashes, request.cache_key) if placements is not None else None
+        asked = None
+        if placements is not None and key is not None:
+            call.placed, asked = await follow_or_place(
+                placements, key, self.upstreams, self._load, self._own(hashes, request)
             )
         try:
             await call.connect()
         except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
             return Guarded(_failed(exc), call)
         assert call.upstream is not None
+        if asked is not None:  # Redis answered late: its record follows this call
+            assert placements is not None and key is not None
+            placements.settle(key, asked, call.upstream.url)
         http_io.note_served_by(call.upstream.url)
         return Guarded(call.relay(), call)
 

@@ -3,31 +3,48 @@
 The hash alone spreads a few keys unevenly (12 sessions fell 1/6/5 over three upstreams). With
 Redis, the first gateway to see a new routing key (a ``cache_key``, else the prompt's prefix
 key) places it on the least-loaded healthy upstream and records it; every gateway and worker
-follows the record, refreshing its TTL as it uses it. Load is what the placing gateway knows
-(scraped running + waiting, its own in-flight calls) plus the keys every gateway placed there
-in the last ``COUNT_S`` seconds (a Redis hash, so sessions that start together are spread
-before any of them shows in a scrape). One Lua script reads the record, or places the key and
-counts it, atomically: two gateways placing the same new key at once get the same answer,
-and concurrent new keys see each other's counts. A record naming an upstream that is out or
-gone is replaced — only if it still names that one, so every gateway replaces it alike.
-Records are followed through a near cache of ``NEAR_S`` seconds: a busy key costs one Redis
-call per process per ``NEAR_S``, not one per call.
+follows the record, refreshing its TTL as it uses it. Load is the larger of what the placing
+gateway knows (scraped running + waiting, its own in-flight calls) and the keys every gateway
+placed there (a Redis hash, kept while placements come at least every ``COUNT_S`` seconds):
+sessions that start together are spread before any of them shows in a scrape, and a new
+session's first call, in flight, is not counted twice. One Lua script reads the record, or
+places the key and counts it, atomically: two gateways placing the same new key at once get
+the same answer, and concurrent new keys see each other's counts. A record naming an
+upstream that is out or gone is replaced — only if it still names that one, so every
+gateway replaces it alike.
 
-Redis slow (past ``KVGATE_UPSTREAM_PLACEMENT_TIMEOUT_S``, 10 ms) or down: ``None`` — the hash
-decides, as without Redis — and, once it failed (or was slow ``SLOW_IN_A_ROW`` times in a
-row), Redis is not asked again for ``BACKOFF_S``. Hot keys still overflow: a record is
-followed only while its upstream is not pressed (``Load.pressed``).
-Keys share one hash tag, so the script runs on Redis Cluster too.
+A record must name where the key's calls went, or its session's cache is split between two
+upstreams (on a busy machine, Redis answered the first turns of a 12-session burst after the
+bound: each went by the hash while its script, run anyway, recorded another upstream, and the
+later turns followed the record; other processes, reading the record late, went by the hash
+too). So nothing here leaves a call's route to the timing of a Redis answer:
+
+- A call waits at most ``KVGATE_UPSTREAM_PLACEMENT_TIMEOUT_S`` (50 ms) for Redis — none while
+  an earlier read is already overdue — then goes by the hash; the answer is still read
+  (never cancelled: a cancelled read also drops its connection), and a key its script placed
+  elsewhere is moved to where the call went (``settle``), only if the record still names it.
+- Every placement, move and replacement is published; every process keeps what it hears in a
+  near cache and follows it with no Redis read in the call's path (a process seeing a session
+  for the first time already knows where it went). An entry older than ``NEAR_S`` is still
+  followed while one background read refreshes it (and the record's TTL).
+
+So a call waits on Redis only for a key its process has not heard of (or one whose upstream
+is out here). Redis down, or an answer not come within ``ANSWER_S``: Redis is left alone for
+``BACKOFF_S`` and the hash decides, no call fails. Hot keys still overflow: a record is
+followed only while its upstream is not pressed (``Load.pressed``). Keys share one hash tag,
+so the scripts run on Redis Cluster too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, NamedTuple, TypeAlias, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from engine.router import KEY_BLOCKS
@@ -36,92 +53,213 @@ from gateway.upstream.upstream import Upstream
 log = logging.getLogger("kvgate.fleet")
 REDIS_FAILURES = (RedisError, OSError, TimeoutError)
 TTL_S = 900  # a record unused this long is gone (the upstream's prefix cache is, by then)
-CONNECT_S = 1.0  # at startup: the connection is made before calls wait on it
+CONNECT_S = 1.0  # at startup: the connections are made before calls wait on them
+WARM_CONNECTIONS = 4  # opened at startup: a burst of new keys does not wait on connects
+ANSWER_S = 1.0  # an answer not come by then is a failure (Redis stalled)
 BACKOFF_S = 1.0  # after a failure, Redis is left alone this long
-SLOW_IN_A_ROW = 3  # timeouts in a row that count as a failure (one is just that call's)
-NEAR_S = 5.0  # a record read is followed without asking again this long
+NEAR_S = 5.0  # a record heard is followed this long before a background read refreshes it
 NEAR_MAX = 1 << 16
 COUNT_S = 60  # placements count as load this long after the last one
 PREFIX = "kvgate:{placement}:"
 COUNTS = "kvgate:{placement}counts"
+CHANNEL = "kvgate:{placement}heard"  # messages: URL, newline, key
 
 # KEYS: the record, the counts. ARGV: TTL, counts TTL, the URL a record may be replaced
-# from ('' none), then URL, load pairs of the available upstreams. Returns the record's URL.
-PLACE = """
+# from ('' none), the key, then URL, load pairs of the available upstreams.
+# Returns {URL recorded, 1 if placed now else 0}.
+PLACE = f"""
 local current = redis.call('GET', KEYS[1])
 if current and current ~= ARGV[3] then
   redis.call('EXPIRE', KEYS[1], ARGV[1])
-  return current
+  return {{current, 0}}
 end
 local best, least = nil, nil
-for i = 4, #ARGV, 2 do
-  local load = tonumber(ARGV[i + 1]) + (tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0)
+for i = 5, #ARGV, 2 do
+  local placed = tonumber(redis.call('HGET', KEYS[2], ARGV[i])) or 0
+  local load = math.max(tonumber(ARGV[i + 1]), placed)
   if least == nil or load < least then best, least = ARGV[i], load end
 end
 redis.call('SET', KEYS[1], best, 'EX', ARGV[1])
 redis.call('HINCRBY', KEYS[2], best, 1)
 redis.call('EXPIRE', KEYS[2], ARGV[2])
-return best
+redis.call('PUBLISH', '{CHANNEL}', best .. '\\n' .. ARGV[4])
+return {{best, 1}}
+"""
+# KEYS: the record, the counts. ARGV: TTL, the URL placed, the URL the call went to, the key.
+# Moves the record (and its count) only if it still names the URL placed; returns 1 if so.
+MOVE = f"""
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+redis.call('SET', KEYS[1], ARGV[3], 'EX', ARGV[1])
+redis.call('HINCRBY', KEYS[2], ARGV[2], -1)
+redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
+redis.call('PUBLISH', '{CHANNEL}', ARGV[3] .. '\\n' .. ARGV[4])
+return 1
 """
 
 
+class Answer(NamedTuple):
+    url: str  # what the record names
+    placed: bool  # by this very script run (not read)
+
+
+Asked: TypeAlias = "asyncio.Task[Answer | None]"
+T = TypeVar("T")
+
+
 class Placements:
-    """Routing key → upstream URL records in Redis, with a near cache and a fallback."""
+    """Routing key → upstream URL records in Redis, heard into a near cache."""
 
     def __init__(self, client: Any, timeout_s: float, ttl_s: int = TTL_S) -> None:
         self._client = client
         self._place = client.register_script(PLACE)
+        self._move = client.register_script(MOVE)
         self.timeout_s = timeout_s
         self.ttl_s = ttl_s
-        self._near: dict[bytes, tuple[str, float]] = {}
+        self._near: dict[bytes, tuple[str, float]] = {}  # key → (URL, when heard)
+        self._refreshing: set[bytes] = set()
+        self._asking: dict[asyncio.Task[Any], float] = {}  # reads in flight, since when
         self._down_until = 0.0
-        self._failures = 0  # in a row
+        self._tasks: set[asyncio.Task[Any]] = set()
 
     async def connect(self) -> None:
-        """Open a connection now, so the first call's read is not a connect (failures are
-        left to the calls: they fall back to the hash)."""
+        """Load the scripts and open a few connections now, so the first calls' reads are
+        neither connects nor script loads, and start listening (failures are left to the
+        calls: they fall back to the hash)."""
+        client = self._client
         try:
             async with asyncio.timeout(CONNECT_S):
-                await self._client.ping()
+                await asyncio.gather(
+                    client.script_load(PLACE),
+                    client.script_load(MOVE),
+                    *(client.ping() for _ in range(WARM_CONNECTIONS - 2)),
+                )
         except REDIS_FAILURES:
             pass
+        self._spawn(self._listen())
 
-    def near(self, key: bytes) -> str | None:
-        """The URL this process read for ``key`` in the last ``NEAR_S`` seconds."""
+    def near(self, key: bytes) -> tuple[str | None, bool]:
+        """The URL this process last heard for ``key`` (None: none, or older than the TTL),
+        and whether it is fresh (heard in the last ``NEAR_S`` seconds)."""
         found = self._near.get(key)
-        return found[0] if found is not None and found[1] > time.monotonic() else None
+        if found is None:
+            return None, False
+        age = time.monotonic() - found[1]
+        return (found[0], age < NEAR_S) if age < self.ttl_s else (None, False)
 
-    async def place(
+    def ask(
         self, key: bytes, candidates: Sequence[tuple[str, int]], replacing: str = ""
-    ) -> str | None:
-        """The URL recorded for ``key`` (its TTL refreshed) — placed now on the least loaded
-        of ``candidates`` (URL, load) when there is none, or it is ``replacing`` — or None
-        when Redis cannot say."""
+    ) -> Asked | None:
+        """The record for ``key`` (its TTL refreshed), placed on the least loaded of
+        ``candidates`` (URL, load) when there is none or it names ``replacing``: a task that
+        is never cancelled by a caller giving up on it. None: Redis is not asked now."""
         if time.monotonic() < self._down_until or not candidates:
             return None
-        args: list[Any] = [self.ttl_s, COUNT_S, replacing]
+        args: list[Any] = [self.ttl_s, COUNT_S, replacing, key]
         for url, load in candidates:
             args += [url, load]
-        try:
-            async with asyncio.timeout(self.timeout_s):
-                raw = await self._place(keys=[PREFIX + key.decode(), COUNTS], args=args)
-        except REDIS_FAILURES as exc:
-            self._failures += 1
-            if isinstance(exc, TimeoutError) and self._failures < SLOW_IN_A_ROW:
-                return None  # slow this once: this call goes by the hash
-            if self._down_until == 0.0:
-                log.warning("placement records: Redis failed (%r); the hash decides", exc)
-            self._down_until = time.monotonic() + BACKOFF_S
+        asked = self._spawn(self._ask(key, args))
+        self._asking[asked] = time.monotonic()
+        asked.add_done_callback(self._asking.pop)
+        return asked
+
+    async def wait(self, asked: Asked) -> Answer | None:
+        """``asked``'s answer if it comes within the bound, else None (it is still read).
+        While an earlier read is overdue Redis is slow: no call waits on it."""
+        now = time.monotonic()
+        oldest = next(iter(self._asking.values()), now)  # reads are kept in the order sent
+        if oldest < now - self.timeout_s:
             return None
-        self._failures = 0
-        url = raw.decode() if isinstance(raw, bytes) else str(raw)
-        if len(self._near) >= NEAR_MAX:
-            self._near.clear()
-        self._near[key] = (url, time.monotonic() + NEAR_S)
-        return url
+        done, _ = await asyncio.wait((asked,), timeout=self.timeout_s)
+        return asked.result() if done else None
+
+    def refresh(self, key: bytes, candidates: Sequence[tuple[str, int]]) -> None:
+        """Read ``key``'s record again in the background (one read at a time per key)."""
+        if key in self._refreshing:
+            return
+        asked = self.ask(key, candidates)
+        if asked is not None:
+            self._refreshing.add(key)
+            asked.add_done_callback(lambda _: self._refreshing.discard(key))
+
+    def settle(self, key: bytes, asked: Asked, went: str) -> None:
+        """A call went to ``went`` without waiting for ``asked``: when its script placed the
+        key elsewhere, move the record to where the call went (its prefix is cached there)."""
+        self._spawn(self._settle(key, asked, went))
 
     async def aclose(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._client.aclose()
+
+    def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _run(self, script: Any, key: bytes, args: list[Any]) -> Any:
+        """``script`` on ``key``'s record and the counts, within ``ANSWER_S``; once more on
+        a connection error (a pooled connection that Redis closed, as a restart does)."""
+        keys = [PREFIX + key.decode(), COUNTS]
+        async with asyncio.timeout(ANSWER_S):
+            try:
+                return await script(keys=keys, args=args)
+            except RedisConnectionError:
+                return await script(keys=keys, args=args)
+
+    async def _ask(self, key: bytes, args: list[Any]) -> Answer | None:
+        try:
+            raw = await self._run(self._place, key, args)
+        except REDIS_FAILURES as exc:
+            self._failed(exc)
+            return None
+        url = raw[0].decode() if isinstance(raw[0], bytes) else str(raw[0])
+        self._heard(key, url)
+        return Answer(url, bool(raw[1]))
+
+    async def _settle(self, key: bytes, asked: Asked, went: str) -> None:
+        answer = await asked
+        if answer is None or not answer.placed or answer.url == went:
+            return
+        args = [self.ttl_s, answer.url, went, key]
+        try:
+            moved = await self._run(self._move, key, args)
+        except REDIS_FAILURES as exc:
+            self._failed(exc)
+            return
+        if moved:
+            self._heard(key, went)
+
+    async def _listen(self) -> None:
+        """Hear every process's placements into the near cache, resubscribing after a
+        failure (meanwhile near misses are read, or go by the hash)."""
+        while True:
+            pubsub = self._client.pubsub()
+            try:
+                await pubsub.subscribe(CHANNEL)
+                async for message in pubsub.listen():
+                    if message["type"] != "message":
+                        continue
+                    url, sep, key = message["data"].partition(b"\n")
+                    if sep:
+                        self._heard(key, url.decode())
+            except REDIS_FAILURES:
+                pass
+            finally:
+                with contextlib.suppress(*REDIS_FAILURES):
+                    await pubsub.aclose()
+            await asyncio.sleep(BACKOFF_S)
+
+    def _heard(self, key: bytes, url: str) -> None:
+        if len(self._near) >= NEAR_MAX and key not in self._near:
+            self._near.clear()
+        self._near[key] = (url, time.monotonic())
+
+    def _failed(self, exc: BaseException) -> None:
+        if time.monotonic() >= self._down_until + BACKOFF_S:  # once per outage
+            log.warning("placement records: Redis failed (%r); the hash decides", exc)
+        self._down_until = time.monotonic() + BACKOFF_S
 
 
 def placement_key(hashes: Sequence[bytes], cache_key: str | None) -> bytes | None:
@@ -139,21 +277,30 @@ async def follow_or_place(
     upstreams: Sequence[Upstream],
     load: Callable[[Upstream], int],
     own: Upstream | None,
-) -> Upstream | None:
+) -> tuple[Upstream | None, Asked | None]:
     """The available upstream the record for ``key`` names (placed now if there is none, or
-    it names one that is out or gone), or None: the hash decides. ``own`` is the hash's
-    choice: it takes a new key unless another is less loaded, so a call that falls back to
-    the hash (Redis slow) most often goes where the record says."""
+    it names one that is out or gone), or None: the hash decides; and the Redis read the
+    call did not wait for (to ``settle`` once the call has gone somewhere). ``own`` is the
+    hash's choice: it takes a new key unless another is less loaded."""
     by_url = {u.url: u for u in upstreams}
-    url = placements.near(key)
+    url, fresh = placements.near(key)
     recorded = by_url.get(url) if url is not None else None
-    if recorded is not None and recorded.breaker.available():
-        return recorded
+    if recorded is not None and recorded.breaker.available() and fresh:
+        return recorded, None  # the common case: no Redis, no load figures
     ordered = sorted(upstreams, key=lambda u: u is not own)  # ties go to the first
     live = [(u.url, load(u)) for u in ordered if u.breaker.available()]
-    url = await placements.place(key, live, url or "")
-    named = by_url.get(url) if url is not None else None
-    if url is not None and (named is None or not named.breaker.available()):
-        url = await placements.place(key, live, url)  # the record names one out or gone
-    chosen = by_url.get(url) if url is not None else None
-    return chosen if chosen is not None and chosen.breaker.available() else None
+    if recorded is not None and recorded.breaker.available():
+        placements.refresh(key, live)
+        return recorded, None
+    for _ in range(2):  # a second time when the record names one out or gone here
+        asked = placements.ask(key, live, url or "")
+        if asked is None:
+            return None, None
+        answer = await placements.wait(asked)
+        if answer is None:
+            return None, asked
+        url = answer.url
+        named = by_url.get(url)
+        if named is not None and named.breaker.available():
+            return named, None
+    return None, None

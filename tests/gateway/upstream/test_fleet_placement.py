@@ -1,25 +1,34 @@
 """Balanced first placement through Redis, with real processes: two gateways of two workers
 over three upstreams and a private redis-server. New keys are spread evenly and recorded,
 every gateway and worker follows a record (refreshing its TTL), a record naming a dead
-upstream is replaced, and with Redis down the hash decides with no failed call."""
+upstream is replaced, and with Redis down the hash decides with no failed call. A third
+gateway (``hasty``) never waits for Redis, as any gateway whose answer comes late: the first
+call of a new key goes by the hash and the record follows it, and records it heard of are
+followed with no read."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import Counter
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 import redis
 
+from gateway.upstream.routing import Load, UpstreamRouter
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
+from tests.gateway.upstream.late_proxy import late_proxy
 from tests.gateway.upstream.processes import Process, gateway, running
 from tests.gateway.upstream.recording_upstream import MODEL
 
 pytestmark = [requires_redis_server, pytest.mark.redis]
 RECORDING = ("-m", "tests.gateway.upstream.recording_upstream")
+COUNTS = "kvgate:{placement}counts"
+LATE_S = 0.12  # past the bound, within the Redis client's 0.25 s socket timeout
 
 
 @pytest.fixture(scope="module")
@@ -50,6 +59,16 @@ def fronts(
         yield started
 
 
+@pytest.fixture(scope="module")
+def hasty(log_dir: Path, upstreams: list[Process], redis_server: RedisServer) -> Iterator[Process]:
+    """A gateway of two workers whose Redis answers come after the bound (50 ms), as on a
+    busy machine: every reply is handed on ``LATE_S`` late."""
+    with late_proxy(redis_server.port, LATE_S) as port:
+        flags = ("--workers", "2", "--redis-url", f"redis://127.0.0.1:{port}/0")
+        with running([gateway(log_dir, upstreams, *flags)], 60) as started:
+            yield started[0]
+
+
 @pytest.fixture
 def store(redis_server: RedisServer) -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(redis_server.url, decode_responses=True)
@@ -68,6 +87,65 @@ def served_by(base: str, key: str) -> str:
 
 def record(key: str) -> str:
     return f"kvgate:{{placement}}:cache_key:{key}"
+
+
+def all_listening(store: redis.Redis, workers: int) -> None:
+    """Wait until ``workers`` worker processes hear placements."""
+    deadline = time.monotonic() + 10
+    while store.pubsub_numsub("kvgate:{placement}heard")[0][1] < workers:
+        assert time.monotonic() < deadline, "the workers did not subscribe"
+        time.sleep(0.05)
+
+
+def keys_hashed_away(upstreams: list[Process], favoured: Process, prefix: str) -> list[str]:
+    """Six keys the hash gives to another upstream than ``favoured``."""
+    router = UpstreamRouter([u.base for u in upstreams])
+    idle, up = [Load(0)] * len(upstreams), [True] * len(upstreams)
+    keys = (f"{prefix}-{i}" for i in range(1000))
+    away = (k for k in keys if upstreams[router.choose([], k, idle, up)[0]] is not favoured)
+    return list(itertools.islice(away, 6))
+
+
+@contextmanager
+def favouring(store: redis.Redis, upstreams: list[Process], favoured: Process) -> Iterator[None]:
+    """New keys are placed on ``favoured``: the others count many recent placements."""
+    store.hset(COUNTS, mapping={u.base: 0 if u is favoured else 1000 for u in upstreams})
+    try:
+        yield
+    finally:
+        store.delete(COUNTS)
+
+
+def test_a_late_answer_records_the_key_where_its_first_call_went(
+    fronts: list[Process], hasty: Process, upstreams: list[Process], store: redis.Redis
+) -> None:
+    """The split the agent trace showed: the first call of a session went by the hash (Redis
+    late) while its script, still run, recorded the least-loaded upstream — every later turn
+    followed the record, away from the cached prefix."""
+    favoured = upstreams[0]
+    with favouring(store, upstreams, favoured):
+        for key in keys_hashed_away(upstreams, favoured, "late"):
+            url = served_by(hasty.base, key)  # by the hash: Redis is late for it
+            assert url != favoured.base
+            deadline = time.monotonic() + 5  # the late answer read, the record moved
+            while store.get(record(key)) != url:
+                assert time.monotonic() < deadline, f"{key}'s record is not where it went"
+                time.sleep(0.05)
+            assert {served_by(f.base, key) for f in (*fronts, hasty) for _ in range(2)} == {url}
+
+
+def test_records_heard_of_are_followed_without_waiting_for_redis(
+    fronts: list[Process], hasty: Process, upstreams: list[Process], store: redis.Redis
+) -> None:
+    """A gateway seeing a session for the first time, with Redis late, follows its record
+    (heard when it was placed) rather than the hash."""
+    all_listening(store, 6)
+    favoured = upstreams[1]
+    with favouring(store, upstreams, favoured):
+        keys = keys_hashed_away(upstreams, favoured, "heard")
+        assert {served_by(fronts[0].base, key) for key in keys} == {favoured.base}
+        time.sleep(0.3)  # heard (LATE_S late) before the session's next turn
+        assert {served_by(hasty.base, key) for key in keys for _ in range(3)} == {favoured.base}
 
 
 def test_new_keys_are_spread_evenly_recorded_and_followed_everywhere(
