@@ -6,7 +6,9 @@ connection with an endless or ever-so-slow request head. Bodies are bounded by t
   limit of one head (plus at most one read's worth right after a pipelined body), so a single
   endless header line costs neither memory nor repeated copying.
 - The request target may take ``min(MAX_TARGET_BYTES, max_header_bytes // 2)`` bytes (414).
-- The head must arrive within ``header_timeout_s`` of its first byte (408). A pipelined head
+- The head must arrive within ``header_timeout_s`` of its first read (the first request's:
+  of the connection's start) (408); a head that comes whole in one read, as nearly all do,
+  arms no timer. A pipelined head
   that trickles in while an earlier request on the connection is served stops being read at
   its deadline and is answered 408 (and the connection closed) once that response is done.
 - HTTP/1.1 requires exactly one ``Host`` (RFC 9112 section 3.2): none or several is 400.
@@ -40,6 +42,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.max_target_bytes = min(MAX_TARGET_BYTES, max_header_bytes // 2)
         self.header_timeout_s = header_timeout_s
         self._in_head = True  # between a message's end (or the connection's start) and its head
+        self._head_open = False  # a head's first byte has come, its end not yet
         self._head_bytes = 0
         self._target_bytes = 0
         self._head_expired = False  # a pipelined head missed its deadline behind a response
@@ -77,6 +80,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._head_bytes += min(len(data), room)
         if len(data) <= room:
             super().data_received(data)
+            self._time_a_partial_head()
             return
         super().data_received(data[:room])
         if self._refusal is not None or self.transport.is_closing():
@@ -89,7 +93,13 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._target_bytes = 0
-        self._start_header_timer()
+        self._head_open = True
+
+    def _time_a_partial_head(self) -> None:
+        """A head begun but not complete after this read: its deadline starts now. A head
+        that comes whole in one read, the usual case, never arms a timer."""
+        if self._head_open and self._header_timer is None and not self.transport.is_closing():
+            self._start_header_timer()
 
     def on_url(self, url: bytes) -> None:
         self._target_bytes += len(url)
@@ -100,6 +110,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._cancel_header_timer()
+        self._head_open = False
         self._in_head = False
         hosts = sum(1 for name, _ in self.headers if name == b"host")
         if self.parser.get_http_version() == "1.1" and hosts != 1:

@@ -152,7 +152,7 @@ class Call:
         except wire.StreamError as exc:
             raise UpstreamFailure("malformed", f"upstream {upstream.url}: {exc}") from None
         if chunk.tokens:
-            self.fleet.ttft.labels(str(upstream.index)).observe(time.perf_counter() - self.started)
+            self.fleet.ttft.observe(upstream.index, time.perf_counter() - self.started)
             yield self._delta(chunk, chunk.tokens)
         reasoning = chunk.reasoning or None
         yield self._done(
@@ -171,7 +171,7 @@ class Call:
         upstream = self.upstream
         assert upstream is not None
         upstream.breaker.success()
-        self.fleet.latency.labels(str(upstream.index)).observe(time.perf_counter() - self.started)
+        self.fleet.latency.observe(upstream.index, time.perf_counter() - self.started)
         usage = usage or {}
         return Completion(
             text=text,
@@ -189,7 +189,7 @@ class Call:
         assert self.response is not None and self.upstream is not None
         upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
         calls, thought = wire.ToolCalls(), list[str]()
-        label, asked = str(upstream.index), self.request.params.max_tokens
+        asked = self.request.params.max_tokens
         lines = bounded.sse_lines(self.response.chunks(), bounded.stream_budget(asked))
         tail_at: float | None = None
         try:
@@ -225,7 +225,7 @@ class Call:
                 finish = chunk.finish_reason or finish
                 if chunk.tokens:
                     if not count:
-                        self.fleet.ttft.labels(label).observe(time.perf_counter() - self.started)
+                        self.fleet.ttft.observe(upstream.index, time.perf_counter() - self.started)
                     count += chunk.tokens
                     if count > asked + TOKEN_SLACK:
                         raise wire.StreamError(f"over {count - 1} tokens for max_tokens {asked}")

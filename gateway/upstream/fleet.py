@@ -241,8 +241,8 @@ class Fleet:
 
     async def open(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.ttft = _histogram(metrics, "ttft_seconds", "Time to an upstream's first text.")
-        self.latency = _histogram(
+        self.ttft = _PerUpstream(metrics, "ttft_seconds", "Time to an upstream's first text.")
+        self.latency = _PerUpstream(
             metrics, "request_duration_seconds", "Upstream call latency, to its last chunk."
         )
         metrics.registry.register(_HealthCollector(self))
@@ -675,11 +675,22 @@ class _HealthCollector(Collector):
         yield family
 
 
-def _histogram(metrics: Metrics, name: str, documentation: str) -> Histogram:
-    return Histogram(
-        f"kvgate_upstream_{name}",
-        documentation,
-        ["upstream"],
-        buckets=LATENCY_BUCKETS,
-        registry=metrics.registry,
-    )
+class _PerUpstream:
+    """A histogram labelled by upstream, its children kept: ``labels()`` validates and locks
+    on every call, twice per proxied call."""
+
+    def __init__(self, metrics: Metrics, name: str, documentation: str) -> None:
+        self._histogram = Histogram(
+            f"kvgate_upstream_{name}",
+            documentation,
+            ["upstream"],
+            buckets=LATENCY_BUCKETS,
+            registry=metrics.registry,
+        )
+        self._children: dict[int, Histogram] = {}
+
+    def observe(self, upstream: int, seconds: float) -> None:
+        child = self._children.get(upstream)
+        if child is None:
+            child = self._children[upstream] = self._histogram.labels(str(upstream))
+        child.observe(seconds)
