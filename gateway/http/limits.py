@@ -8,9 +8,9 @@ connection with an endless or ever-so-slow request head. Bodies are bounded by t
 - The request target may take ``min(MAX_TARGET_BYTES, max_header_bytes // 2)`` bytes (414).
 - The head must arrive within ``header_timeout_s`` of its first read (the first request's:
   of the connection's start) (408); a head that comes whole in one read, as nearly all do,
-  arms no timer. A pipelined head
-  that trickles in while an earlier request on the connection is served stops being read at
-  its deadline and is answered 408 (and the connection closed) once that response is done.
+  arms no timer. A pipelined head that trickles in while an earlier request on the connection
+  is served stops being read at its deadline and is answered 408 (and the connection closed)
+  once that response is done.
 - HTTP/1.1 requires exactly one ``Host`` (RFC 9112 section 3.2): none or several is 400.
 
 Use it as uvicorn's ``http`` protocol: ``functools.partial(LimitedHttpToolsProtocol,
