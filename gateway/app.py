@@ -19,7 +19,8 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
-from starlette.routing import Route
+from starlette.routing import Route, Router
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from gateway.adapters import runtime_updating
 from gateway.admin import admin_routes
@@ -210,11 +211,11 @@ def create_app(
         if loop is not None:
             loop.call_soon_threadsafe(reloader.end_listen_streams)
 
+    doors: dict[str, ASGIApp] = {MCP_PATH: endpoint, **dict.fromkeys(openai.routes, openai)}
     app = Starlette(
         routes=[
-            Route(MCP_PATH, endpoint),
             # every method, and any other /v1/ path: the door answers 404 and 405 in its words
-            *(Route(path, openai) for path in openai.routes),
+            *(Route(path, door) for path, door in doors.items()),
             Route("/healthz", healthz),
             Route("/health", healthz),  # vLLM's path, so fleet health checks find either
             Route("/readyz", readyz),
@@ -232,6 +233,7 @@ def create_app(
             )
         ],
     )
+    app.router = DoorsFirst(app.router, doors)  # before the middleware stack is built
     app.add_middleware(TrimAfterLargeBodies)
     app.add_middleware(
         AuthMiddleware,
@@ -249,6 +251,24 @@ def create_app(
     app.state.draining = False
     app.state.begin_drain = begin_drain
     return app
+
+
+class DoorsFirst(Router):
+    """Starlette's router with the doors' own paths found by one dict lookup, not by matching
+    the route list in order: the hot path of every MCP and OpenAI call (the routes stay, for
+    the lifespan, ``url_path_for`` and everything else)."""
+
+    def __init__(self, router: Router, doors: dict[str, ASGIApp]) -> None:
+        super().__init__(router.routes, lifespan=router.lifespan_context)
+        self._doors = doors
+
+    async def app(self, scope: Scope, receive: Receive, send: Send) -> None:
+        door = self._doors.get(scope["path"]) if scope["type"] == "http" else None
+        if door is None:
+            await super().app(scope, receive, send)
+            return
+        scope.setdefault("router", self)
+        await door(scope, receive, send)
 
 
 def _on_sighup(

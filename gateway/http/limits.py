@@ -59,16 +59,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._cancel_header_timer()
         super().connection_lost(exc)
 
-    def eof_received(self) -> bool | None:  # type: ignore[override]  # asyncio allows a bool
-        """A client that half-closes right after its request still gets the answer: the
-        transport stays open for it (then uvicorn closes, as for ``Connection: close``).
-        Closing at once, asyncio's default, loses a response not yet written."""
-        self.transport.flush()  # an answer complete but still corked goes before the close
-        cycle = self.cycle
-        if cycle is None or cycle.response_complete:
-            return None
-        cycle.keep_alive = False
-        return True
+    def eof_received(self) -> None:
+        """The client sent FIN (closed, or half-closed after its request: the two look alike
+        until a write fails, and uvicorn takes it as a disconnect, which cancels the call).
+        An answer already complete but still corked is sent before the transport closes."""
+        self.transport.flush()
 
     def data_received(self, data: bytes) -> None:
         """Hand the parser at most what is left of the head's allowance, then the rest only
