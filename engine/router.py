@@ -13,12 +13,13 @@ import hashlib
 import itertools
 import math
 import random
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Protocol
 
 from engine.errors import EngineUnavailable
 
 KEY_BLOCKS = 8  # a prompt without cache_key is keyed on its first (up to) eight blocks
+MAX_ORDERS = 1 << 16  # keys whose ring order is kept (a few MiB at most)
 
 
 class Prefilling(Protocol):
@@ -84,18 +85,26 @@ class PrefixRouter:
         )
         self._points = [point for point, _ in ring]
         self._owners = [owner for _, owner in ring]
+        self._orders: dict[bytes, tuple[int, ...]] = {}  # preference(), memoised
 
-    def preference(self, key: bytes) -> Iterator[int]:
-        """Every replica once, in ring order clockwise from the key's position."""
+    def preference(self, key: bytes) -> tuple[int, ...]:
+        """Every replica once, in ring order clockwise from the key's position. Memoised (at
+        most ``MAX_ORDERS`` keys, then forgotten all at once): a session's key, or a shared
+        prefix's, recurs on every call, which paid a SHA-256 and a ring walk each time."""
+        order = self._orders.get(key)
+        if order is not None:
+            return order
         start = bisect.bisect_left(self._points, _position(b"key", key))
-        seen: set[int] = set()
-        for i in range(len(self._owners)):
-            owner = self._owners[(start + i) % len(self._owners)]
-            if owner not in seen:
-                seen.add(owner)
-                yield owner
-                if len(seen) == self.num_replicas:
-                    return
+        owners = len(self._owners)
+        seen: dict[int, None] = {}
+        for i in range(owners):
+            seen.setdefault(self._owners[(start + i) % owners])
+            if len(seen) == self.num_replicas:
+                break
+        if len(self._orders) >= MAX_ORDERS:
+            self._orders.clear()
+        order = self._orders[key] = tuple(seen)
+        return order
 
     def load_bound(self, loads: Sequence[int], available: Sequence[bool]) -> int:
         """The most requests a live replica may hold after taking one more."""

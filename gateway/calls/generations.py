@@ -96,7 +96,9 @@ class Generations:
         reasoning = self._reasoning if request.messages is not None else None  # chats only
         if reasoning is not None:
             request = replace(request, params=reasoning.constrain(request.params))
-        request = replace(request, cache_salt=tenant_salt(request.cache_salt))
+        salt = tenant_salt(request.cache_salt)
+        if salt != request.cache_salt:  # no tenant (auth off): the request as it came
+            request = replace(request, cache_salt=salt)
         try:
             source = await self.backend.start(request)
         except ValueError as exc:

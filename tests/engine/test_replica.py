@@ -38,7 +38,7 @@ def key_for(engine: AsyncLLM, replica: int) -> str:
     return next(
         k
         for k in map(str, range(100))
-        if next(router.preference(b"cache_key:" + k.encode())) == replica
+        if router.preference(b"cache_key:" + k.encode())[0] == replica
     )
 
 

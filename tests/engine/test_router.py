@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import engine.router as router_module
 from engine.block_hash import block_hashes, root_hash
 from engine.errors import EngineUnavailable
 from engine.router import PrefixRouter, make_router
@@ -200,3 +201,17 @@ def test_unknown_policy_rejected():
     assert make_router("prefix", 2, load_factor=1.1).load_factor == 1.1
     with pytest.raises(ValueError, match="routing"):
         make_router("least_recent", 2)
+
+
+def test_the_memoised_ring_order_is_the_walks_and_stays_bounded(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    monkeypatch.setattr(router_module, "MAX_ORDERS", 4)
+    names = [f"http://10.0.0.{i}:8000".encode() for i in range(5)]
+    memoised, fresh = PrefixRouter(5, names=names), PrefixRouter(5, names=names)
+    for i in range(10):
+        key = f"cache_key:session-{i}".encode()
+        order = memoised.preference(key)
+        assert order == memoised.preference(key)  # the memo answers the same
+        assert sorted(order) == list(range(5))  # every replica once
+        fresh._orders.clear()
+        assert order == fresh.preference(key)  # as a walk from scratch gives it
+        assert len(memoised._orders) <= 4
