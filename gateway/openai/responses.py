@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +38,8 @@ class Envelope:
 
     @classmethod
     def new(cls, prefix: str, model: str) -> Envelope:
-        return cls(f"{prefix}-{uuid.uuid4().hex}", int(time.time()), model)
+        # 32 random hex digits, as uuid4().hex gives them, without building a UUID per call
+        return cls(f"{prefix}-{os.urandom(16).hex()}", int(time.time()), model)
 
     def wrap(self, kind: str, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
