@@ -131,7 +131,9 @@ class OpenAIEndpoint:
             logger.exception("internal error answering %s", path)
             await self._error(send, OpenAIError(500, "Internal error"))
         finally:
-            self.metrics.observe(path, None, outcome, time.perf_counter() - started, "openai")
+            # An unknown path is a client's choice: one label for all of them, as MCP's methods
+            label = path if path in self.routes else "unknown"
+            self.metrics.observe(label, None, outcome, time.perf_counter() - started, "openai")
 
     def _route(self, path: str, method: str) -> tuple[str, Handler]:
         """The route's method and handler: an unknown path is a 404 and a wrong method a 405

@@ -355,5 +355,9 @@ def test_a_client_gone_mid_stream_frees_everything(server: LiveServer, engine: A
 
 def test_openai_calls_are_counted_with_their_api(server: LiveServer) -> None:
     httpx.get(server.base + "/v1/models")
+    for i in range(3):  # unknown paths, each its own 404: one label, however many there are
+        assert httpx.get(server.base + f"/v1/no-such-{i}").status_code == 404
     metrics = httpx.get(server.base + "/metrics").text
     assert 'kvgate_requests_total{api="openai",method="/v1/models",outcome="ok",tool=""}' in metrics
+    assert "no-such" not in metrics
+    assert 'method="unknown"' in metrics
