@@ -234,7 +234,15 @@ class Pool:
     """Keep-alive connections to one upstream (``scheme://host:port``), unbounded: a call
     never waits for a connection; at most the calls in flight are open."""
 
-    def __init__(self, url: str, headers: Mapping[str, str], connect_timeout_s: float) -> None:
+    def __init__(
+        self,
+        url: str,
+        headers: Mapping[str, str],
+        connect_timeout_s: float,
+        body_type: str | None = None,
+    ) -> None:
+        """``headers`` go on every request, ``body_type`` as the content type of those that
+        carry a body."""
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or parts.hostname is None:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -245,10 +253,11 @@ class Pool:
         host = self.host if ":" not in self.host else f"[{self.host}]"
         authority = host if parts.port is None else f"{host}:{parts.port}"
         self._common = "".join(f"{k}: {v}\r\n" for k, v in {"host": authority, **headers}.items())
+        self._typed = "" if body_type is None else f"content-type: {body_type}\r\n"
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
-        self._heads: dict[tuple[str, str], bytes] = {}
+        self._heads: dict[tuple[str, str, bool], bytes] = {}
 
     async def request(
         self,
@@ -289,15 +298,17 @@ class Pool:
     ) -> bytes:
         """The request line and headers; those without per-call headers built once."""
         cached = headers is None
+        key = (method, path, length > 0)
         if cached:
-            head = self._heads.get((method, path))
+            head = self._heads.get(key)
             if head is not None:
                 return head + b"%d\r\n\r\n" % length
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        start = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._common}{extra}content-length: "
-        head = start.encode("latin-1")
+        typed = self._typed if length else ""
+        start = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._common}{typed}{extra}"
+        head = f"{start}content-length: ".encode("latin-1")
         if cached:
-            self._heads[(method, path)] = head
+            self._heads[key] = head
         return head + b"%d\r\n\r\n" % length
 
     async def _acquire(self) -> tuple[_Connection, bool]:

@@ -91,8 +91,7 @@ class Upstream:
         self._queued = 0.0  # the waiting figure of the scrape before the last
         self._scraped_at = 0.0
         self.read_timeout_s = read_timeout_s
-        json_headers = {**headers(api_key), "content-type": "application/json"}
-        self.pool = http1.Pool(url, json_headers, connect_timeout_s)
+        self.pool = http1.Pool(url, headers(api_key), connect_timeout_s, "application/json")
 
     async def post(
         self, path: str, content: bytes, headers: dict[str, str] | None = None, whole: bool = False

@@ -15,7 +15,9 @@ OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\
 
 
 @asynccontextmanager
-async def serving(handler: Handler) -> AsyncIterator[tuple[http1.Pool, list[int]]]:
+async def serving(
+    handler: Handler, body_type: str | None = None
+) -> AsyncIterator[tuple[http1.Pool, list[int]]]:
     """A server running ``handler`` per connection; the pool, and one entry per connection."""
     connections: list[int] = []
 
@@ -28,7 +30,7 @@ async def serving(handler: Handler) -> AsyncIterator[tuple[http1.Pool, list[int]
 
     server = await asyncio.start_server(accept, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    pool = http1.Pool(f"http://127.0.0.1:{port}", {"accept-encoding": "identity"}, 2.0)
+    pool = http1.Pool(f"http://127.0.0.1:{port}", {"accept-encoding": "identity"}, 2.0, body_type)
     try:
         yield pool, connections
     finally:
@@ -88,6 +90,25 @@ def test_the_request_carries_its_headers_and_body() -> None:
         assert body == b"body"
 
     asyncio.run(run())
+
+
+def test_the_body_type_goes_only_on_requests_with_a_body() -> None:
+    seen: list[bytes] = []
+
+    async def record(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for _ in range(3):
+            seen.append(await read_request(reader))
+            writer.write(OK)
+            await writer.drain()
+
+    async def run() -> None:
+        async with serving(record, "application/json") as (pool, _):
+            for method, body in (("POST", b"{}"), ("GET", b""), ("POST", b"[]")):
+                await (await pool.request(method, "/v1/x", body)).read()
+
+    asyncio.run(run())
+    typed = [b"content-type: application/json" in request for request in seen]
+    assert typed == [True, False, True]
 
 
 def test_chunked_and_close_delimited_bodies() -> None:
