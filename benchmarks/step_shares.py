@@ -1,0 +1,101 @@
+"""Where an offline `LLM`'s time goes: matmuls (GEMM), attention, and the rest.
+
+The matmul entry points (`engine.models.packed_linear`'s functions) and each replica's
+attention backend are wrapped, for the length of one run, by timers that add up their wall
+time and the weight bytes each matmul reads (attention includes the KV cache writes). What is left of the run's wall time is "the
+rest": norms, rotary embedding, sampling, scheduling, Python. The timers cost ~0.2 µs a
+call (a few hundred calls a step), so the shares are those of an unprofiled run to within
+about 1%; the GEMM's GB/s is the weight bytes over its time, held against the machine's
+measured read rate.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+import engine.models.packed_linear as pl
+from engine import LLM
+
+# The matmul entry points the models call, by name in `packed_linear`.
+GEMM_FUNCTIONS = ("linear", "linear_silu", "linear_mul", "linear_add")
+
+
+@dataclass
+class StepShares:
+    wall_s: float = 0.0
+    gemm_s: float = 0.0
+    attention_s: float = 0.0
+    gemm_bytes: int = 0
+    calls: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rest_s(self) -> float:
+        return max(0.0, self.wall_s - self.gemm_s - self.attention_s)
+
+    def describe(self, read_gbps: float) -> str:
+        gbps = self.gemm_bytes / self.gemm_s / 1e9 if self.gemm_s else 0.0
+        return (
+            f"GEMM {100 * self.gemm_s / self.wall_s:4.1f}%  attention "
+            f"{100 * self.attention_s / self.wall_s:4.1f}%  rest {100 * self.rest_s / self.wall_s:4.1f}%"
+            f"  (of {self.wall_s * 1000:.0f} ms); GEMM reads weights at {gbps:.1f} GB/s "
+            f"= {100 * gbps / read_gbps:.0f}% of the measured {read_gbps:.1f} GB/s"
+        )
+
+
+def weight_bytes(weight: Any) -> int:
+    """The bytes a matmul reads of its weight handle (a tensor, packed or not, or an object
+    that says its own ``nbytes``)."""
+    if isinstance(weight, torch.Tensor):
+        return weight.numel() * weight.element_size()
+    return int(getattr(weight, "nbytes", 0))
+
+
+def _timed(fn: Callable[..., Any], shares: StepShares, kind: str) -> Callable[..., Any]:
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            spent = time.perf_counter() - start
+            if kind == "gemm":
+                shares.gemm_s += spent
+                shares.gemm_bytes += weight_bytes(args[1])
+            else:
+                shares.attention_s += spent
+            shares.calls[kind] = shares.calls.get(kind, 0) + 1
+
+    return wrapper
+
+
+@contextmanager
+def measured(llm: LLM) -> Iterator[StepShares]:
+    """Times every matmul and attention call ``llm`` makes inside the block; the block's wall
+    time is the denominator. One replica steps at a time in an offline `LLM` (its caller's
+    thread), so the timers never overlap."""
+    shares = StepShares()
+    originals = {name: getattr(pl, name) for name in GEMM_FUNCTIONS}
+    runners = [replica.runner for replica in llm.core.replicas]
+    backends = [runner.backend for runner in runners]
+    for name, fn in originals.items():
+        setattr(pl, name, _timed(fn, shares, "gemm"))
+    for runner, backend in zip(runners, backends, strict=True):
+        runner.backend = replace(
+            backend,
+            write_kv=_timed(backend.write_kv, shares, "attention"),
+            paged_attention=_timed(backend.paged_attention, shares, "attention"),
+        )
+    start = time.perf_counter()
+    try:
+        yield shares
+    finally:
+        shares.wall_s = time.perf_counter() - start
+        for name, fn in originals.items():
+            setattr(pl, name, fn)
+        for runner, backend in zip(runners, backends, strict=True):
+            runner.backend = backend
