@@ -1,7 +1,7 @@
 """The decode matmuls: `engine.models.gemm`'s kernel against oneDNN's prepacked ones, per shape.
 
     python benchmarks/gemm.py [--dtype bfloat16|float32] [--rows 1,8,32] [--rounds 5]
-                              [--models bench55m,smollm2]
+                              [--models bench55m,smollm2] [--threads N]
 
 For each weight of a layer of the bench model (bench55m) and of SmolLM2-135M (qkv, o with
 the residual add, gate/up with SiLU x up, down with the residual add, lm_head), prints the
@@ -61,7 +61,9 @@ def main() -> None:
     parser.add_argument("--rows", default="1,8,32")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     args = parser.parse_args()
+    torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     module = gemm.load()
     if module is None:

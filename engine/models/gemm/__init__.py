@@ -7,9 +7,10 @@ its own panels (see there) and fuses the epilogues: bias, the residual add, and 
 up over one gate/up matrix whose panels alternate (one read of x, one write of the hidden).
 
 `NativeLinear` holds the one copy of a weight in that layout and serves every row count:
-up to `NATIVE_ROWS` rows through the kernel, more (a prefill) through oneDNN on the weight
-unpacked for that call (a pass over the weight, small against the compute of that many
-rows; oneDNN reorders a plain weight itself anyway). `OneDnnLinear` is the same interface
+the kernel also runs prefills (rows tiled 8 at a time over each panel pair, the pair kept in
+L2) within 0.85-1.05x of oneDNN's time from 64 to 1,024 rows on the bench shapes (2-core
+Zen 4, `benchmarks/gemm.py`; noisy), so no oneDNN copy is kept beside it: an unpack per
+call for oneDNN cost 2-4x at 128 rows. `OneDnnLinear` is the same interface
 over `packed_linear` (oneDNN's prepacked copy), where the kernel cannot be built
 (``KVGATE_CPU_KERNELS=0``, no compiler). A quantized handle can join them: the model only
 calls `linear`, `linear_add` and `linear_gated`.
@@ -36,8 +37,6 @@ _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": functools.partial(F.gelu, approximate="tanh"),
 }
-# Rows up to which the kernel beats oneDNN (measured on a 2-core Zen 4, benchmarks/gemm.py).
-NATIVE_ROWS = 64
 
 
 @functools.cache
@@ -76,46 +75,28 @@ def pack_panels(weight: torch.Tensor, width: int, pairs: bool) -> torch.Tensor:
     return packed.view(panels, k2, 2 * width)
 
 
-def unpack_panels(packed: torch.Tensor, n: int, k: int, width: int, pairs: bool) -> torch.Tensor:
-    """`pack_panels`'s inverse: the plain ``[n, K]`` weight."""
-    panels = packed.shape[0]
-    if pairs:
-        plain = packed.view(panels, -1, width, 2).permute(0, 2, 1, 3).reshape(panels * width, -1)
-    else:
-        plain = packed.transpose(1, 2).reshape(panels * width, -1)
-    return plain[:n, :k].contiguous()
-
-
 class NativeLinear:
     """One weight in `gemm.cpp`'s layout; a gate/up pair with their panels alternating."""
 
     def __init__(self, module: ModuleType, weight: torch.Tensor, gated: bool = False):
         width, pairs = module.layout()
         self._gemm: Callable[..., torch.Tensor] = module.gemm
-        self._pairs = pairs and weight.dtype == torch.bfloat16
-        self._width = width
+        self.pairs = pairs and weight.dtype == torch.bfloat16
+        self.width = width
         n, self.k = weight.shape
         if gated:  # gate rows then up rows in; panels g0 u0 g1 u1 ... out
             self.half = n // 2
-            gate, up = (pack_panels(w, width, self._pairs) for w in weight.detach().chunk(2))
+            gate, up = (pack_panels(w, width, self.pairs) for w in weight.detach().chunk(2))
             self.packed = torch.stack((gate, up), dim=1).flatten(0, 1)
         else:
             self.half = 0
-            self.packed = pack_panels(weight.detach(), width, self._pairs)
+            self.packed = pack_panels(weight.detach(), width, self.pairs)
         self.n = n
 
-    def _plain(self, x: torch.Tensor) -> bool:
-        """Whether ``x`` has more rows than the kernel serves best (oneDNN's then)."""
-        return x.shape[0] > NATIVE_ROWS or x.dtype != self.packed.dtype
-
     def linear(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        if self._plain(x):
-            return pl.linear(x, self.unpacked(), bias)
         return self._gemm(x.contiguous(), self.packed, self.n, self.half, 0, bias, None)
 
     def linear_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        if self._plain(x):
-            return pl.linear_add(x, self.unpacked(), residual)
         return self._gemm(
             x.contiguous(), self.packed, self.n, self.half, 0, None, residual.contiguous()
         )
@@ -123,18 +104,7 @@ class NativeLinear:
     def linear_gated(self, x: torch.Tensor, act: Activation) -> torch.Tensor:
         if not self.half:
             raise ValueError("linear_gated needs a gate/up pair")
-        if self._plain(x):
-            gate_up = pl.linear(x, self.unpacked(), None).view(x.shape[0], 2, self.half)
-            return _ACT[act](gate_up[:, 0]) * gate_up[:, 1]
         return self._gemm(x.contiguous(), self.packed, self.n, self.half, _MODES[act], None, None)
-
-    def unpacked(self) -> torch.Tensor:
-        width, pairs = self._width, self._pairs
-        if not self.half:
-            return unpack_panels(self.packed, self.n, self.k, width, pairs)
-        halves = self.packed.view(-1, 2, *self.packed.shape[1:])
-        gate, up = (unpack_panels(halves[:, i], self.half, self.k, width, pairs) for i in (0, 1))
-        return torch.cat((gate, up))
 
 
 class OneDnnLinear:

@@ -49,6 +49,14 @@ inline Vec load(const BF16* p) {  // a bf16 is the top half of an fp32
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vabs(Vec v) { return _mm512_abs_ps(v); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }  // n integral
+inline Vec if_nonnegative(Vec x, Vec a, Vec b) {  // a where x >= 0, else b
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
+}
+#define KVGATE_VECTOR_EPILOGUE 1
 #elif defined(__AVX2__) && defined(__FMA__)
 constexpr int64_t kWidth = 8;
 constexpr int kMaxRows = 4;  // 4 x 2 accumulators of the 16 ymm registers
@@ -62,6 +70,17 @@ inline Vec load(const BF16* p) {
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vabs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
+inline Vec pow2(Vec n) {  // n integral, within the normal exponents
+  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
+}
+inline Vec if_nonnegative(Vec x, Vec a, Vec b) {
+  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
+#define KVGATE_VECTOR_EPILOGUE 1
 #else
 constexpr int64_t kWidth = 8;
 constexpr int kMaxRows = 4;
@@ -204,10 +223,53 @@ void tile_rows(int rows, const T* x, int64_t ldx, const T* w, int64_t panel, int
 
 enum Mode : int64_t { kLinear = 0, kSiluMul = 1, kGeluMul = 2 };
 
-inline float silu(float g) { return g / (1.f + std::exp(-g)); }
-inline float gelu_tanh(float g) {  // gelu(approximate="tanh"), as Gemma's MLP
-  return 0.5f * g * (1.f + std::tanh(0.7978845608028654f * (g + 0.044715f * g * g * g)));
+// act(gate) * up over one panel's kWidth columns, in fp32.
+#if defined(KVGATE_VECTOR_EPILOGUE)
+// e^x for x <= 0, Cephes' expf: 2^n * p(r), r = x - n ln 2, |r| <= ln2/2; within 2 ulp of
+// expf (as engine/attention/cpu/paged_decode.cpp). Below -87 it gives ~e^-87.
+inline Vec exp_nonpositive(Vec x) {
+  x = vmax(x, splat(-87.f));
+  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
+  Vec r = fma(n, splat(-0.693359375f), x);
+  r = fma(n, splat(2.12194440e-4f), r);
+  Vec p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p * r, r, r + splat(1.f));
+  return p * pow2(n);
 }
+
+// sigmoid(x) from e = e^-|x| (never overflows): 1 / (1 + e) for x >= 0, e / (1 + e) below.
+inline Vec sigmoid(Vec x) {
+  const Vec e = exp_nonpositive(splat(0.f) - vabs(x));
+  const Vec s = splat(1.f) / (splat(1.f) + e);
+  return if_nonnegative(x, s, e * s);
+}
+
+inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
+  const Vec g = load(gate);
+  Vec act;
+  if (mode == kSiluMul) {
+    act = g * sigmoid(g);
+  } else {  // gelu(approximate="tanh") = g * sigmoid(2y), y = sqrt(2/pi) (g + 0.044715 g^3)
+    const Vec y = splat(0.7978845608028654f) * fma(splat(0.044715f) * g, g * g, g);
+    act = g * sigmoid(y + y);
+  }
+  store(out, act * load(up));
+}
+#else
+inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
+  for (int64_t c = 0; c < kWidth; ++c) {
+    const float g = gate[c];
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    const float act = mode == kSiluMul ? g / (1.f + std::exp(-g)) : g / (1.f + std::exp(-2.f * y));
+    out[c] = act * up[c];
+  }
+}
+#endif
 
 struct Problem {
   int64_t rows, K, panels, panel;  // panel: elements from one panel to the next
@@ -246,11 +308,10 @@ void unit(const Problem& pr, int64_t u, const T* x, const T* w, const T* bias, c
       const int64_t m = m0 + r;
       const float* a = acc + r * P * kWidth;
       if (pr.mode != kLinear) {  // act(gate) * up into the gate's columns of a [rows, half] y
+        alignas(64) float h[kWidth];
+        gated(pr.mode, a, a + kWidth, h);
         T* out = y + m * ldy + col[0];
-        for (int64_t c = 0; c < valid[0]; ++c) {
-          const float g = a[c];
-          out[c] = static_cast<T>((pr.mode == kSiluMul ? silu(g) : gelu_tanh(g)) * a[kWidth + c]);
-        }
+        for (int64_t c = 0; c < valid[0]; ++c) out[c] = static_cast<T>(h[c]);
         continue;
       }
       for (int p = 0; p < P; ++p) {
