@@ -1,7 +1,7 @@
 """The decode matmuls: `engine.models.gemm`'s kernel against oneDNN's prepacked ones, per shape.
 
     python benchmarks/gemm.py [--dtype bfloat16|float32] [--rows 1,8,32] [--rounds 5]
-                              [--models bench55m,smollm2] [--threads N]
+                              [--models bench55m,smollm2] [--threads N] [--engine]
 
 For each weight of a layer of the bench model (bench55m) and of SmolLM2-135M (qkv, o with
 the residual add, gate/up with SiLU x up, down with the residual add, lm_head), prints the
@@ -10,6 +10,9 @@ read rate measured in the same run. Each shape is held in enough copies (over 19
 calls cycling through them read from memory, as a decode step does, not from the caches.
 Rounds alternate the two and the best of each is kept: run it on an idle machine, or read
 the ratios only.
+
+``--engine`` times `LLM.generate` on the bench model instead (greedy, 1 x 128 -> 64 and
+8 x 128 -> 64 tokens), once with the kernel and once on oneDNN's packed weights, in turn.
 """
 
 from __future__ import annotations
@@ -18,12 +21,15 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from benchmarks.engine import bench_model_dir, random_prompts  # noqa: E402
 from benchmarks.machine import memory_gbps  # noqa: E402
+from engine import LLM, SamplingParams  # noqa: E402
 from engine.models import gemm  # noqa: E402
 
 FOOTPRINT = 192 << 20  # bytes of copies per shape: past any L3 here
@@ -55,6 +61,27 @@ def _call(weight: gemm.LinearWeight, kind: str, x: torch.Tensor, residual: torch
         weight.linear(x)
 
 
+def engine_ratio(dtype: str, rounds: int) -> None:
+    """Output tok/s of the engine on the bench model with the kernel and on oneDNN."""
+    path = bench_model_dir()
+    kernel = LLM(str(path), dtype=dtype, kv_cache_memory="256MiB")
+    with mock.patch.object(gemm, "load", lambda: None):  # packed for oneDNN, as without a build
+        onednn = LLM(str(path), dtype=dtype, kv_cache_memory="256MiB")
+    params = SamplingParams(max_tokens=64, temperature=0, ignore_eos=True)
+    for seqs in (1, 8):
+        best = {"kernel": 0.0, "oneDNN": 0.0}
+        for round_ in range(rounds):
+            prompts = random_prompts(seqs, 128, 8000, seed=round_)
+            for name, llm in (("kernel", kernel), ("oneDNN", onednn)):
+                start = time.perf_counter()
+                llm.generate(prompts, params)
+                best[name] = max(best[name], seqs * 64 / (time.perf_counter() - start))
+        print(
+            f"{seqs} x 128 -> 64: kernel {best['kernel']:.0f} tok/s, oneDNN {best['oneDNN']:.0f}"
+            f" tok/s ({best['kernel'] / best['oneDNN']:.2f}x)"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -62,8 +89,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--engine", action="store_true", help="LLM.generate, both ways")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    if args.engine:
+        engine_ratio(args.dtype, args.rounds)
+        return
     dtype = getattr(torch, args.dtype)
     module = gemm.load()
     if module is None:
