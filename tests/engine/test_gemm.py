@@ -21,6 +21,8 @@ Kernel = Callable[[torch.Tensor, bool], gemm.NativeLinear]
 def make(request: pytest.FixtureRequest) -> Kernel:
     """`NativeLinear` over the kernel built for this machine, or over its AVX2 path
     (``KVGATE_CPU_ISA=avx2``: AVX2 + FMA, bf16 widened to fp32), forced on any x86 machine."""
+    if not native.enabled():
+        pytest.skip(f"{native.DISABLE_ENV}=0: oneDNN serves")
     if request.param == "native":
         module = gemm.load()
     else:
