@@ -1,23 +1,26 @@
 """The decode matmuls: `engine.models.gemm`'s kernel against oneDNN's prepacked ones, per shape.
 
     python benchmarks/gemm.py [--dtype bfloat16|float32] [--rows 1,8,32] [--rounds 5]
-                              [--models bench55m,smollm2] [--threads N] [--engine]
+                              [--models bench55m,smollm2] [--threads N]
+                              [--engine [--engine-model bench55m|bench-moe]]
 
 For each weight of a layer of the bench model (bench55m) and of SmolLM2-135M (qkv, o with
 the residual add, gate/up with SiLU x up, down with the residual add, lm_head), prints the
 time per call and the weight read rate of both at each row count, and the machine's plain
 read rate measured in the same run. Each shape is held in enough copies (over 192 MiB) that
 calls cycling through them read from memory, as a decode step does, not from the caches.
-Rounds alternate the two and the best of each is kept: run it on an idle machine, or read
-the ratios only.
+Rounds alternate the two; each call is timed and the median kept (a neighbour's process
+preempting a thread spoils single calls, not the median): still, read the ratios only.
 
-``--engine`` times `LLM.generate` on the bench model instead (greedy, 1 x 128 -> 64 and
-8 x 128 -> 64 tokens), once with the kernel and once on oneDNN's packed weights, in turn.
+``--engine`` times `LLM.generate` on the bench model instead (``--engine-model bench-moe``:
+the MoE one), greedy, 1 x 128 -> 64 and 8 x 128 -> 64 tokens, once with the kernel and once
+on oneDNN's packed weights, in turn.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -27,6 +30,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+from benchmarks import moe  # noqa: E402
 from benchmarks.engine import bench_model_dir, random_prompts  # noqa: E402
 from benchmarks.machine import memory_gbps  # noqa: E402
 from engine import LLM, SamplingParams  # noqa: E402
@@ -61,9 +65,9 @@ def _call(weight: gemm.LinearWeight, kind: str, x: torch.Tensor, residual: torch
         weight.linear(x)
 
 
-def engine_ratio(dtype: str, rounds: int) -> None:
-    """Output tok/s of the engine on the bench model with the kernel and on oneDNN."""
-    path = bench_model_dir()
+def engine_ratio(dtype: str, rounds: int, model: str) -> None:
+    """Output tok/s of the engine on a bench model with the kernel and on oneDNN."""
+    path = moe.bench_model_dir() if model == "bench-moe" else bench_model_dir()
     kernel = LLM(str(path), dtype=dtype, kv_cache_memory="256MiB")
     with mock.patch.object(gemm, "load", lambda: None):  # packed for oneDNN, as without a build
         onednn = LLM(str(path), dtype=dtype, kv_cache_memory="256MiB")
@@ -90,10 +94,11 @@ def main() -> None:
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--engine", action="store_true", help="LLM.generate, both ways")
+    parser.add_argument("--engine-model", default="bench55m", choices=["bench55m", "bench-moe"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     if args.engine:
-        engine_ratio(args.dtype, args.rounds)
+        engine_ratio(args.dtype, args.rounds, args.engine_model)
         return
     dtype = getattr(torch, args.dtype)
     module = gemm.load()
@@ -117,13 +122,14 @@ def main() -> None:
             for rows in rows_list:
                 x = torch.randn(rows, inp).to(dtype)
                 residual = torch.randn(rows, out).to(dtype)
-                best = [float("inf"), float("inf")]
+                calls: list[list[float]] = [[], []]
                 for _ in range(args.rounds):
                     for i, handles in enumerate((ours, theirs)):
-                        start = time.perf_counter()
                         for w in handles:
+                            start = time.perf_counter()
                             _call(w, kind, x, residual)
-                        best[i] = min(best[i], (time.perf_counter() - start) / copies)
+                            calls[i].append(time.perf_counter() - start)
+                best = [statistics.median(times) for times in calls]
                 us = [b * 1e6 for b in best]
                 rates = [size / b / 1e9 for b in best]
                 print(

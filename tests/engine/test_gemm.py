@@ -36,7 +36,7 @@ def make(request: pytest.FixtureRequest) -> Kernel:
         assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
         pytest.skip("no C++ compiler: oneDNN serves")
     if request.param == "avx2":
-        assert module.layout() == (8, False)  # 8-wide fp32 vectors, no vdpbf16ps
+        assert module.layout() == (8, True)  # 8-wide fp32 vectors, bf16 pairs widened
     return lambda weight, gated: gemm.NativeLinear(module, weight, gated)
 
 

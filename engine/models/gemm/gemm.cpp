@@ -3,8 +3,9 @@
 // Decode-sized products (1-64 rows) are memory-bound: each weight byte is used by a few rows
 // only, so the kernel's job is to stream the weights once at the machine's read rate. The
 // weights are repacked at load (engine/models/gemm/__init__.py) into panels of kWidth output
-// columns, each panel K-major ([K][kWidth]: one vector load per k), or with bf16 pairs
-// interleaved ([K/2][kWidth][2]) where AVX-512-BF16's vdpbf16ps multiplies two k at once.
+// columns, each panel K-major: fp32 as [K][kWidth] (one vector load per k), bf16 as pairs
+// ([K/2][kWidth][2]): AVX-512-BF16's vdpbf16ps multiplies two k at once, and other builds
+// widen one load into k's and k+1's fp32 weights with a shift and a mask.
 // Panels lie one after another, so a thread walking its columns reads one sequential stream;
 // a software prefetch runs ahead of it (hardware prefetchers stop at page boundaries).
 //
@@ -15,6 +16,7 @@
 //
 // Built at first use with -march=native (AVX-512F, and vdpbf16ps with AVX512-BF16) or
 // KVGATE_CPU_ISA=avx2 (-march=haswell: AVX2 + FMA, bf16 widened to fp32); scalar elsewhere.
+// Prefills run through the same tiles (8 rows at a time against each panel pair in L2).
 // No AMX path: no machine at hand to test one on.
 
 #include <torch/extension.h>
@@ -30,6 +32,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 namespace {
 
@@ -49,6 +52,13 @@ inline Vec load(const BF16* p) {  // a bf16 is the top half of an fp32
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+// 2 * kWidth bf16 stored as pairs (column c's k and k+1 side by side) -> (k, k+1) as fp32:
+// a shift and a mask, no shuffle (a bf16 is the top half of an fp32).
+inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
+  const __m512i bits = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(-65536)));
+}
 inline Vec vabs(Vec v) { return _mm512_abs_ps(v); }
 inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
 inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
@@ -70,6 +80,11 @@ inline Vec load(const BF16* p) {
 }
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(-65536)));
+}
 inline Vec vabs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
 inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
 inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
@@ -107,13 +122,19 @@ inline Vec fma(Vec a, Vec b, Vec c) {
   for (int64_t i = 0; i < kWidth; ++i) c.v[i] += a.v[i] * b.v[i];
   return c;
 }
+inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
+  for (int64_t i = 0; i < kWidth; ++i) {
+    even.v[i] = static_cast<float>(p[2 * i]);
+    odd.v[i] = static_cast<float>(p[2 * i + 1]);
+  }
+}
 inline void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
 #endif
 
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
-constexpr bool kPairs = true;  // bf16 weights stored as [K/2][kWidth][2] for vdpbf16ps
+constexpr bool kDotBf16 = true;  // vdpbf16ps: bf16 rows times bf16 pairs, no widening
 #else
-constexpr bool kPairs = false;
+constexpr bool kDotBf16 = false;
 #endif
 
 constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of its reads a panel is prefetched
@@ -130,21 +151,21 @@ inline float widen(float v) { return v; }
 inline float widen(BF16 v) { return static_cast<float>(v); }
 
 // acc[R][P] over k of x[r][k] * w_p[k][:], the panels `panel` elements apart; the tile goes to
-// out[r][p * kWidth + c]. Any dtype on any ISA: bf16 widened to fp32.
-template <int R, int P, typename T>
-void tile_fma(const T* x, int64_t ldx, const T* w, int64_t panel, int64_t K, float* out) {
+// out[r][p * kWidth + c]. fp32 weights, [K][kWidth] panels.
+template <int R, int P>
+void tile_fma(const float* x, int64_t ldx, const float* w, int64_t panel, int64_t K, float* out) {
   Vec acc[R][P];
   for (int r = 0; r < R; ++r)
     for (int p = 0; p < P; ++p) acc[r][p] = zero();
   for (int64_t k = 0; k < K; ++k) {
     Vec wv[P];
     for (int p = 0; p < P; ++p) {
-      const T* at = w + p * panel + k * kWidth;
+      const float* at = w + p * panel + k * kWidth;
       prefetch(at);
       wv[p] = load(at);
     }
     for (int r = 0; r < R; ++r) {
-      const Vec xv = splat(widen(x[r * ldx + k]));
+      const Vec xv = splat(x[r * ldx + k]);
       for (int p = 0; p < P; ++p) acc[r][p] = fma(xv, wv[p], acc[r][p]);
     }
   }
@@ -187,19 +208,54 @@ void tile_pairs(const BF16* x, int64_t ldx, const BF16* w, int64_t panel, int64_
 }
 #endif
 
-template <int R, int P, typename T>
-void tile(const T* x, int64_t ldx, const T* w, int64_t panel, int64_t K, float* out) {
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-  if constexpr (std::is_same_v<T, BF16>) {
-    tile_pairs<R, P>(x, ldx, w, panel, K, out);
-    return;
+// bf16 pairs without vdpbf16ps: each load widened into k's and k+1's weights, two FMAs per
+// row against the rows widened to fp32 (once per call, by `run`).
+template <int R, int P>
+void tile_widened(const float* x, int64_t ldx, const BF16* w, int64_t panel, int64_t K,
+                  float* out) {
+  Vec acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = zero();
+  const int64_t pairs = K / 2;
+  for (int64_t j = 0; j < pairs; ++j) {
+    Vec even[P], odd[P];
+    for (int p = 0; p < P; ++p) {
+      const BF16* at = w + p * panel + j * 2 * kWidth;
+      prefetch(at);
+      load_pairs(at, even[p], odd[p]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Vec x0 = splat(x[r * ldx + 2 * j]), x1 = splat(x[r * ldx + 2 * j + 1]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fma(x1, odd[p], fma(x0, even[p], acc[r][p]));
+    }
   }
-#endif
-  tile_fma<R, P>(x, ldx, w, panel, K, out);
+  if (K % 2) {  // the last pair: x[K-1] and the packing's zero
+    Vec even[P], odd[P];
+    for (int p = 0; p < P; ++p) load_pairs(w + p * panel + pairs * 2 * kWidth, even[p], odd[p]);
+    for (int r = 0; r < R; ++r) {
+      const Vec x0 = splat(x[r * ldx + K - 1]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fma(x0, even[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) store(out + (r * P + p) * kWidth, acc[r][p]);
 }
 
-template <int P, typename T>
-void tile_rows(int rows, const T* x, int64_t ldx, const T* w, int64_t panel, int64_t K,
+template <int R, int P, typename X, typename T>
+void tile(const X* x, int64_t ldx, const T* w, int64_t panel, int64_t K, float* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    tile_fma<R, P>(x, ldx, w, panel, K, out);
+  } else if constexpr (std::is_same_v<X, float>) {
+    tile_widened<R, P>(x, ldx, w, panel, K, out);
+  } else {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    tile_pairs<R, P>(x, ldx, w, panel, K, out);
+#endif
+  }
+}
+
+template <int P, typename X, typename T>
+void tile_rows(int rows, const X* x, int64_t ldx, const T* w, int64_t panel, int64_t K,
                float* out) {
   switch (rows) {
 #define KVGATE_ROWS(R) \
@@ -278,8 +334,8 @@ struct Problem {
 };
 
 // One unit (panels 2u and 2u+1, or the last odd one) for every row, written to y.
-template <typename T>
-void unit(const Problem& pr, int64_t u, const T* x, const T* w, const T* bias, const T* residual,
+template <typename X, typename T>
+void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, const T* residual,
           T* y) {
   const int P = (2 * u + 1 < pr.panels) ? 2 : 1;
   alignas(64) float acc[kMaxRows * 2 * kWidth];
@@ -335,7 +391,11 @@ template <typename T>
 void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
          const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
          at::Tensor& y) {
-  const T* xp = x.data_ptr<T>();
+  // bf16 rows without vdpbf16ps: widened once here, not once per panel pair in the tiles.
+  at::Tensor widened;
+  if constexpr (std::is_same_v<T, BF16> && !kDotBf16) widened = x.to(at::kFloat);
+  using X = std::conditional_t<std::is_same_v<T, BF16> && !kDotBf16, float, T>;
+  const X* xp = (std::is_same_v<X, T> ? x : widened).template data_ptr<X>();
   const T* wp = w.data_ptr<T>();
   const T* bp = bias ? bias->data_ptr<T>() : nullptr;
   const T* rp = residual ? residual->data_ptr<T>() : nullptr;
@@ -344,7 +404,7 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
   const int64_t unit_bytes = 2 * pr.panel * static_cast<int64_t>(sizeof(T));
   const int64_t grain = std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, unit_bytes));
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) unit<T>(pr, u, xp, wp, bp, rp, yp);
+    for (int64_t u = begin; u < end; ++u) unit(pr, u, xp, wp, bp, rp, yp);
   });
 }
 
@@ -360,7 +420,7 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_
   TORCH_CHECK(mode == kLinear || half > 0, "gemm: a gated mode needs gate/up panels");
   TORCH_CHECK(mode == kLinear || (!bias && !residual), "gemm: the gated modes take no bias");
   Problem pr{x.size(0), x.size(1), packed.size(0), packed.size(1) * packed.size(2), n, half, mode};
-  const bool pairs = kPairs && x.scalar_type() == at::kBFloat16;
+  const bool pairs = x.scalar_type() == at::kBFloat16;
   TORCH_CHECK(packed.size(2) == kWidth * (pairs ? 2 : 1) &&
                   packed.size(1) == (pairs ? (pr.K + 1) / 2 : pr.K),
               "gemm: the packed weight's K or panel width does not match this build");
@@ -385,8 +445,9 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_
   return y;
 }
 
-// (panel width, whether bf16 weights are stored as interleaved pairs): how to pack for this build.
-std::tuple<int64_t, bool> layout() { return {kWidth, kPairs}; }
+// (panel width, whether bf16 weights are stored as interleaved pairs): how to pack for this
+// build. Pairs on every build: vdpbf16ps reads them, and elsewhere they widen without shuffles.
+std::tuple<int64_t, bool> layout() { return {kWidth, true}; }
 
 }  // namespace
 
