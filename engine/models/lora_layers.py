@@ -8,8 +8,8 @@ The adapters present in a step are stacked per fused site (qkv, o, gate_up, down
 
 two dense matmuls and one small elementwise product over ``[T, sum r]``: a row only ever meets
 its own adapter's columns, a base row meets none (its delta is exactly zero), and nothing is
-gathered or scattered by row. Stacks are built (and prepacked for oneDNN, as the base weights
-are: see ``gemm``) once per set of adapters and kept for the next steps.
+gathered or scattered by row. Stacks are built (and packed as the base weights are: see
+``gemm``) once per set of adapters and kept for the next steps.
 
 Measured on a 2-core Zen 4 under load, bench55m in bf16 (``benchmarks/lora.py``): gathering
 each group's rows and adding its delta back with ``index_add_`` cost 10 ms per call in bf16
