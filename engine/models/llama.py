@@ -7,9 +7,10 @@ scaled embeddings. q/k/v and gate/up are fused into single matmuls; `checkpoint.
 Hugging Face tensors onto them. Every layer writes its new K/V into the cache first and then
 attends from the cache, so a prefix-cache hit and a miss compute from identical inputs.
 
-`pack_weights()` (called by the loader) moves bf16 CPU matmuls onto oneDNN with prepacked
-weights and fused epilogues (see `packed_linear`) and frees the unpacked matmul weights, so
-the model holds one copy; other dtypes and devices keep their parameters and use `F.linear`.
+`pack_weights()` (called by the loader) moves bf16 and fp32 CPU matmuls onto packed weights
+with fused epilogues (`gemm`: our kernel's layout, or oneDNN's where it cannot be built) and
+frees the unpacked matmul weights, so the model holds one copy; other dtypes and devices keep
+their parameters and use `F.linear`.
 
 LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
 an MLP whose gate/up an adapter in the step targets runs unfused that step.
@@ -21,11 +22,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import engine.models.packed_linear as pl
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
 from engine.model_config import ModelConfig
+from engine.models import gemm
 from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
 from engine.models.moe import SparseMoE
@@ -88,11 +89,11 @@ class Attention(nn.Module):
         if config.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
-        self.packed: dict[str, torch.Tensor] = {}
+        self.packed: dict[str, gemm.LinearWeight] = {}
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
-        self.packed = {"qkv": pl.pack(self.qkv_weight), "o": pl.pack(self.o_weight)}
+        self.packed = {"qkv": gemm.pack(self.qkv_weight), "o": gemm.pack(self.o_weight)}
         self.qkv_weight = self.o_weight = None
 
     def forward(
@@ -110,7 +111,7 @@ class Attention(nn.Module):
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
         packed = self.packed
         if packed:
-            qkv = pl.linear(x, packed["qkv"], self.qkv_bias)
+            qkv = packed["qkv"].linear(x, self.qkv_bias)
         else:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
         if lora is not None:
@@ -128,9 +129,9 @@ class Attention(nn.Module):
         )
         out = out.reshape(tokens, -1)
         if residual is None:
-            y = pl.linear(out, packed["o"]) if packed else F.linear(out, self.o_weight)
+            y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:
-            y = pl.linear_add(out, packed["o"], residual)
+            y = packed["o"].linear_add(out, residual)
         else:
             y = residual + F.linear(out, self.o_weight)
         return y if lora is None else lora.add(y, out, "o")
@@ -147,13 +148,15 @@ class MLP(nn.Module):
             2 * size, hidden, dtype=dtype, device=device
         )
         self.down_weight: nn.Parameter | None = new_param(hidden, size, dtype=dtype, device=device)
-        self.packed: dict[str, torch.Tensor] = {}
+        self.packed: dict[str, gemm.LinearWeight] = {}
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
-        # Gate and up packed apart: SiLU and the product then run in the matmul epilogues.
-        gate, up = self.gate_up_weight.chunk(2, dim=0)
-        self.packed = {"gate": pl.pack(gate), "up": pl.pack(up), "down": pl.pack(self.down_weight)}
+        # Gate and up as one pair: act(gate) * up runs in the matmul's epilogue.
+        self.packed = {
+            "gate_up": gemm.pack(self.gate_up_weight, gated=True),
+            "down": gemm.pack(self.down_weight),
+        }
         self.gate_up_weight = self.down_weight = None
 
     def forward(
@@ -163,15 +166,10 @@ class MLP(nn.Module):
         packed = self.packed
         if not packed or (lora is not None and lora.touches("gate_up", "down")):
             return self._unfused(x, residual, lora)
-        rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
-        if self.gelu:
-            gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
-        else:
-            gate = pl.linear_silu(x, packed["gate"])
-        hidden = pl.linear_mul(x, packed["up"], gate)
+        hidden = packed["gate_up"].linear_gated(x, "gelu" if self.gelu else "silu")
         if residual is None:
-            return pl.linear(hidden, packed["down"])[:rows]
-        return pl.linear_add(hidden, packed["down"], pl.pad(residual))[:rows]
+            return packed["down"].linear(hidden)
+        return packed["down"].linear_add(hidden, residual)
 
     def _unfused(
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
@@ -179,7 +177,7 @@ class MLP(nn.Module):
         """Gate and up as one output (each adapter's delta added before the activation)."""
         packed = self.packed
         if packed:
-            gate_up = torch.cat((pl.linear(x, packed["gate"]), pl.linear(x, packed["up"])), -1)
+            gate_up = packed["gate_up"].linear(x)
         else:
             gate_up = F.linear(x, self.gate_up_weight)
         if lora is not None:
@@ -187,7 +185,7 @@ class MLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         hidden = gate * up
-        out = pl.linear(hidden, packed["down"]) if packed else F.linear(hidden, self.down_weight)
+        out = packed["down"].linear(hidden) if packed else F.linear(hidden, self.down_weight)
         if lora is not None:
             lora.add(out, hidden, "down")
         return out if residual is None else residual + out
@@ -263,20 +261,20 @@ class LlamaForCausalLM(nn.Module):
             1 if len(thetas) > 1 and config.window(i) is not None else 0
             for i in range(config.num_layers)
         ]
-        self.lm_head_packed: torch.Tensor | None = None
+        self.lm_head_packed: gemm.LinearWeight | None = None
 
     def pack_weights(self) -> None:
-        """Prepack the matmul weights for oneDNN where that helps (bf16 on CPU), after loading.
+        """Prepack the matmul weights where that helps (bf16 and fp32 on CPU), after loading.
 
         The unpacked matmul weights are freed (an untied lm_head's too), so the parameters
         left are the embedding and the norms. A tied lm_head is the embedding, which the
         lookup still needs."""
-        if not pl.packing_helps(self.embed_weight):
+        if not gemm.packs(self.embed_weight):
             return
         for layer in self.layers:
             layer.attn.pack_weights()
             layer.mlp.pack_weights()
-        self.lm_head_packed = pl.pack(self._lm_head_weight())
+        self.lm_head_packed = gemm.pack(self._lm_head_weight())
         self.lm_head_weight = None
 
     def _lm_head_weight(self) -> torch.Tensor:
@@ -311,7 +309,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         if self.lm_head_packed is not None:
-            logits = pl.linear(hidden, self.lm_head_packed).float()
+            logits = self.lm_head_packed.linear(hidden).float()
         else:
             logits = F.linear(hidden, self._lm_head_weight()).float()
         cap = self.config.final_softcap

@@ -8,8 +8,8 @@ The adapters present in a step are stacked per fused site (qkv, o, gate_up, down
 
 two dense matmuls and one small elementwise product over ``[T, sum r]``: a row only ever meets
 its own adapter's columns, a base row meets none (its delta is exactly zero), and nothing is
-gathered or scattered by row. Stacks are built (and prepacked for oneDNN, as the base weights
-are: see ``packed_linear``) once per set of adapters and kept for the next steps.
+gathered or scattered by row. Stacks are built (and packed as the base weights are: see
+``gemm``) once per set of adapters and kept for the next steps.
 
 Measured on a 2-core Zen 4 under load, bench55m in bf16 (``benchmarks/lora.py``): gathering
 each group's rows and adding its delta back with ``index_add_`` cost 10 ms per call in bf16
@@ -25,29 +25,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
-import engine.models.packed_linear as pl
 from engine.lora import SITES, LoRAAdapter
+from engine.models import gemm
 
 MAX_STACKS = 4  # sets of adapters whose stacked weights are kept (LRU)
 
 
 @dataclass(frozen=True)
 class Stacked:
-    """One site's adapters stacked: ``A`` and ``B`` (plain, or packed for oneDNN) and, per
+    """One site's adapters stacked: ``A`` and ``B`` (packed where the base weights are) and, per
     stacked column, the index of its adapter in the step's set."""
 
-    a: torch.Tensor
-    b: torch.Tensor
+    a: gemm.LinearWeight
+    b: gemm.LinearWeight
     columns: torch.Tensor
-    packed: bool
 
     def delta(self, x: torch.Tensor, row_adapter: torch.Tensor) -> torch.Tensor:
-        linear = pl.linear if self.packed else F.linear
-        h = linear(x, self.a)
+        h = self.a.linear(x)
         h.mul_(row_adapter[:, None] == self.columns[None, :])
-        return linear(h, self.b)
+        return self.b.linear(h)
 
 
 @dataclass(frozen=True)
@@ -136,8 +133,5 @@ def _stack_layer(
         columns = torch.tensor(
             [i for i, pair in parts for _ in range(pair[0].shape[0])], device=device
         )
-        packed = pl.packing_helps(a)
-        if packed:
-            a, b = pl.pack(a), pl.pack(b)
-        sites[site] = Stacked(a, b, columns, packed)
+        sites[site] = Stacked(gemm.pack(a), gemm.pack(b), columns)
     return sites

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import engine.models.packed_linear as pl
 from engine.model_config import ModelConfig
+from engine.models import gemm
 from engine.models.params import new_param
 
 
@@ -30,13 +30,12 @@ class SparseMoE(nn.Module):
         self.router_weight = new_param(experts, hidden, dtype=dtype, device=device)
         self.w13 = new_param(experts, 2 * size, hidden, dtype=dtype, device=device)
         self.w2 = new_param(experts, hidden, size, dtype=dtype, device=device)
-        self.packed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self.packed: list[tuple[gemm.LinearWeight, gemm.LinearWeight]] = []
 
     def pack_weights(self) -> None:
-        """oneDNN-packed (gate, up, down) per expert for bf16 CPU; the 3-D tensors are freed."""
-        size = self.w2.shape[2]
+        """Packed (gate/up pair, down) per expert for CPU (`gemm`); the 3-D tensors are freed."""
         self.packed = [
-            (pl.pack(w13[:size]), pl.pack(w13[size:]), pl.pack(w2))
+            (gemm.pack(w13, gated=True), gemm.pack(w2))
             for w13, w2 in zip(self.w13, self.w2, strict=True)
         ]
         self.w13 = self.w2 = None
@@ -51,11 +50,8 @@ class SparseMoE(nn.Module):
 
     def _expert(self, j: int, h: torch.Tensor) -> torch.Tensor:
         if self.packed:
-            gate, up, down = self.packed[j]
-            padded = pl.pad(h)
-            return pl.linear(pl.linear_mul(padded, up, pl.linear_silu(padded, gate)), down)[
-                : h.shape[0]
-            ]
+            gate_up, down = self.packed[j]
+            return down.linear(gate_up.linear_gated(h, "silu"))
         gate, up = F.linear(h, self.w13[j]).chunk(2, dim=-1)
         return F.linear(F.silu(gate) * up, self.w2[j])
 

@@ -1,0 +1,457 @@
+// Small-batch GEMM on the CPU over weights in a layout this file owns: y = x @ W^T.
+//
+// Decode-sized products (1-64 rows) are memory-bound: each weight byte is used by a few rows
+// only, so the kernel's job is to stream the weights once at the machine's read rate. The
+// weights are repacked at load (engine/models/gemm/__init__.py) into panels of kWidth output
+// columns, each panel K-major: fp32 as [K][kWidth] (one vector load per k), bf16 as pairs
+// ([K/2][kWidth][2]): AVX-512-BF16's vdpbf16ps multiplies two k at once, and other builds
+// widen one load into k's and k+1's fp32 weights with a shift and a mask.
+// Panels lie one after another, so a thread walking its columns reads one sequential stream;
+// a software prefetch runs ahead of it (hardware prefetchers stop at page boundaries).
+//
+// A work unit is two adjacent panels (the gate and up panels of one column block for the
+// SwiGLU/GeGLU epilogue); threads split the units (at::parallel_for: torch's thread count).
+// Rows go kMaxRows at a time through one register tile of fp32 accumulators, then through an
+// epilogue in fp32 (bias, residual add, act(gate) * up) rounded once to the output dtype.
+//
+// Built at first use with -march=native (AVX-512F, and vdpbf16ps with AVX512-BF16) or
+// KVGATE_CPU_ISA=avx2 (-march=haswell: AVX2 + FMA, bf16 widened to fp32); scalar elsewhere.
+// Prefills run through the same tiles (8 rows at a time against each panel pair in L2).
+// No AMX path: no machine at hand to test one on.
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+namespace {
+
+using BF16 = c10::BFloat16;
+
+// The widest float vector of the build.
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+constexpr int kMaxRows = 8;  // 8 rows x 2 panels: 16 of the 32 zmm registers accumulate
+using Vec = __m512;
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec splat(float v) { return _mm512_set1_ps(v); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec load(const BF16* p) {  // a bf16 is the top half of an fp32
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+// 2 * kWidth bf16 stored as pairs (column c's k and k+1 side by side) -> (k, k+1) as fp32:
+// a shift and a mask, no shuffle (a bf16 is the top half of an fp32).
+inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
+  const __m512i bits = _mm512_loadu_si512(p);
+  even = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
+  odd = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(-65536)));
+}
+inline Vec vabs(Vec v) { return _mm512_abs_ps(v); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }  // n integral
+inline Vec if_nonnegative(Vec x, Vec a, Vec b) {  // a where x >= 0, else b
+  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
+}
+#define KVGATE_VECTOR_EPILOGUE 1
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kWidth = 8;
+constexpr int kMaxRows = 4;  // 4 x 2 accumulators of the 16 ymm registers
+using Vec = __m256;
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec splat(float v) { return _mm256_set1_ps(v); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline Vec load(const BF16* p) {
+  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
+}
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  even = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
+  odd = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(-65536)));
+}
+inline Vec vabs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
+inline Vec pow2(Vec n) {  // n integral, within the normal exponents
+  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
+}
+inline Vec if_nonnegative(Vec x, Vec a, Vec b) {
+  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
+}
+#define KVGATE_VECTOR_EPILOGUE 1
+#else
+constexpr int64_t kWidth = 8;
+constexpr int kMaxRows = 4;
+struct Vec {
+  float v[kWidth];
+};
+inline Vec zero() { return Vec{}; }
+inline Vec splat(float x) {
+  Vec r;
+  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = x;
+  return r;
+}
+inline Vec load(const float* p) {
+  Vec r;
+  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = p[i];
+  return r;
+}
+inline Vec load(const BF16* p) {
+  Vec r;
+  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = static_cast<float>(p[i]);
+  return r;
+}
+inline Vec fma(Vec a, Vec b, Vec c) {
+  for (int64_t i = 0; i < kWidth; ++i) c.v[i] += a.v[i] * b.v[i];
+  return c;
+}
+inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
+  for (int64_t i = 0; i < kWidth; ++i) {
+    even.v[i] = static_cast<float>(p[2 * i]);
+    odd.v[i] = static_cast<float>(p[2 * i + 1]);
+  }
+}
+inline void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
+#endif
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+constexpr bool kDotBf16 = true;  // vdpbf16ps: bf16 rows times bf16 pairs, no widening
+#else
+constexpr bool kDotBf16 = false;
+#endif
+
+constexpr int64_t kPrefetchBytes = 1024;  // how far ahead of its reads a panel is prefetched
+
+inline void prefetch(const void* p) {
+#if defined(__AVX512F__) || defined(__AVX2__)
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes, _MM_HINT_T0);
+#else
+  (void)p;
+#endif
+}
+
+inline float widen(float v) { return v; }
+inline float widen(BF16 v) { return static_cast<float>(v); }
+
+// acc[R][P] over k of x[r][k] * w_p[k][:], the panels `panel` elements apart; the tile goes to
+// out[r][p * kWidth + c]. fp32 weights, [K][kWidth] panels.
+template <int R, int P>
+void tile_fma(const float* x, int64_t ldx, const float* w, int64_t panel, int64_t K, float* out) {
+  Vec acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = zero();
+  for (int64_t k = 0; k < K; ++k) {
+    Vec wv[P];
+    for (int p = 0; p < P; ++p) {
+      const float* at = w + p * panel + k * kWidth;
+      prefetch(at);
+      wv[p] = load(at);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Vec xv = splat(x[r * ldx + k]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fma(xv, wv[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) store(out + (r * P + p) * kWidth, acc[r][p]);
+}
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+// The same over bf16 pairs: one vdpbf16ps adds x[2j] * w[2j] + x[2j+1] * w[2j+1] per column.
+// An odd K's last pair holds x[K-1] and a zero (the packed weight's is zero too).
+template <int R, int P>
+void tile_pairs(const BF16* x, int64_t ldx, const BF16* w, int64_t panel, int64_t K, float* out) {
+  __m512 acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = _mm512_setzero_ps();
+  const int64_t pairs = K / 2;
+  auto step = [&](int64_t j, const int32_t* xpair) {
+    __m512bh wv[P];
+    for (int p = 0; p < P; ++p) {
+      const BF16* at = w + p * panel + j * 2 * kWidth;
+      prefetch(at);
+      wv[p] = (__m512bh)_mm512_loadu_si512(at);
+    }
+    for (int r = 0; r < R; ++r) {
+      const __m512bh xv = (__m512bh)_mm512_set1_epi32(xpair[r]);
+      for (int p = 0; p < P; ++p) acc[r][p] = _mm512_dpbf16_ps(acc[r][p], xv, wv[p]);
+    }
+  };
+  int32_t xpair[R];
+  for (int64_t j = 0; j < pairs; ++j) {
+    for (int r = 0; r < R; ++r) std::memcpy(&xpair[r], x + r * ldx + 2 * j, sizeof(int32_t));
+    step(j, xpair);
+  }
+  if (K % 2) {
+    for (int r = 0; r < R; ++r) xpair[r] = static_cast<int32_t>(x[r * ldx + K - 1].x);
+    step(pairs, xpair);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) _mm512_storeu_ps(out + (r * P + p) * kWidth, acc[r][p]);
+}
+#endif
+
+// bf16 pairs without vdpbf16ps: each load widened into k's and k+1's weights, two FMAs per
+// row against the rows widened to fp32 (once per call, by `run`).
+template <int R, int P>
+void tile_widened(const float* x, int64_t ldx, const BF16* w, int64_t panel, int64_t K,
+                  float* out) {
+  Vec acc[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) acc[r][p] = zero();
+  const int64_t pairs = K / 2;
+  for (int64_t j = 0; j < pairs; ++j) {
+    Vec even[P], odd[P];
+    for (int p = 0; p < P; ++p) {
+      const BF16* at = w + p * panel + j * 2 * kWidth;
+      prefetch(at);
+      load_pairs(at, even[p], odd[p]);
+    }
+    for (int r = 0; r < R; ++r) {
+      const Vec x0 = splat(x[r * ldx + 2 * j]), x1 = splat(x[r * ldx + 2 * j + 1]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fma(x1, odd[p], fma(x0, even[p], acc[r][p]));
+    }
+  }
+  if (K % 2) {  // the last pair: x[K-1] and the packing's zero
+    Vec even[P], odd[P];
+    for (int p = 0; p < P; ++p) load_pairs(w + p * panel + pairs * 2 * kWidth, even[p], odd[p]);
+    for (int r = 0; r < R; ++r) {
+      const Vec x0 = splat(x[r * ldx + K - 1]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fma(x0, even[p], acc[r][p]);
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int p = 0; p < P; ++p) store(out + (r * P + p) * kWidth, acc[r][p]);
+}
+
+template <int R, int P, typename X, typename T>
+void tile(const X* x, int64_t ldx, const T* w, int64_t panel, int64_t K, float* out) {
+  if constexpr (std::is_same_v<T, float>) {
+    tile_fma<R, P>(x, ldx, w, panel, K, out);
+  } else if constexpr (std::is_same_v<X, float>) {
+    tile_widened<R, P>(x, ldx, w, panel, K, out);
+  } else {
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+    tile_pairs<R, P>(x, ldx, w, panel, K, out);
+#endif
+  }
+}
+
+template <int P, typename X, typename T>
+void tile_rows(int rows, const X* x, int64_t ldx, const T* w, int64_t panel, int64_t K,
+               float* out) {
+  switch (rows) {
+#define KVGATE_ROWS(R) \
+  case R:              \
+    return tile<R, P>(x, ldx, w, panel, K, out);
+    KVGATE_ROWS(1)
+    KVGATE_ROWS(2)
+    KVGATE_ROWS(3)
+    KVGATE_ROWS(4)
+#if defined(__AVX512F__)
+    KVGATE_ROWS(5)
+    KVGATE_ROWS(6)
+    KVGATE_ROWS(7)
+    KVGATE_ROWS(8)
+#endif
+#undef KVGATE_ROWS
+    default:
+      TORCH_CHECK(false, "gemm: a tile of ", rows, " rows");
+  }
+}
+
+enum Mode : int64_t { kLinear = 0, kSiluMul = 1, kGeluMul = 2 };
+
+// act(gate) * up over one panel's kWidth columns, in fp32.
+#if defined(KVGATE_VECTOR_EPILOGUE)
+// e^x for x <= 0, Cephes' expf: 2^n * p(r), r = x - n ln 2, |r| <= ln2/2; within 2 ulp of
+// expf (as engine/attention/cpu/paged_decode.cpp). Below -87 it gives ~e^-87.
+inline Vec exp_nonpositive(Vec x) {
+  x = vmax(x, splat(-87.f));
+  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
+  Vec r = fma(n, splat(-0.693359375f), x);
+  r = fma(n, splat(2.12194440e-4f), r);
+  Vec p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p * r, r, r + splat(1.f));
+  return p * pow2(n);
+}
+
+// sigmoid(x) from e = e^-|x| (never overflows): 1 / (1 + e) for x >= 0, e / (1 + e) below.
+inline Vec sigmoid(Vec x) {
+  const Vec e = exp_nonpositive(splat(0.f) - vabs(x));
+  const Vec s = splat(1.f) / (splat(1.f) + e);
+  return if_nonnegative(x, s, e * s);
+}
+
+inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
+  const Vec g = load(gate);
+  Vec act;
+  if (mode == kSiluMul) {
+    act = g * sigmoid(g);
+  } else {  // gelu(approximate="tanh") = g * sigmoid(2y), y = sqrt(2/pi) (g + 0.044715 g^3)
+    const Vec y = splat(0.7978845608028654f) * fma(splat(0.044715f) * g, g * g, g);
+    act = g * sigmoid(y + y);
+  }
+  store(out, act * load(up));
+}
+#else
+inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
+  for (int64_t c = 0; c < kWidth; ++c) {
+    const float g = gate[c];
+    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+    const float act = mode == kSiluMul ? g / (1.f + std::exp(-g)) : g / (1.f + std::exp(-2.f * y));
+    out[c] = act * up[c];
+  }
+}
+#endif
+
+struct Problem {
+  int64_t rows, K, panels, panel;  // panel: elements from one panel to the next
+  int64_t n, half;                 // output columns; half > 0: gate/up panels alternate
+  int64_t mode;
+};
+
+// One unit (panels 2u and 2u+1, or the last odd one) for every row, written to y.
+template <typename X, typename T>
+void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, const T* residual,
+          T* y) {
+  const int P = (2 * u + 1 < pr.panels) ? 2 : 1;
+  alignas(64) float acc[kMaxRows * 2 * kWidth];
+  const int64_t ldy = pr.mode == kLinear ? pr.n : pr.half;
+  // Where each panel's columns go, and how many of them are real (the last is padded).
+  int64_t col[2], valid[2];
+  for (int p = 0; p < P; ++p) {
+    const int64_t index = 2 * u + p;
+    if (pr.half > 0) {
+      const int64_t start = (index / 2) * kWidth;
+      col[p] = (index % 2) * pr.half + start;
+      valid[p] = std::min<int64_t>(kWidth, pr.half - start);
+    } else {
+      col[p] = index * kWidth;
+      valid[p] = std::min<int64_t>(kWidth, pr.n - col[p]);
+    }
+  }
+  const T* panels = w + 2 * u * pr.panel;
+  for (int64_t m0 = 0; m0 < pr.rows; m0 += kMaxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, pr.rows - m0));
+    if (P == 2)
+      tile_rows<2>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+    else
+      tile_rows<1>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+    for (int r = 0; r < rows; ++r) {
+      const int64_t m = m0 + r;
+      const float* a = acc + r * P * kWidth;
+      if (pr.mode != kLinear) {  // act(gate) * up into the gate's columns of a [rows, half] y
+        alignas(64) float h[kWidth];
+        gated(pr.mode, a, a + kWidth, h);
+        T* out = y + m * ldy + col[0];
+        for (int64_t c = 0; c < valid[0]; ++c) out[c] = static_cast<T>(h[c]);
+        continue;
+      }
+      for (int p = 0; p < P; ++p) {
+        T* out = y + m * ldy + col[p];
+        const float* ap = a + p * kWidth;
+        for (int64_t c = 0; c < valid[p]; ++c) {
+          float v = ap[c];
+          if (bias) v += widen(bias[col[p] + c]);
+          if (residual) v += widen(residual[m * ldy + col[p] + c]);
+          out[c] = static_cast<T>(v);
+        }
+      }
+    }
+  }
+}
+
+// Below this many weight bytes a call runs on the calling thread: waking the pool costs more.
+constexpr int64_t kBytesPerTask = 96 * 1024;
+
+template <typename T>
+void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
+         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+         at::Tensor& y) {
+  // bf16 rows without vdpbf16ps: widened once here, not once per panel pair in the tiles.
+  at::Tensor widened;
+  if constexpr (std::is_same_v<T, BF16> && !kDotBf16) widened = x.to(at::kFloat);
+  using X = std::conditional_t<std::is_same_v<T, BF16> && !kDotBf16, float, T>;
+  const X* xp = (std::is_same_v<X, T> ? x : widened).template data_ptr<X>();
+  const T* wp = w.data_ptr<T>();
+  const T* bp = bias ? bias->data_ptr<T>() : nullptr;
+  const T* rp = residual ? residual->data_ptr<T>() : nullptr;
+  T* yp = y.data_ptr<T>();
+  const int64_t units = (pr.panels + 1) / 2;
+  const int64_t unit_bytes = 2 * pr.panel * static_cast<int64_t>(sizeof(T));
+  const int64_t grain = std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, unit_bytes));
+  at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    for (int64_t u = begin; u < end; ++u) unit(pr, u, xp, wp, bp, rp, yp);
+  });
+}
+
+// y = x @ W^T for a weight packed by `layout()`'s rules: [rows, n], or [rows, half] for the
+// gated modes (gate and up panels alternating; half = the columns of each).
+at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t half,
+                int64_t mode, const c10::optional<at::Tensor>& bias,
+                const c10::optional<at::Tensor>& residual) {
+  TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "gemm: x [rows, K]");
+  TORCH_CHECK(packed.scalar_type() == x.scalar_type() && packed.is_contiguous() &&
+                  packed.dim() == 3,
+              "gemm: a packed weight of x's dtype");
+  TORCH_CHECK(mode == kLinear || half > 0, "gemm: a gated mode needs gate/up panels");
+  TORCH_CHECK(mode == kLinear || (!bias && !residual), "gemm: the gated modes take no bias");
+  Problem pr{x.size(0), x.size(1), packed.size(0), packed.size(1) * packed.size(2), n, half, mode};
+  const bool pairs = x.scalar_type() == at::kBFloat16;
+  TORCH_CHECK(packed.size(2) == kWidth * (pairs ? 2 : 1) &&
+                  packed.size(1) == (pairs ? (pr.K + 1) / 2 : pr.K),
+              "gemm: the packed weight's K or panel width does not match this build");
+  TORCH_CHECK(pr.panels * kWidth >= (half > 0 ? 2 * half : n), "gemm: too few panels for n");
+  TORCH_CHECK(half == 0 || pr.panels % 2 == 0, "gemm: gate/up panels come in pairs");
+  const int64_t cols = mode == kLinear ? n : half;
+  for (const auto& t : {bias, residual}) {
+    if (t) TORCH_CHECK(t->scalar_type() == x.scalar_type() && t->is_contiguous(), "gemm: epilogue operand");
+  }
+  if (bias) TORCH_CHECK(bias->numel() == cols, "gemm: bias [n]");
+  if (residual) TORCH_CHECK(residual->dim() == 2 && residual->size(0) == pr.rows &&
+                                residual->size(1) == cols,
+                            "gemm: residual [rows, n]");
+  at::Tensor y = at::empty({pr.rows, cols}, x.options());
+  if (pr.rows == 0) return y;
+  if (x.scalar_type() == at::kBFloat16)
+    run<BF16>(pr, x, packed, bias, residual, y);
+  else if (x.scalar_type() == at::kFloat)
+    run<float>(pr, x, packed, bias, residual, y);
+  else
+    TORCH_CHECK(false, "gemm: bf16 or fp32");
+  return y;
+}
+
+// (panel width, whether bf16 weights are stored as interleaved pairs): how to pack for this
+// build. Pairs on every build: vdpbf16ps reads them, and elsewhere they widen without shuffles.
+std::tuple<int64_t, bool> layout() { return {kWidth, true}; }
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("layout", &layout, "(panel width, bf16 pairs) of the packed weights this build reads");
+  m.def("gemm", &gemm, "y = x @ W^T over a packed weight, with its epilogue");
+}

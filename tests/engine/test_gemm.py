@@ -1,0 +1,162 @@
+"""The small-batch GEMM kernel (`engine.models.gemm`) against fp64 products, on this machine's
+build and on the forced AVX2 one; and the oneDNN and plain handles behind the same interface."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import engine.models.gemm as gemm
+import engine.native as native
+from engine.config import cpu_flags
+
+Kernel = Callable[[torch.Tensor, bool], gemm.NativeLinear]
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def make(request: pytest.FixtureRequest) -> Kernel:
+    """`NativeLinear` over the kernel built for this machine, or over its AVX2 path
+    (``KVGATE_CPU_ISA=avx2``: AVX2 + FMA, bf16 widened to fp32), forced on any x86 machine."""
+    if not native.enabled():
+        pytest.skip(f"{native.DISABLE_ENV}=0: oneDNN serves")
+    if request.param == "native":
+        module = gemm.load()
+    else:
+        if not {"avx2", "fma"} <= cpu_flags():
+            pytest.skip("the AVX2 path needs an x86 CPU with AVX2 and FMA")
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(native.ISA_ENV, "avx2")
+            module = native.build("gemm", gemm.SOURCES)
+    if module is None:
+        # Not a skip where a compiler is present: a build that broke must fail the suite.
+        assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
+        pytest.skip("no C++ compiler: oneDNN serves")
+    if request.param == "avx2":
+        assert module.layout() == (8, True)  # 8-wide fp32 vectors, bf16 pairs widened
+    return lambda weight, gated: gemm.NativeLinear(module, weight, gated)
+
+
+# Inputs are exact in their dtype and sums run in fp32: bf16 is off by its one final rounding.
+TOLERANCE = {torch.bfloat16: dict(rtol=2**-8, atol=1e-4), torch.float32: dict(rtol=1e-5, atol=1e-5)}
+ROWS = [1, 2, 3, 5, 8, 9, 16, 17, 31, 33, 64]
+SHAPES = [(96, 64), (37, 29), (50, 33), (1000, 300)]  # out, in: odd, and many threads' worth
+
+
+def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, k, generator=gen).to(dtype)
+    weight = (torch.randn(n, k, generator=gen) / k**0.5).to(dtype)
+    bias, residual = torch.randn(n, generator=gen), torch.randn(rows, n, generator=gen)
+    return x, weight, bias.to(dtype), residual.to(dtype)
+
+
+def _check(out: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype and out.shape == expected.shape and out.is_contiguous()
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+@pytest.mark.parametrize("rows", ROWS)
+def test_linear_bias_and_residual_match_fp64(
+    make: Kernel, dtype: torch.dtype, n: int, k: int, rows: int
+) -> None:
+    x, weight, bias, residual = _case(rows, n, k, dtype, seed=rows * n + k)
+    exact = x.double() @ weight.double().T
+    linear = make(weight, False)
+    _check(linear.linear(x), exact, dtype)
+    _check(linear.linear(x, bias), exact + bias.double(), dtype)
+    _check(linear.linear_add(x, residual), exact + residual.double(), dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("half,k", [(48, 64), (37, 29), (500, 300)])
+@pytest.mark.parametrize("rows", [1, 4, 8, 13, 64])
+def test_gate_up_pair_gives_act_gate_times_up_and_both_halves(
+    make: Kernel, dtype: torch.dtype, half: int, k: int, rows: int
+) -> None:
+    x, weight, _, _ = _case(rows, 2 * half, k, dtype, seed=half + rows)
+    exact = x.double() @ weight.double().T
+    gate, up = exact[:, :half], exact[:, half:]
+    pair = make(weight, True)
+    _check(pair.linear_gated(x, "silu"), F.silu(gate) * up, dtype)
+    _check(pair.linear_gated(x, "gelu"), F.gelu(gate, approximate="tanh") * up, dtype)
+    _check(pair.linear(x), exact, dtype)  # [gate | up], for adapters added before the act
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("rows", [65, 300])
+def test_prefill_sized_row_counts_too(make: Kernel, dtype: torch.dtype, rows: int) -> None:
+    """No second copy for prefills: the kernel serves them, in row tiles."""
+    x, weight, bias, residual = _case(rows, 2 * 40, 72, dtype, seed=rows)
+    exact = x.double() @ weight.double().T
+    linear, pair = make(weight, False), make(weight, True)
+    _check(linear.linear(x, bias), exact + bias.double(), dtype)
+    _check(linear.linear_add(x, residual), exact + residual.double(), dtype)
+    _check(pair.linear_gated(x, "silu"), F.silu(exact[:, :40]) * exact[:, 40:], dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_packed_panels_hold_the_weight_once_padded_with_zeros(
+    make: Kernel, dtype: torch.dtype, n: int, k: int
+) -> None:
+    _, weight, _, _ = _case(1, n, k, dtype, seed=n)
+    linear = make(weight, False)
+    width, panels = linear.width, -(-n // linear.width)
+    if linear.pairs:  # [panels, K/2, width * 2]: pairs of k per column
+        plain = linear.packed.view(panels, -1, width, 2).permute(0, 2, 1, 3).flatten(2)
+    else:  # [panels, K, width]
+        plain = linear.packed.transpose(1, 2)
+    plain = plain.reshape(panels * width, -1)
+    assert torch.equal(plain[:n, :k], weight)
+    assert not plain[n:].any() and not plain[:, k:].any()
+
+
+def test_zero_rows_and_a_mismatched_weight_are_handled(make: Kernel) -> None:
+    x, weight, _, _ = _case(0, 40, 24, torch.bfloat16, seed=1)
+    assert make(weight, False).linear(x).shape == (0, 40)
+    fp32 = make(weight.float(), False)
+    with pytest.raises(RuntimeError, match="dtype"):
+        fp32._gemm(torch.ones(2, 24, dtype=torch.bfloat16), fp32.packed, 40, 0, 0, None, None)
+    with pytest.raises(RuntimeError, match="K"):
+        fp32._gemm(torch.ones(2, 23), fp32.packed, 40, 0, 0, None, None)
+
+
+@pytest.mark.parametrize("handle", ["onednn", "plain"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_fallback_handles_serve_the_same_interface(handle: str, dtype: torch.dtype) -> None:
+    """oneDNN's prepacked copy (the kernel not built) and the plain weight (nothing packs it)."""
+    if handle == "onednn" and not gemm.pl.packing_helps(torch.empty(1, dtype=dtype)):
+        pytest.skip("no oneDNN kernels of this dtype here")
+    x, weight, bias, residual = _case(9, 64, 48, dtype, seed=3)
+    cls = gemm.OneDnnLinear if handle == "onednn" else gemm.PlainLinear
+    linear, pair = cls(weight), cls(weight, gated=True)
+    exact = x.double() @ weight.double().T
+    tolerance = dict(rtol=2**-7, atol=2e-2) if dtype == torch.bfloat16 else TOLERANCE[dtype]
+    for out, expected in (
+        (linear.linear(x, bias), exact + bias.double()),
+        (linear.linear_add(x, residual), exact + residual.double()),
+        (pair.linear_gated(x, "silu"), F.silu(exact[:, :32]) * exact[:, 32:]),
+        (pair.linear_gated(x, "gelu"), F.gelu(exact[:, :32], approximate="tanh") * exact[:, 32:]),
+        (pair.linear(x), exact),
+    ):
+        torch.testing.assert_close(out.double(), expected, **tolerance)
+    with pytest.raises(ValueError, match="pair"):
+        linear.linear_gated(x, "silu")
+
+
+def test_pack_picks_the_kernel_then_onednn_then_the_plain_weight(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    weight = torch.randn(32, 16)
+    if gemm.load() is not None:
+        assert isinstance(gemm.pack(weight), gemm.NativeLinear)
+    monkeypatch.setattr(gemm, "load", lambda: None)  # as KVGATE_CPU_KERNELS=0 makes it
+    assert isinstance(gemm.pack(weight), gemm.OneDnnLinear)
+    assert isinstance(gemm.pack(weight.half()), gemm.PlainLinear)
+    assert isinstance(gemm.pack(weight.to("meta")), gemm.PlainLinear)
