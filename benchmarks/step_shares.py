@@ -1,6 +1,6 @@
 """Where an offline `LLM`'s time goes: matmuls (GEMM), attention, and the rest.
 
-The matmul entry points (`engine.models.packed_linear`'s functions) and each replica's
+The matmul weight handles' methods (`engine.models.gemm`) and each replica's
 attention backend are wrapped, for the length of one run, by timers that add up their wall
 time and the weight bytes each matmul reads (attention includes the KV cache writes). What is left of the run's wall time is "the
 rest": norms, rotary embedding, sampling, scheduling, Python. The timers cost ~0.2 µs a
@@ -19,11 +19,12 @@ from typing import Any
 
 import torch
 
-import engine.models.packed_linear as pl
 from engine import LLM
+from engine.models import gemm
 
-# The matmul entry points the models call, by name in `packed_linear`.
-GEMM_FUNCTIONS = ("linear", "linear_silu", "linear_mul", "linear_add")
+# The matmul weight handles the models call, and their methods.
+HANDLES: list[type] = [gemm.NativeLinear, gemm.OneDnnLinear, gemm.PlainLinear]
+METHODS = ("linear", "linear_add", "linear_gated")
 
 
 @dataclass
@@ -33,6 +34,7 @@ class StepShares:
     attention_s: float = 0.0
     gemm_bytes: int = 0
     calls: dict[str, int] = field(default_factory=dict)
+    depth: int = 0
 
     @property
     def rest_s(self) -> float:
@@ -48,24 +50,32 @@ class StepShares:
         )
 
 
-def weight_bytes(weight: Any) -> int:
-    """The bytes a matmul reads of its weight handle (a tensor, packed or not, or an object
-    that says its own ``nbytes``)."""
-    if isinstance(weight, torch.Tensor):
-        return weight.numel() * weight.element_size()
-    return int(getattr(weight, "nbytes", 0))
+def weight_bytes(handle: Any) -> int:
+    """The bytes a matmul reads of its weight handle: every tensor it holds."""
+    tensors: list[torch.Tensor] = []
+    for value in vars(handle).values():
+        items = value if isinstance(value, list | tuple) else [value]
+        tensors += [item for item in items if isinstance(item, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
 
 
 def _timed(fn: Callable[..., Any], shares: StepShares, kind: str) -> Callable[..., Any]:
+    """``fn`` timed into ``shares``; a call made inside another timed one (a handle whose
+    method calls its own ``linear``) is the outer one's time, not counted twice."""
+
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if shares.depth:
+            return fn(*args, **kwargs)
+        shares.depth += 1
         start = time.perf_counter()
         try:
             return fn(*args, **kwargs)
         finally:
             spent = time.perf_counter() - start
+            shares.depth -= 1
             if kind == "gemm":
                 shares.gemm_s += spent
-                shares.gemm_bytes += weight_bytes(args[1])
+                shares.gemm_bytes += weight_bytes(args[0])
             else:
                 shares.attention_s += spent
             shares.calls[kind] = shares.calls.get(kind, 0) + 1
@@ -79,11 +89,11 @@ def measured(llm: LLM) -> Iterator[StepShares]:
     time is the denominator. One replica steps at a time in an offline `LLM` (its caller's
     thread), so the timers never overlap."""
     shares = StepShares()
-    originals = {name: getattr(pl, name) for name in GEMM_FUNCTIONS}
+    originals = {(cls, name): getattr(cls, name) for cls in HANDLES for name in METHODS}
     runners = [replica.runner for replica in llm.core.replicas]
     backends = [runner.backend for runner in runners]
-    for name, fn in originals.items():
-        setattr(pl, name, _timed(fn, shares, "gemm"))
+    for (cls, name), fn in originals.items():
+        setattr(cls, name, _timed(fn, shares, "gemm"))
     for runner, backend in zip(runners, backends, strict=True):
         runner.backend = replace(
             backend,
@@ -95,7 +105,7 @@ def measured(llm: LLM) -> Iterator[StepShares]:
         yield shares
     finally:
         shares.wall_s = time.perf_counter() - start
-        for name, fn in originals.items():
-            setattr(pl, name, fn)
+        for (cls, name), fn in originals.items():
+            setattr(cls, name, fn)
         for runner, backend in zip(runners, backends, strict=True):
             runner.backend = backend
