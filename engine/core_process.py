@@ -1,6 +1,6 @@
 """The engine core in a process of its own, serving API processes over a Unix socket.
 
-``python -m engine.core_process SOCKET CONFIG`` loads the model (``EngineCore``, its replicas
+``python -m engine.core_process SOCKET CONFIG PARENT`` loads the model (``EngineCore``, its replicas
 stepping in their threads with every usable core: no event loop shares this process), then
 listens on ``SOCKET``; its appearance is the sign that the engine is ready. Each API process
 holds one connection (``engine.core_client.EngineClient``) and sends frames (``engine.ipc``):
@@ -23,6 +23,7 @@ the other connections go on. SIGTERM stops the replicas and exits 0.
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import os
 import pickle
@@ -48,6 +49,8 @@ STATE_INTERVAL_S = 0.25
 CALL_WORKERS = 4  # grammar compiles and adapter loads run beside each other, off the readers
 # The GIL handoff between the step threads and the connection threads (as serving sets it).
 SWITCH_INTERVAL_S = 0.0002
+PR_SET_PDEATHSIG = 1
+FATAL = 2  # the model (or a --lora-modules adapter) cannot be loaded: no use trying again
 
 
 class Connection:
@@ -272,11 +275,22 @@ class EngineServer:
             replica.stop()
 
 
+def die_with_parent(parent: int) -> None:
+    """SIGKILL this process when its parent dies (Linux), so a parent killed with SIGKILL
+    leaves no engine behind; exit now if the parent is already gone."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def main(argv: list[str]) -> None:
-    """``SOCKET CONFIG``: CONFIG is a pickled ``EngineConfig`` the parent wrote (0700 folder)."""
-    path, config_path = argv
+    """``SOCKET CONFIG PARENT``: CONFIG is a pickled ``(EngineConfig, [(name, path), ...])``
+    (the adapters to load) the parent (pid PARENT) wrote in a folder only this user reads."""
+    path, config_path, parent = argv
+    die_with_parent(int(parent))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config = pickle.loads(Path(config_path).read_bytes())
+    config, adapters = pickle.loads(Path(config_path).read_bytes())
     assert isinstance(config, EngineConfig)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # nothing to drain: API processes do
@@ -285,7 +299,14 @@ def main(argv: list[str]) -> None:
         server = EngineServer(config)
     except (OSError, ValueError) as exc:
         print(f"kvgate: cannot load the model: {exc}", file=sys.stderr)
-        sys.exit(2)
+        sys.exit(FATAL)
+    for name, adapter_path in adapters:  # --lora-modules, at every start
+        try:
+            server.core.add_lora(name, adapter_path)
+        except ValueError as exc:
+            print(f"kvgate: --lora-modules: {exc}", file=sys.stderr)
+            sys.exit(FATAL)
+        log.info("LoRA adapter %s from %s", name, adapter_path)
     server.serve(path)
 
 

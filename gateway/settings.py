@@ -88,10 +88,17 @@ class Settings:
     port: int = flag(8000, "port")
     workers: int = flag(
         1,
-        "HTTP worker processes serving the port (fleet mode)",
+        "HTTP worker processes serving the port",
         metavar="N",
-        doc="HTTP worker processes serving the port (`SO_REUSEPORT`), each with the same "
-        "routing; fleet mode only for now",
+        doc="HTTP worker processes serving the port (`SO_REUSEPORT`): in fleet mode each with "
+        "the same routing; with an embedded engine all over its one engine process",
+    )
+    engine_process: bool = flag(
+        True,
+        "run the embedded engine in a process of its own",
+        doc="run the embedded engine in a process of its own, computing with every usable "
+        "core while API processes serve HTTP (restarted with backoff if it dies); "
+        "`--no-engine-process` keeps it in the one serving process (`--workers 1` only)",
     )
     model: str | None = flag(
         None,
@@ -145,7 +152,7 @@ class Settings:
         0,
         "CPU compute threads",
         metavar="N",
-        shown="usable cores less one, left to the HTTP loop",
+        shown="usable cores (less one, left to the HTTP loop, with `--no-engine-process`)",
     )
     max_num_seqs: int = flag(64, "running requests per replica")
     max_num_batched_tokens: int = flag(
