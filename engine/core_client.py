@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from engine import ipc
+import engine.ipc as ipc
 from engine.errors import EngineStepError, EngineUnavailable
 from engine.ipc import Adapter, Hello, State
 from engine.output_processor import OutputCollector, OutputProcessor

@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from engine import ipc
+import engine.ipc as ipc
 from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.errors import EngineStepError

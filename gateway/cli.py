@@ -134,13 +134,13 @@ def serve(settings: Settings) -> None:
         return
     if settings.workers < 1:
         sys.exit(f"kvgate: --workers must be 1 or more, got {settings.workers}")
-    if settings.engine_process:
+    if not settings.in_process_engine:
         serve_engine_process(settings)
         return
     if settings.workers != 1:
         sys.exit(
             "kvgate: --workers N over an embedded engine needs its own process (drop "
-            "--no-engine-process); in this process it is served by one"
+            "--in-process-engine); in this process it is served by one"
         )
     from engine import AsyncLLM
     from engine.config import serving_threads
