@@ -24,6 +24,7 @@ the other connections go on. SIGTERM stops the replicas and exits 0.
 from __future__ import annotations
 
 import ctypes
+import json
 import logging
 import os
 import pickle
@@ -32,6 +33,7 @@ import socket
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +52,7 @@ CALL_WORKERS = 4  # grammar compiles and adapter loads run beside each other, of
 # The GIL handoff between the step threads and the connection threads (as serving sets it).
 SWITCH_INTERVAL_S = 0.0002
 PR_SET_PDEATHSIG = 1
+TEXT = "%(asctime)s %(name)s %(message)s"  # as the API processes write theirs
 FATAL = 2  # the model (or a --lora-modules adapter) cannot be loaded: no use trying again
 
 
@@ -275,6 +278,22 @@ class EngineServer:
             replica.stop()
 
 
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, with the keys the API processes' JSON logs have, so the
+    engine's lines join theirs on the one stderr (``--log-format json``)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return json.dumps(entry, default=str)
+
+
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when its parent dies (Linux), so a parent killed with SIGKILL
     leaves no engine behind; exit now if the parent is already gone."""
@@ -285,26 +304,29 @@ def die_with_parent(parent: int) -> None:
 
 
 def main(argv: list[str]) -> None:
-    """``SOCKET CONFIG PARENT``: CONFIG is a pickled ``(EngineConfig, [(name, path), ...])``
-    (the adapters to load) the parent (pid PARENT) wrote in a folder only this user reads."""
+    """``SOCKET CONFIG PARENT``: CONFIG is a pickled ``(EngineConfig, [(name, path), ...],
+    log format)`` (the adapters to load; "text" or "json") the parent (pid PARENT) wrote in a
+    folder only this user reads."""
     path, config_path, parent = argv
     die_with_parent(int(parent))
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config, adapters = pickle.loads(Path(config_path).read_bytes())
+    config, adapters, log_format = pickle.loads(Path(config_path).read_bytes())
     assert isinstance(config, EngineConfig)
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT))
+    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # nothing to drain: API processes do
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent decides
     try:
         server = EngineServer(config)
     except (OSError, ValueError) as exc:
-        print(f"kvgate: cannot load the model: {exc}", file=sys.stderr)
+        log.error("kvgate: cannot load the model: %s", exc)
         sys.exit(FATAL)
     for name, adapter_path in adapters:  # --lora-modules, at every start
         try:
             server.core.add_lora(name, adapter_path)
         except ValueError as exc:
-            print(f"kvgate: --lora-modules: {exc}", file=sys.stderr)
+            log.error("kvgate: --lora-modules: %s", exc)
             sys.exit(FATAL)
         log.info("LoRA adapter %s from %s", name, adapter_path)
     server.serve(path)

@@ -206,7 +206,7 @@ def serve_engine_process(settings: Settings) -> None:
     except ValueError as exc:
         sys.exit(f"kvgate: --lora-modules: {exc}")
     config = engine_config(settings, settings.threads or usable_cores())
-    engine = EngineProcess(config, [(a.name, a.path) for a in adapters])
+    engine = EngineProcess(config, [(a.name, a.path) for a in adapters], settings.log_format)
     try:
         engine.start()
         code = engine.wait_ready(ENGINE_START_TIMEOUT_S)

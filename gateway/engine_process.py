@@ -36,14 +36,16 @@ POLL_S = 0.05
 
 
 class EngineProcess:
-    def __init__(self, config: Any, adapters: list[tuple[str, str]]) -> None:
+    def __init__(
+        self, config: Any, adapters: list[tuple[str, str]], log_format: str = "text"
+    ) -> None:
         """``config``: an ``engine.EngineConfig``; ``adapters`` (name, path) are loaded at
-        every start (``--lora-modules``)."""
+        every start (``--lora-modules``); the engine logs as ``--log-format`` says."""
         self.folder = tempfile.mkdtemp(prefix="kvgate-engine-")  # mode 0700
         self.socket_path = os.path.join(self.folder, "engine.sock")
         self._config_path = os.path.join(self.folder, "config.pickle")
         with open(self._config_path, "wb") as file:
-            pickle.dump((config, adapters), file)
+            pickle.dump((config, adapters, log_format), file)
         self.process: subprocess.Popen[bytes] | None = None
         self.stopping = False
         self._failures = 0
