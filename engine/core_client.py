@@ -333,6 +333,7 @@ class EngineClient:
             except (EOFError, OSError):
                 pass
             if self._closed:
+                sock.close()
                 return
             self._sock = None  # not ready from here on
             log.error("%s: failing the requests in flight, reconnecting", GONE)
