@@ -196,3 +196,34 @@ def test_sigterm_drains_the_workers_then_stops_the_engine(two: Process) -> None:
     assert answer.status_code == 200, answer.text
     assert answer.json()["usage"]["completion_tokens"] == 200
     wait_for(lambda: not any(alive(k) for k in kids), 10, "a process outlived the drain")
+
+
+def test_the_restart_pause_doubles_with_quick_deaths_and_stops_at_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from gateway import engine_process
+    from gateway.engine_process import BACKOFF_MAX_S, FATAL, STEADY_S, EngineProcess
+
+    now = [1000.0]
+    monkeypatch.setattr(engine_process.time, "monotonic", lambda: now[0])
+    engine = EngineProcess(object(), [])
+    try:
+        engine._started_at = now[0]
+        assert [engine.restart_delay(-9) for _ in range(8)] == [
+            0.5,
+            1.0,
+            2.0,
+            4.0,
+            8.0,
+            16.0,
+            BACKOFF_MAX_S,
+            BACKOFF_MAX_S,
+        ]
+        now[0] += STEADY_S  # it ran a while: the count starts again
+        assert engine.restart_delay(-9) == 0.5
+        assert engine.restart_delay(FATAL) is None  # it cannot load its model
+        engine.stopping = True
+        assert engine.restart_delay(-9) is None
+    finally:
+        engine.stop()
+    assert not Path(engine.folder).exists()
