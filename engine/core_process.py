@@ -14,8 +14,9 @@ and receives lists of messages: ``("ok", tag, value)`` / ``("err", tag, exceptio
 submit (admitted: the replica; or refused) or a call; ``("out", tag, StepOutput)`` and
 ``("fail", tag, exception)`` are a request's news; ``("state", State)`` the engine's stats,
 replicas and adapters, sent every ``STATE_INTERVAL_S`` and after any adapter change. A
-connection's writer sends everything queued since it last woke as one frame, so a step's
-news for every request of that connection travels together, not a frame per token.
+step's news for every request of a connection travels as one frame, sent by the step thread
+at the step's end (``Replica.on_step_end``) when the socket takes it at once, else queued
+for the connection's writer thread: a slow API process never holds up a step.
 
 A connection that closes (its API process died) has its requests aborted; the engine and
 the other connections go on. SIGTERM stops the replicas and exits 0.
@@ -62,7 +63,9 @@ class Connection:
     def __init__(self, server: EngineServer, sock: socket.socket) -> None:
         self.server, self.sock = server, sock
         self.requests: dict[int, tuple[Request, Replica]] = {}  # tag → running request
-        self._outbox: list[Any] = []
+        self.pending: list[Any] = []  # this step's news (under the server's lock)
+        self._backlog = bytearray()  # what the socket would not take at once
+        self._writing = False
         self._cond = threading.Condition()
         self._closed = False
 
@@ -70,25 +73,40 @@ class Connection:
         threading.Thread(target=self._read, name="kvgate-engine-read", daemon=True).start()
         threading.Thread(target=self._write, name="kvgate-engine-write", daemon=True).start()
 
-    def post(self, message: Any) -> None:
-        """Queue a message (any thread); the writer sends all queued ones as one frame."""
+    def post(self, messages: list[Any]) -> None:
+        """Send ``messages`` as one frame, from the calling thread when the socket takes it
+        at once (a step thread never waits on an API process); what it does not take, and
+        all that follows it, the writer thread sends in order."""
+        data = ipc.encode(messages)
         with self._cond:
             if self._closed:
                 return
-            self._outbox.append(message)
-            if len(self._outbox) == 1:
+            if self._backlog or self._writing:
+                self._backlog += data
+                self._cond.notify()
+                return
+            try:
+                sent = self.sock.send(data, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                sent = len(data)  # the reader sees the connection end and closes it
+            if sent < len(data):
+                self._backlog += data[sent:]
                 self._cond.notify()
 
     def _write(self) -> None:
         while True:
             with self._cond:
-                while not self._outbox and not self._closed:
+                while not self._backlog and not self._closed:
+                    self._writing = False
                     self._cond.wait()
                 if self._closed:
                     return
-                batch, self._outbox = self._outbox, []
+                data, self._backlog = bytes(self._backlog), bytearray()
+                self._writing = True
             try:
-                ipc.send(self.sock, batch)
+                self.sock.sendall(data)
             except OSError:
                 self._close()
                 return
@@ -145,17 +163,17 @@ class Connection:
                     self.requests.pop(tag, None)
                 raise
         except Exception as exc:  # refused or bad input: the caller raises it
-            self.post(("err", tag, exc))
+            self.post([("err", tag, exc)])
             return
-        self.post(("ok", tag, replica.index))
+        self.post([("ok", tag, replica.index)])
 
     def _call(self, tag: int, method: str, args: tuple[Any, ...]) -> None:
         try:
             value = self.server.call(method, args)
         except Exception as exc:
-            self.post(("err", tag, exc))
+            self.post([("err", tag, exc)])
             return
-        self.post(("ok", tag, value))
+        self.post([("ok", tag, value)])
 
     def _close(self) -> None:
         """The API process is gone: abort its requests (their blocks go back to the pool)."""
@@ -184,7 +202,10 @@ class EngineServer:
         self.lock = threading.Lock()
         self.owners: dict[str, tuple[Connection, int]] = {}  # request id → (connection, tag)
         self.connections: set[Connection] = set()
+        self._dirty: list[Connection] = []  # connections with news this step
         self.core = EngineCore(config, on_output=self._deliver)
+        for replica in self.core.replicas:
+            replica.on_step_end = self._flush
         self.calls = ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix="kvgate-engine-call")
         for replica in self.core.replicas:
             replica.start()
@@ -231,7 +252,7 @@ class EngineServer:
         with self.lock:
             connections = list(self.connections)
         for connection in connections:
-            connection.post(message)
+            connection.post([message])
 
     def _deliver(self, request: Request, item: StepOutput | BaseException) -> None:
         """A replica's step thread: route a request's news to the connection that sent it."""
@@ -244,11 +265,24 @@ class EngineServer:
             return
         connection, tag = owner
         if isinstance(item, BaseException):
-            replica = request.replica
-            error = EngineStepError(f"engine replica {replica}: {item}")
-            connection.post(("fail", tag, error))
+            error = EngineStepError(f"engine replica {request.replica}: {item}")
+            message: tuple[Any, ...] = ("fail", tag, error)
         else:
-            connection.post(("out", tag, item))
+            message = ("out", tag, item)
+        with self.lock:
+            if not connection.pending:
+                self._dirty.append(connection)
+            connection.pending.append(message)
+
+    def _flush(self) -> None:
+        """A replica's step thread, at the end of a step: one frame per connection."""
+        with self.lock:
+            dirty, self._dirty = self._dirty, []
+            batches = [(c, c.pending) for c in dirty]
+            for connection in dirty:
+                connection.pending = []
+        for connection, batch in batches:
+            connection.post(batch)
 
     def serve(self, path: str) -> None:
         """Accept API processes on ``path`` until the process is stopped."""
@@ -264,8 +298,7 @@ class EngineServer:
             connection = Connection(self, sock)
             with self.lock:
                 self.connections.add(connection)
-            connection.post(("ok", 0, self.hello()))
-            connection.post(("state", None, self.state()))
+            connection.post([("ok", 0, self.hello()), ("state", None, self.state())])
             connection.start()
 
     def _tick(self) -> None:
