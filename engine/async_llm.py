@@ -21,11 +21,12 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.engine_core import EngineCore, Prompt
+from engine.engine_core import EngineCore
 from engine.errors import EngineStepError
 from engine.lora import LoRAAdapter
 from engine.output_processor import OutputCollector, OutputProcessor
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
+from engine.prompt_rules import Prompt
 from engine.replica import Replica
 from engine.request import Request
 from engine.sampling_params import SamplingParams, StructuredOutputs
@@ -57,6 +58,10 @@ class RequestStream:
     def num_buffered(self) -> int:
         """Outputs waiting for this reader: at most 1, however slow it is."""
         return self._collector.num_pending
+
+    async def admitted(self) -> None:
+        """Admitted already (``submit`` raises a refusal at once); an engine in a process of
+        its own (``engine.core_client``) answers this after a round trip."""
 
     def __aiter__(self) -> RequestStream:
         return self

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import itertools
 import math
-from collections.abc import Sequence
 
 import torch
 
@@ -38,12 +37,12 @@ from engine.errors import (
     EngineOverloaded,
     EngineUnavailable,
     InvalidArgument,
-    TooManyTokens,
 )
 from engine.kv_cache_manager import KVCacheManager
 from engine.lora import LoRAAdapter, LoRARegistry, load_adapter
 from engine.model_runner import ModelRunner
 from engine.model_source import load_model_at, resolve_model
+from engine.prompt_rules import Limits, Prompt, PromptRules
 from engine.replica import OutputSink, Replica
 from engine.request import Request
 from engine.router import make_router
@@ -53,7 +52,6 @@ from engine.stats import EngineStats
 from engine.structured import GrammarCache
 from engine.tiny_model import default_model_dir
 
-Prompt = str | Sequence[int]
 MAX_SALT_ROOTS = 1024  # memoised tenant-salt roots (LRU)
 
 
@@ -134,6 +132,8 @@ class EngineCore:
             functools.partial(root_hash, self.model_id, self.cache_scheme, BLOCK_SIZE)
         )  # thread-safe LRU
         self._counter = itertools.count()
+        self.limits = Limits(mc.vocab_size, self.max_model_len, config.max_prompt_tokens)
+        self.prompts = PromptRules(self.tokenizer, self.limits)
         self.grammars = GrammarCache(
             self.tokenizer,
             mc.vocab_size,
@@ -202,9 +202,7 @@ class EngineCore:
                 f"logit_bias: token id {min(bad)} is out of vocabulary (size {vocab})",
                 "logit_bias",
             )
-        token_ids = self._prompt_ids(prompt)
-        if len(token_ids) > self.max_prompt_len:
-            raise self._too_long(str(len(token_ids)), len(token_ids))
+        token_ids = self.prompts.checked_prompt(prompt)
         grammar = (
             None
             if params.structured_outputs is None
@@ -257,65 +255,23 @@ class EngineCore:
         )
 
     def embedding_ids(self, prompt: Prompt) -> list[int]:
-        """An embedding input's token ids (a text with its special tokens), checked: at most
-        ``max_embedding_len`` (a text refused from its length alone when it shows that)."""
-        limit = self.max_embedding_len
-        if isinstance(prompt, str):
-            try:
-                prompt = self.tokenizer.encode(prompt, True, limit)
-            except TooManyTokens as exc:
-                raise _embedding_too_long(f"at least {exc.at_least}", exc.at_least, limit) from None
-        token_ids = self._prompt_ids(prompt)
-        if len(token_ids) > limit:
-            raise _embedding_too_long(str(len(token_ids)), len(token_ids), limit)
-        return token_ids
+        """An embedding input's token ids, checked (``PromptRules.embedding_ids``)."""
+        return self.prompts.embedding_ids(prompt)
 
     @property
     def max_embedding_len(self) -> int:
         """The most tokens an embedding input may have: nothing is generated after it."""
-        limit = self.config.max_prompt_tokens
-        return self.max_model_len if limit is None else min(self.max_model_len, limit)
+        return self.prompts.limits.max_embedding_len
 
     @property
     def max_prompt_len(self) -> int:
         """The most prompt tokens a request may have (one more must fit in max_model_len)."""
-        limit = self.config.max_prompt_tokens
-        return min(self.max_model_len - 1, self.max_model_len if limit is None else limit)
+        return self.prompts.limits.max_prompt_len
 
     def encode_prompt(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """A prompt's token ids; one whose length alone shows it cannot fit is refused
         (``TooManyTokens``, a ValueError) without tokenizing it."""
-        try:
-            return self.tokenizer.encode(text, add_special_tokens, self.max_prompt_len)
-        except TooManyTokens as exc:
-            raise self._too_long(f"at least {exc.at_least}", exc.at_least) from None
-
-    def _too_long(self, count: str, at_least: int) -> TooManyTokens:
-        limit = self.config.max_prompt_tokens
-        if limit is not None and at_least > limit:
-            message = f"prompt: {count} tokens, at most {limit} on this server"
-        else:
-            message = (
-                f"prompt: {count} tokens leave no room to generate within "
-                f"max_model_len {self.max_model_len}"
-            )
-        return TooManyTokens(message, at_least, self.max_prompt_len)
-
-    def _prompt_ids(self, prompt: Prompt) -> list[int]:
-        if isinstance(prompt, str):
-            token_ids = self.encode_prompt(prompt)
-        elif isinstance(prompt, Sequence) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            token_ids = [int(t) for t in prompt]
-            vocab = self.model_config.vocab_size
-            if any(not 0 <= t < vocab for t in token_ids):
-                raise ValueError(f"prompt: token ids must be in [0, {vocab})")
-        else:
-            raise ValueError("prompt must be a string or a list of token ids")
-        if not token_ids:
-            raise ValueError("prompt must not be empty")
-        return token_ids
+        return self.prompts.encode_prompt(text, add_special_tokens)
 
     def choose_replica(self, request: Request, available: list[bool] | None = None) -> Replica:
         """The replica for a request: the configured router's choice (prefix hash with
@@ -369,16 +325,6 @@ class EngineCore:
             grammar_cache_entries=len(self.grammars),
             max_grammar_bytes=self.grammars.max_spec_bytes,
         )
-
-
-def _embedding_too_long(count: str, at_least: int, limit: int) -> TooManyTokens:
-    return TooManyTokens(
-        f"This model's maximum context length is {limit} tokens. However, you requested "
-        f"{count} tokens in the input for embedding generation. Please reduce the length of "
-        "the input.",
-        at_least,
-        limit,
-    )
 
 
 class _PendingView:

@@ -25,6 +25,9 @@ class AdmissionRefused(Exception):
         super().__init__(message)
         self.retry_after_s = retry_after_s
 
+    def __reduce__(self) -> tuple[object, ...]:  # crosses the engine process's socket
+        return type(self), (str(self), self.retry_after_s)
+
 
 class EngineOverloaded(AdmissionRefused):
     reason = "overloaded"
@@ -45,6 +48,20 @@ class InvalidArgument(ValueError):
         super().__init__(message)
         self.field = field
 
+    def __reduce__(self) -> tuple[object, ...]:
+        return InvalidArgument._rebuild, (type(self), str(self), self.field, self.__dict__)
+
+    @staticmethod
+    def _rebuild(
+        cls: type[InvalidArgument], message: str, field: str, state: dict[str, object]
+    ) -> InvalidArgument:
+        """A subclass with another ``__init__`` (``UnknownAdapter``) comes back whole too."""
+        exc = cls.__new__(cls)
+        ValueError.__init__(exc, message)
+        exc.__dict__.update(state)
+        exc.field = field
+        return exc
+
 
 class TooManyTokens(ValueError):
     """A text (or prompt) has more tokens than a limit allows — counted, or ``at_least`` so
@@ -54,6 +71,9 @@ class TooManyTokens(ValueError):
         super().__init__(message)
         self.at_least = at_least
         self.limit = limit
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return type(self), (str(self), self.at_least, self.limit)
 
 
 class AdapterError(ValueError):

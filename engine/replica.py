@@ -45,6 +45,9 @@ class Replica:
         self.scheduler = scheduler
         self.runner = runner
         self.on_output = on_output
+        # Called on the step thread once a step's outputs have all gone to ``on_output``
+        # (an engine process sends them to its API processes then, one frame per step).
+        self.on_step_end: Callable[[], None] | None = None
         self.step_timeout_s = step_timeout_s
         self.failed: BaseException | None = None
         self.num_failed_steps = 0
@@ -158,7 +161,12 @@ class Replica:
         if self.on_output is not None:
             for request in changed:
                 self.on_output(request, request.take_step_output())
+        self._step_ended()
         return changed
+
+    def _step_ended(self) -> None:
+        if self.on_step_end is not None:
+            self.on_step_end()
 
     def _loop(self) -> None:
         while True:
@@ -191,6 +199,7 @@ class Replica:
             self.scheduler.abort(request)
             if self.on_output is not None:
                 self.on_output(request, error)
+        self._step_ended()
 
     def _fail_all(self, exc: BaseException) -> None:
         with self._cond:
@@ -201,3 +210,4 @@ class Replica:
             self.scheduler.abort(request)
             if self.on_output is not None:
                 self.on_output(request, exc)
+        self._step_ended()

@@ -25,9 +25,10 @@ class LoRAModule:
     path: str
 
 
-def parse_lora_module(spec: str, base_model: str) -> LoRAModule:
+def parse_lora_module(spec: str, base_model: str | None) -> LoRAModule:
     """One ``--lora-modules`` value; ValueError naming what is wrong. A JSON form's
-    ``base_model_name`` must be the served model (kvgate serves one base model)."""
+    ``base_model_name`` must be the served model (kvgate serves one base model; None: not
+    known yet, not checked)."""
     if spec.lstrip().startswith("{"):
         try:
             fields = json.loads(spec)
@@ -37,7 +38,7 @@ def parse_lora_module(spec: str, base_model: str) -> LoRAModule:
             raise ValueError(f"{spec!r}: not a JSON object")
         name, path = fields.get("name"), fields.get("path")
         base = fields.get("base_model_name")
-        if base is not None and base != base_model:
+        if base is not None and base_model is not None and base != base_model:
             raise ValueError(f"{spec!r}: base_model_name {base!r} is not the model served here")
     else:
         name, _, path = spec.partition("=")

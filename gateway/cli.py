@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import signal
 import socket
 import sys
 from dataclasses import replace
@@ -20,6 +22,7 @@ from gateway.ops.logs import configure_logging
 from gateway.settings import GROUPS, Settings, options
 
 logger = logging.getLogger("kvgate")
+ENGINE_START_TIMEOUT_S = 1800.0  # loading a model (a first native build: minutes)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -129,31 +132,21 @@ def serve(settings: Settings) -> None:
     if settings.upstream or settings.upstream_dns:
         serve_fleet(settings)
         return
+    if settings.workers < 1:
+        sys.exit(f"kvgate: --workers must be 1 or more, got {settings.workers}")
+    if not settings.in_process_engine:
+        serve_engine_process(settings)
+        return
     if settings.workers != 1:
         sys.exit(
-            "kvgate: --workers is for fleet mode (--upstream or --upstream-dns) for now; an "
-            "embedded engine is served by one process (--replicas spreads it over engines)"
+            "kvgate: --workers N over an embedded engine needs its own process (drop "
+            "--in-process-engine); in this process it is served by one"
         )
-    from engine import AsyncLLM, EngineConfig
+    from engine import AsyncLLM
     from engine.config import serving_threads
 
     try:
-        engine = AsyncLLM(
-            EngineConfig(
-                model=settings.model,
-                revision=settings.revision,
-                dtype=settings.dtype,
-                threads=settings.threads or serving_threads(),
-                max_num_seqs=settings.max_num_seqs,
-                max_num_batched_tokens=settings.max_num_batched_tokens,
-                replicas=settings.replicas,
-                routing=settings.routing,
-                kv_cache_dtype=settings.kv_cache_dtype,
-                kv_cache_memory=settings.kv_cache_memory,
-                **engine_limits(settings),
-                **engine_lora(settings),
-            )
-        )
+        engine = AsyncLLM(engine_config(settings, settings.threads or serving_threads()))
     except (OSError, ValueError) as exc:  # a wrong folder or setting: say so, no traceback
         sys.exit(f"kvgate: cannot load the model: {exc}")
     try:
@@ -161,20 +154,101 @@ def serve(settings: Settings) -> None:
             load_lora_modules(engine, settings.lora_modules)
         except ValueError as exc:
             sys.exit(f"kvgate: --lora-modules: {exc}")
-        stats = engine.stats()
-        logger.info(
-            "model %s (context %d), %d replica(s), KV cache %d tokens (%d blocks x %d, %s)",
-            engine.model_name,
-            engine.max_model_len,
-            settings.replicas,
-            stats.num_blocks * stats.block_size,
-            stats.num_blocks,
-            stats.block_size,
-            stats.cache_dtype,
-        )
+        log_engine(engine, settings)
         run_app(settings, engine=engine)
     finally:
         engine.shutdown()
+
+
+def engine_config(settings: Settings, threads: int) -> Any:
+    """The ``engine.EngineConfig`` the embedded engine runs with."""
+    from engine import EngineConfig
+
+    return EngineConfig(
+        model=settings.model,
+        revision=settings.revision,
+        dtype=settings.dtype,
+        threads=threads,
+        max_num_seqs=settings.max_num_seqs,
+        max_num_batched_tokens=settings.max_num_batched_tokens,
+        replicas=settings.replicas,
+        routing=settings.routing,
+        kv_cache_dtype=settings.kv_cache_dtype,
+        kv_cache_memory=settings.kv_cache_memory,
+        **engine_limits(settings),
+        **engine_lora(settings),
+    )
+
+
+def log_engine(engine: Any, settings: Settings) -> None:
+    stats = engine.stats()
+    logger.info(
+        "model %s (context %d), %d replica(s), KV cache %d tokens (%d blocks x %d, %s)",
+        engine.model_name,
+        engine.max_model_len,
+        settings.replicas,
+        stats.num_blocks * stats.block_size,
+        stats.num_blocks,
+        stats.block_size,
+        stats.cache_dtype,
+    )
+
+
+def serve_engine_process(settings: Settings) -> None:
+    """The engine in a process of its own with every usable core (``gateway.engine_process``)
+    and one API process over it, or ``--workers N`` of them on one port."""
+    from engine.config import usable_cores
+    from gateway.adapters import parse_lora_module
+    from gateway.engine_process import EngineProcess
+
+    try:  # the served name is known once the engine has loaded: checked by the API side
+        adapters = [parse_lora_module(spec, None) for spec in settings.lora_modules]
+    except ValueError as exc:
+        sys.exit(f"kvgate: --lora-modules: {exc}")
+    config = engine_config(settings, settings.threads or usable_cores())
+    engine = EngineProcess(config, [(a.name, a.path) for a in adapters], settings.log_format)
+    try:
+        engine.start()
+        code = engine.wait_ready(ENGINE_START_TIMEOUT_S)
+        if code is not None:
+            sys.exit(f"kvgate: the engine process did not start (exit code {code}; see above)")
+        if settings.workers == 1:
+            engine.watch(on_fatal=lambda: os.kill(os.getpid(), signal.SIGTERM))
+            serve_engine_worker(settings, engine.socket_path)
+            return
+        from gateway.http.workers import Supervisor, listening_sockets
+
+        try:
+            sockets = listening_sockets(settings.host, settings.port, settings.workers)
+        except OSError as exc:
+            sys.exit(f"kvgate: cannot listen on {settings.host}:{settings.port}: {exc}")
+        each, path = per_worker(settings), engine.socket_path
+        supervisor = Supervisor(sockets, lambda s, _: serve_engine_worker(each, path, s), engine)
+        sys.exit(supervisor.run())
+    finally:
+        engine.stop()
+
+
+def serve_engine_worker(settings: Settings, path: str, sock: socket.socket | None = None) -> None:
+    """One API process over the engine process at ``path`` (no torch here)."""
+    from engine.core_client import EngineClient
+    from engine.errors import EngineUnavailable
+    from gateway.adapters import parse_lora_module
+
+    try:
+        client = EngineClient(path, ENGINE_START_TIMEOUT_S)
+    except EngineUnavailable as exc:
+        sys.exit(f"kvgate: {exc}")
+    try:
+        for spec in settings.lora_modules:  # loaded by the engine; the base model checked here
+            try:
+                parse_lora_module(spec, client.model_name)
+            except ValueError as exc:
+                sys.exit(f"kvgate: --lora-modules: {exc}")
+        log_engine(client, settings)
+        run_app(settings, sock, engine=client)
+    finally:
+        client.shutdown()
 
 
 def load_lora_modules(engine: Any, specs: tuple[str, ...]) -> None:

@@ -11,7 +11,7 @@ large) before any is queued, then run as the engine's embedding requests, at mos
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -43,16 +43,39 @@ from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 
 if TYPE_CHECKING:  # the engine itself (and torch) is loaded by whoever builds it
-    from engine.async_llm import RequestStream
-    from engine.lora import LoRAAdapter
+    from engine.outputs import RequestOutput
 
 # One embeddings call's inputs in the engine at once: a call of 2,048 inputs neither fills the
 # waiting queues (``max_waiting``) nor waits on a refusal, and still fills every step.
 EMBED_WINDOW = 64
 
 
+class EngineStream(Protocol):
+    """A submitted request's outputs (``engine.async_llm.RequestStream`` in this process,
+    ``engine.core_client.RemoteStream`` for an engine in a process of its own)."""
+
+    @property
+    def replica(self) -> int: ...
+
+    async def admitted(self) -> None: ...
+
+    def __aiter__(self) -> AsyncIterator[RequestOutput]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class LoadedAdapter(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def path(self) -> str: ...
+
+
 class Engine(Protocol):
-    """The part of ``engine.AsyncLLM`` the embedded backend uses."""
+    """The part of ``engine.AsyncLLM`` the embedded backend uses; ``engine.EngineClient``
+    offers the same over a socket to the engine's own process. Blocking calls
+    (``compile_grammar``, ``add_lora``, ``remove_lora``) are made on worker threads."""
 
     model_name: str
     max_model_len: int
@@ -91,7 +114,7 @@ class Engine(Protocol):
         cache_salt: str | None = None,
         kind: OutputKind = OutputKind.CUMULATIVE,
         lora_name: str | None = None,
-    ) -> RequestStream: ...
+    ) -> EngineStream: ...
 
     def encode_embedding_input(self, prompt: str | list[int]) -> list[int]: ...
 
@@ -101,11 +124,11 @@ class Engine(Protocol):
         cache_key: str | None = None,
         cache_salt: str | None = None,
     ) -> EmbeddingOutput: ...
-    def add_lora(self, name: str, path: str, replace: bool = False) -> LoRAAdapter: ...
+    def add_lora(self, name: str, path: str, replace: bool = False) -> LoadedAdapter: ...
 
     def remove_lora(self, name: str) -> bool: ...
 
-    def list_loras(self) -> list[LoRAAdapter]: ...
+    def list_loras(self) -> Sequence[LoadedAdapter]: ...
 
 
 class EngineBackend:
@@ -172,6 +195,11 @@ class EngineBackend:
             OutputKind.DELTA,
             request.adapter,
         )
+        try:  # at once in this process; a round trip to an engine process of its own
+            await stream.admitted()
+        except BaseException:
+            await stream.aclose()
+            raise
         return Guarded(self._run(stream, request), stream)
 
     def adapters(self) -> list[Adapter]:
@@ -182,7 +210,8 @@ class EngineBackend:
         await asyncio.to_thread(self.engine.add_lora, name, path, replace)
 
     async def unload_adapter(self, name: str) -> bool:
-        return self.engine.remove_lora(name)
+        """On a thread: an engine in a process of its own answers after a round trip."""
+        return await asyncio.to_thread(self.engine.remove_lora, name)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         tokenizer, limit = self.engine.tokenizer, self.max_model_len
@@ -230,7 +259,7 @@ class EngineBackend:
             raise ValueError(f"messages: the chat template rejected them ({exc})") from exc
 
     async def _run(
-        self, stream: RequestStream, request: GenerationRequest
+        self, stream: EngineStream, request: GenerationRequest
     ) -> AsyncGenerator[TextDelta | Completion]:
         operation, model = request.operation, self.engine.model_name
         last: RequestOutput | None = None

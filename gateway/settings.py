@@ -88,10 +88,18 @@ class Settings:
     port: int = flag(8000, "port")
     workers: int = flag(
         1,
-        "HTTP worker processes serving the port (fleet mode)",
+        "HTTP worker processes serving the port",
         metavar="N",
-        doc="HTTP worker processes serving the port (`SO_REUSEPORT`), each with the same "
-        "routing; fleet mode only for now",
+        doc="HTTP worker processes serving the port (`SO_REUSEPORT`): in fleet mode each with "
+        "the same routing; with an embedded engine all over its one engine process",
+    )
+    in_process_engine: bool = flag(
+        False,
+        "run the embedded engine in the serving process (--workers 1 only)",
+        doc="run the embedded engine in the one serving process, its steps sharing the "
+        "GIL with the HTTP loop (`--workers 1` only); by default it runs in a process of its "
+        "own, computing with every usable core while API processes serve HTTP (restarted "
+        "with backoff if it dies)",
     )
     model: str | None = flag(
         None,
@@ -145,7 +153,7 @@ class Settings:
         0,
         "CPU compute threads",
         metavar="N",
-        shown="usable cores less one, left to the HTTP loop",
+        shown="usable cores (less one for the HTTP loop when the engine shares its process)",
     )
     max_num_seqs: int = flag(64, "running requests per replica")
     max_num_batched_tokens: int = flag(

@@ -11,6 +11,10 @@ The parent only supervises: SIGTERM or SIGINT is forwarded to every worker as SI
 drains, then exits 0) and waited for; a worker that dies on its own is started again. Workers
 ask the kernel for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``), so a parent killed
 with SIGKILL leaves no orphan serving the port.
+
+With an embedded engine the parent also starts the engine's own process
+(``gateway.engine_process``) before the workers, and every worker connects to it: it is
+restarted with backoff when it dies, and stopped after the workers have drained.
 """
 
 from __future__ import annotations
@@ -24,6 +28,10 @@ import sys
 import time
 from collections.abc import Callable
 from types import FrameType
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from gateway.engine_process import EngineProcess
 
 log = logging.getLogger("kvgate")
 PR_SET_PDEATHSIG = 1
@@ -55,11 +63,19 @@ def die_with_parent(parent: int) -> None:
 
 
 class Supervisor:
-    """Forks a worker per socket, forwards the stop signals, restarts a worker that died."""
+    """Forks a worker per socket, forwards the stop signals, restarts a worker that died;
+    with an ``engine`` (``gateway.engine_process``), restarts it too, with its backoff, and
+    stops it once every worker has drained."""
 
-    def __init__(self, sockets: list[socket.socket], work: Callable[[socket.socket, int], None]):
+    def __init__(
+        self,
+        sockets: list[socket.socket],
+        work: Callable[[socket.socket, int], None],
+        engine: EngineProcess | None = None,
+    ):
         self.sockets = sockets
         self.work = work
+        self.engine = engine
         self.children: dict[int, int] = {}  # pid → worker index
         self.stopping = False
 
@@ -77,10 +93,15 @@ class Supervisor:
                 break
             except InterruptedError:  # pragma: no cover - PEP 475 retries os.wait
                 continue
+            exit_code = os.waitstatus_to_exitcode(code)
+            if self.engine is not None and pid == self.engine.pid:
+                if not self.engine.exited(exit_code) and not self.stopping:
+                    self._stop(signal.SIGTERM, None)  # no engine: nothing to serve
+                    status = FATAL
+                continue
             index = self.children.pop(pid, -1)
             if index < 0:
                 continue
-            exit_code = os.waitstatus_to_exitcode(code)
             if exit_code == FATAL and not self.stopping:
                 self._stop(signal.SIGTERM, None)
                 status = FATAL
@@ -93,6 +114,8 @@ class Supervisor:
             time.sleep(RESTART_PAUSE_S)
             if not self.stopping:
                 self._fork(index)
+        if self.engine is not None:  # after the workers' drain: their calls needed it
+            self.engine.stop()
         return status
 
     def _fork(self, index: int) -> None:
@@ -127,6 +150,8 @@ class Supervisor:
             return
         log.info("%s: stopping %d workers", signal.Signals(sig).name, len(self.children))
         self.stopping = True
+        if self.engine is not None:
+            self.engine.stopping = True  # no restart from here on; stopped after the drain
         for pid in self.children:
             try:
                 os.kill(pid, signal.SIGTERM)

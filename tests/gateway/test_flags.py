@@ -29,6 +29,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--host": ("host", str, "store", None, "options"),
     "--port": ("port", int, "store", None, "options"),
     "--workers": ("workers", int, "store", None, "options"),
+    "--in-process-engine": ("in_process_engine", str, "bool", None, "options"),
     "--model": ("model", str, "store", None, "options"),
     "--revision": ("revision", str, "store", None, "options"),
     "--served-model-name": ("served_model_name", str, "store", None, "options"),

@@ -1,6 +1,7 @@
 """``--workers N`` in fleet mode, with real processes: N workers on one port route every key
 alike (as separate gateways do), answer with ``X-Kvgate-Upstream``, drain on SIGTERM and die
-with their parent; ``--workers`` without an upstream is refused."""
+with their parent; ``--workers`` over an in-process engine is refused (over the engine's own
+process: ``tests/gateway/test_engine_process.py``)."""
 
 from __future__ import annotations
 
@@ -120,9 +121,9 @@ def test_sigterm_drains_every_worker_and_a_killed_parent_leaves_none(
                 time.sleep(0.05)
 
 
-def test_workers_without_an_upstream_are_refused() -> None:
+def test_workers_over_an_in_process_engine_are_refused() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--workers", "2"],
+        [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--in-process-engine"],
         cwd=REPO_ROOT,
         env={**os.environ, "KVGATE_WORKERS": "2"},
         capture_output=True,
@@ -130,4 +131,4 @@ def test_workers_without_an_upstream_are_refused() -> None:
         timeout=60,
     )
     assert done.returncode != 0
-    assert "--workers is for fleet mode" in done.stderr
+    assert "--workers N over an embedded engine needs its own process" in done.stderr
