@@ -10,6 +10,12 @@ answer has ``--max-tokens`` tokens, distinct prompts so the prefix cache does no
 output tokens/s over the wall time, TTFT p50/p99 and inter-token latency p50 (from the chunks'
 arrival times). Prints one line per (server, concurrency) and kvgate/vLLM ratios; the best
 round of each is reported. Without ``--vllm-python`` only kvgate is measured.
+
+``--vllm-bench`` measures with vLLM's own client instead (``vllm.benchmarks.serve`` from the
+``--vllm-python`` venv, a client neither project's server code wrote): its random dataset,
+``--random-input-len`` 256 -> ``--random-output-len`` 128 tokens, ``--num-prompts`` 64 at
+``--concurrency`` 16, on ``/v1/completions``, ``ignore_eos``; the ITL column is then its
+median TPOT.
 """
 
 from __future__ import annotations
@@ -52,6 +58,40 @@ class Figures:
             f"{self.tokens_per_s:8.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms  "
             f"p99 {self.ttft_p99_ms:7.1f} ms  ITL p50 {self.itl_p50_ms:6.2f} ms"
         )
+
+
+# Run under the vLLM venv: vLLM's benchmark client against a base URL; prints one JSON line.
+VLLM_BENCH = """
+import argparse, json, sys
+from vllm.benchmarks.serve import add_cli_args, main
+parser = argparse.ArgumentParser()
+add_cli_args(parser)
+r = main(parser.parse_args(sys.argv[1:]))
+print(json.dumps({k: r[k] for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",
+                                     "median_tpot_ms", "completed")}))
+"""
+
+
+def vllm_bench(
+    python: str, base: str, name: str, model_dir: Path, concurrency: int, args: argparse.Namespace,
+    seed: int,
+) -> Figures:  # fmt: skip
+    """One run of vLLM's benchmark client against the server at ``base``."""
+    command = [python, "-P", "-c", VLLM_BENCH, "--base-url", base, "--model", name]
+    command += ["--tokenizer", str(model_dir), "--dataset-name", "random", "--ignore-eos"]
+    command += ["--random-input-len", str(args.random_input_len), "--random-output-len"]
+    command += [str(args.random_output_len), "--num-prompts", str(args.num_prompts)]
+    command += ["--max-concurrency", str(concurrency), "--seed", str(seed), "--disable-tqdm"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd="/")
+    if done.returncode != 0:
+        raise RuntimeError(f"vllm bench serve failed: {done.stderr[-2000:]}")
+    r = json.loads(done.stdout.strip().splitlines()[-1])
+    if r["completed"] != args.num_prompts:
+        raise RuntimeError(f"vllm bench serve: {r['completed']} of {args.num_prompts} completed")
+    return Figures(
+        r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"]
+    )
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -163,7 +203,13 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--kvgate-flags", default="", help="extra `kvgate serve` flags")
+    parser.add_argument("--vllm-bench", action="store_true", help="vLLM's own client measures")
+    parser.add_argument("--random-input-len", type=int, default=256)
+    parser.add_argument("--random-output-len", type=int, default=128)
+    parser.add_argument("--num-prompts", type=int, default=64)
     args = parser.parse_args()
+    if args.vllm_bench and not args.vllm_python:
+        raise SystemExit("--vllm-bench runs vLLM's client: give --vllm-python")
     model_dir = Path(args.model) if args.model else default_model_dir()
     dtype = args.dtype or ("bfloat16" if native_bf16_flags() else "float32")
     name = "bench-model"
@@ -192,17 +238,16 @@ def main() -> None:
             with server(command, env, base, who, ready_s):
                 asyncio.run(measure(base, name, 2, 4, args.prompt_words, 8, seed=99))  # warm up
                 for c in levels:
-                    got = asyncio.run(
-                        measure(
-                            base,
-                            name,
-                            c,
-                            args.requests,
-                            args.prompt_words,
-                            args.max_tokens,
-                            seed=round_ * 10 + c,
-                        )
-                    )
+                    seed = round_ * 10 + c
+                    if args.vllm_bench:
+                        got = vllm_bench(args.vllm_python, base, name, model_dir, c, args, seed)
+                    else:
+                        got = asyncio.run(
+                            measure(
+                                base, name, c, args.requests, args.prompt_words, args.max_tokens,
+                                seed=seed,
+                            )
+                        )  # fmt: skip
                     print(f"round {round_} {who:6s} c={c:<3d} {got.line()}", flush=True)
                     if (who, c) not in best or got.tokens_per_s > best[who, c].tokens_per_s:
                         best[who, c] = got
