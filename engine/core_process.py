@@ -353,13 +353,13 @@ def main(argv: list[str]) -> None:
     try:
         server = EngineServer(config)
     except (OSError, ValueError) as exc:
-        log.error("kvgate: cannot load the model: %s", exc)
+        print(f"kvgate: cannot load the model: {exc}", file=sys.stderr)  # as in-process says it
         sys.exit(FATAL)
     for name, adapter_path in adapters:  # --lora-modules, at every start
         try:
             server.core.add_lora(name, adapter_path)
         except ValueError as exc:
-            log.error("kvgate: --lora-modules: %s", exc)
+            print(f"kvgate: --lora-modules: {exc}", file=sys.stderr)
             sys.exit(FATAL)
         log.info("LoRA adapter %s from %s", name, adapter_path)
     server.serve(path)
