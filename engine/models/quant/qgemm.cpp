@@ -1,17 +1,20 @@
-// Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1), as llama.cpp computes them.
+// Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1), kept as the file's blocks.
 //
 // The weight stays in the file's own blocks, one row of blocks per output feature: 32 weights
 // each, with an fp16 scale d (and Q4_1's fp16 minimum m) before the 4- or 8-bit values. Each
-// call quantizes its activation rows once to int8 per 32-block (a float scale dx each, as
-// llama.cpp's Q8_0/Q8_1 activations), then every (output row, block) pair is an integer dot
-// product of 32 int8 pairs (AVX-512 VNNI / AVX-VNNI `dpbusd`, or AVX2 `maddubs` + `madd`)
-// scaled in fp32 by d*dx:
+// call quantizes its activation rows once to int16 per 32-block (a float scale dx each), then
+// every (output row, block) pair is an integer dot product of 32 int16 pairs (`madd_epi16`:
+// AVX-512BW 32 pairs, AVX2 16 per instruction), scaled in fp32 by d*dx:
 //   Q8_0:  w = d*q        (q in -127..127)  dot = d*dx*sum(q*xq)
-//   Q4_0:  w = d*(q - 8)  (q in 0..15)      dot = d*dx*sum(q*xq) - 8*d*dx*sum(xq)
+//   Q4_0:  w = d*(q - 8)  (q in 0..15)      dot = d*dx*sum((q-8)*xq)
 //   Q4_1:  w = d*q + m    (q in 0..15)      dot = d*dx*sum(q*xq) + m*dx*sum(xq)
-// `dpbusd` multiplies unsigned by signed bytes: the 4-bit values are unsigned already; Q8_0's
-// signed ones take the sign of the activation (|xq| * sign(q, xq)), as llama.cpp does. Sums
-// accumulate in fp32; the output is rounded once to the activations' dtype (bf16 or fp32),
+// llama.cpp quantizes the activations to int8 instead (Q8_0/Q8_1); on SmolLM2-135M Q4_1 that
+// alone turns "The capital of France is Paris." into "L'Étoile, la Marseillaise, ..." (the
+// dequantized model with its activations fake-quantized to int8 per block answers the same).
+// int16 activations err by at most amax/65534 per block, below bf16's own rounding, so this
+// computes what the dequantized weights compute; the dot costs the same instructions per block.
+// Products never overflow: |q*xq| <= 128*32767, two summed per int32 lane per block.
+// Sums accumulate in fp32; the output is rounded once to the activations' dtype (bf16 or fp32),
 // after the fused epilogue (SwiGLU over the two halves of the rows, or a residual add).
 //
 // One weight block is decoded once and used for up to 4 activation rows; threads split the
@@ -58,18 +61,19 @@ inline float half_at(const uint8_t* p) {
   return static_cast<float>(c10::Half(bits, c10::Half::from_bits()));
 }
 
-// The activations quantized: per row, int8 values (and their absolute values, for Q8_0's
-// sign trick), and per 32-block the scale dx and dx * sum(xq).
+// The activations quantized: per row, int16 values, and per 32-block the scale dx and
+// dx * sum(xq) (Q4_1's minimum multiplies it).
 struct Activations {
   int64_t rows, blocks;
-  std::vector<int8_t> q;
-  std::vector<uint8_t> abs;
+  std::vector<int16_t> q;
   std::vector<float> d, ds;
 };
 
+constexpr float kLevels = 32767.0f;
+
 template <typename T>
 Activations quantize_rows(const T* x, int64_t rows, int64_t k) {
-  Activations a{rows, k / kBlock, std::vector<int8_t>(rows * k), std::vector<uint8_t>(rows * k),
+  Activations a{rows, k / kBlock, std::vector<int16_t>(rows * k),
                 std::vector<float>(rows * (k / kBlock)), std::vector<float>(rows * (k / kBlock))};
   float values[kBlock];
   for (int64_t r = 0; r < rows; ++r) {
@@ -80,15 +84,13 @@ Activations quantize_rows(const T* x, int64_t rows, int64_t k) {
         values[i] = static_cast<float>(src[i]);
         amax = std::max(amax, std::fabs(values[i]));
       }
-      const float d = amax / 127.0f;
+      const float d = amax / kLevels;
       const float inv = d > 0.0f ? 1.0f / d : 0.0f;
       int32_t sum = 0;
-      int8_t* q = a.q.data() + r * k + b * kBlock;
-      uint8_t* abs = a.abs.data() + r * k + b * kBlock;
+      int16_t* q = a.q.data() + r * k + b * kBlock;
       for (int64_t i = 0; i < kBlock; ++i) {
         const int32_t v = static_cast<int32_t>(std::nearbyint(values[i] * inv));
-        q[i] = static_cast<int8_t>(v);
-        abs[i] = static_cast<uint8_t>(v < 0 ? -v : v);
+        q[i] = static_cast<int16_t>(v);
         sum += v;
       }
       a.d[r * a.blocks + b] = d;
@@ -99,21 +101,74 @@ Activations quantize_rows(const T* x, int64_t rows, int64_t k) {
 }
 
 #if defined(__AVX2__)
-// 32 unsigned bytes times 32 signed bytes, summed in groups of four into 8 int32 lanes.
-inline __m256i dot_u8s8(__m256i u, __m256i s) {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, s);
-#elif defined(__AVXVNNI__)
-  return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), u, s);
-#else
-  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
-#endif
-}
-
 inline float hsum(__m256 v) {
   const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
   return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+}
+
+// A block's 32 weights as bytes in order: Q8_0's signed values, or the 4-bit ones (0..15).
+template <int64_t TYPE>
+inline __m256i weight_bytes(const uint8_t* blk) {
+  if constexpr (TYPE == kQ8_0) {
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
+  } else {
+    const __m128i low4 = _mm_set1_epi8(0x0F);
+    const __m128i packed =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (TYPE == kQ4_0 ? 2 : 4)));
+    const __m128i lo = _mm_and_si128(packed, low4);
+    const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
+    return _mm256_set_m128i(hi, lo);  // values 0..15 then 16..31
+  }
+}
+#endif
+
+#if defined(__AVX512BW__)
+using Acc = __m512;
+inline Acc acc_zero() { return _mm512_setzero_ps(); }
+inline float acc_sum(Acc v) { return _mm512_reduce_add_ps(v); }
+// The block's weights as 32 int16 (Q4_0's offset of 8 taken off).
+template <int64_t TYPE>
+inline __m512i weight_words(const uint8_t* blk) {
+  const __m256i bytes = weight_bytes<TYPE>(blk);
+  if constexpr (TYPE == kQ8_0) return _mm512_cvtepi8_epi16(bytes);
+  const __m512i words = _mm512_cvtepu8_epi16(bytes);
+  if constexpr (TYPE == kQ4_0) return _mm512_sub_epi16(words, _mm512_set1_epi16(8));
+  return words;
+}
+// acc += (w . xq) * scale, the 32 products summed pairwise into 16 int32 lanes.
+inline Acc block_dot(Acc acc, __m512i w, const int16_t* xq, float scale) {
+  const __m512i dot = _mm512_madd_epi16(w, _mm512_loadu_si512(xq));
+  return _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(scale), acc);
+}
+#elif defined(__AVX2__)
+using Acc = __m256;
+inline Acc acc_zero() { return _mm256_setzero_ps(); }
+inline float acc_sum(Acc v) { return hsum(v); }
+struct Words {
+  __m256i lo, hi;
+};
+template <int64_t TYPE>
+inline Words weight_words(const uint8_t* blk) {
+  const __m256i bytes = weight_bytes<TYPE>(blk);
+  const __m128i b0 = _mm256_castsi256_si128(bytes), b1 = _mm256_extracti128_si256(bytes, 1);
+  Words w;
+  if constexpr (TYPE == kQ8_0) {
+    w = {_mm256_cvtepi8_epi16(b0), _mm256_cvtepi8_epi16(b1)};
+  } else {
+    w = {_mm256_cvtepu8_epi16(b0), _mm256_cvtepu8_epi16(b1)};
+    if constexpr (TYPE == kQ4_0) {
+      const __m256i eight = _mm256_set1_epi16(8);
+      w = {_mm256_sub_epi16(w.lo, eight), _mm256_sub_epi16(w.hi, eight)};
+    }
+  }
+  return w;
+}
+inline Acc block_dot(Acc acc, Words w, const int16_t* xq, float scale) {
+  const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq));
+  const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 16));
+  const __m256i dot = _mm256_add_epi32(_mm256_madd_epi16(w.lo, x0), _mm256_madd_epi16(w.hi, x1));
+  return _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc);
 }
 #endif
 
@@ -124,55 +179,33 @@ void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, 
   const int64_t nb = a.blocks;
   float corr[MT] = {};
 #if defined(__AVX2__)
-  __m256 acc[MT];
-  for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
-  const __m128i low4 = _mm_set1_epi8(0x0F);
+  Acc acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = acc_zero();
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = wrow + b * bytes;
     const float d = half_at(blk);
-    if constexpr (TYPE == kQ8_0) {
-      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
-      for (int m = 0; m < MT; ++m) {
-        const int64_t at = (r0 + m) * k + b * kBlock;
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + at));
-        const __m256i xa = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.abs.data() + at));
-        const __m256i dot = dot_u8s8(xa, _mm256_sign_epi8(w, xq));
-        const float scale = d * a.d[(r0 + m) * nb + b];
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(scale), acc[m]);
-      }
-    } else {
-      const float c = TYPE == kQ4_0 ? -8.0f * d : half_at(blk + 2);
-      const __m128i packed =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (TYPE == kQ4_0 ? 2 : 4)));
-      const __m128i lo = _mm_and_si128(packed, low4);
-      const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
-      const __m256i w = _mm256_set_m128i(hi, lo);  // values 0..15 then 16..31
-      for (int m = 0; m < MT; ++m) {
-        const int64_t at = (r0 + m) * k + b * kBlock;
-        const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q.data() + at));
-        const __m256i dot = dot_u8s8(w, xq);
-        const int64_t ab = (r0 + m) * nb + b;
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(d * a.d[ab]), acc[m]);
-        corr[m] += c * a.ds[ab];
-      }
+    const auto w = weight_words<TYPE>(blk);
+    for (int m = 0; m < MT; ++m) {
+      const int64_t ab = (r0 + m) * nb + b;
+      acc[m] = block_dot(acc[m], w, a.q.data() + (r0 + m) * k + b * kBlock, d * a.d[ab]);
+      if constexpr (TYPE == kQ4_1) corr[m] += half_at(blk + 2) * a.ds[ab];
     }
   }
-  for (int m = 0; m < MT; ++m) y[m] = hsum(acc[m]) + corr[m];
+  for (int m = 0; m < MT; ++m) y[m] = acc_sum(acc[m]) + corr[m];
 #else
   float acc[MT] = {};
   int32_t w[kBlock];
   for (int64_t b = 0; b < nb; ++b) {
     const uint8_t* blk = wrow + b * bytes;
     const float d = half_at(blk);
-    float c = 0.0f;
     if constexpr (TYPE == kQ8_0) {
       for (int64_t i = 0; i < kBlock; ++i) w[i] = static_cast<int8_t>(blk[2 + i]);
     } else {
-      c = TYPE == kQ4_0 ? -8.0f * d : half_at(blk + 2);
+      const int32_t offset = TYPE == kQ4_0 ? 8 : 0;
       const uint8_t* qs = blk + (TYPE == kQ4_0 ? 2 : 4);
       for (int64_t i = 0; i < 16; ++i) {
-        w[i] = qs[i] & 0x0F;
-        w[i + 16] = qs[i] >> 4;
+        w[i] = (qs[i] & 0x0F) - offset;
+        w[i + 16] = (qs[i] >> 4) - offset;
       }
     }
     for (int m = 0; m < MT; ++m) {
@@ -181,7 +214,7 @@ void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, 
       for (int64_t i = 0; i < kBlock; ++i) dot += w[i] * a.q[at + i];
       const int64_t ab = (r0 + m) * nb + b;
       acc[m] += d * a.d[ab] * static_cast<float>(dot);
-      corr[m] += c * a.ds[ab];
+      if constexpr (TYPE == kQ4_1) corr[m] += half_at(blk + 2) * a.ds[ab];
     }
   }
   for (int m = 0; m < MT; ++m) y[m] = acc[m] + corr[m];
@@ -353,10 +386,8 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t k,
 
 // The instruction set the integer dot products use in this build (for the tests and logs).
 std::string isa() {
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  return "avx512_vnni";
-#elif defined(__AVXVNNI__)
-  return "avx_vnni";
+#if defined(__AVX512BW__)
+  return "avx512bw";
 #elif defined(__AVX2__)
   return "avx2";
 #else

@@ -2,8 +2,8 @@
 own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1, bf16 and fp32
 activations, 1..33 rows, an odd number of outputs, the native build and the forced AVX2 one.
 
-The kernel quantizes each activation row to int8 per 32-block (llama.cpp's scheme), so two
-references: the exact one quantizes the activations the same way (fp32 ``amax / 127``, round
+The kernel quantizes each activation row to int16 per 32-block, so two references: the
+exact one quantizes the activations the same way (fp32 ``amax / 32767``, round
 half to even) and must match to fp32 summation error; the plain one takes the activations as
 they are, and the difference must stay within the bound the activation rounding allows,
 ``sum_b dx_b / 2 * sum_i |w_bi|`` per output.
@@ -63,9 +63,9 @@ def _linear(kernels: ModuleType, qtype: Q, blocks: np.ndarray) -> QuantizedLinea
 
 
 def _quantized_activations(x: np.ndarray) -> np.ndarray:
-    """``x`` (fp32) as the kernel sees it: int8 per 32-block times the block's fp32 scale."""
+    """``x`` (fp32) as the kernel sees it: int16 per 32-block times the block's fp32 scale."""
     blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(127)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(32767)
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     quantized: np.ndarray = np.rint(blocks * inv) * d.astype(np.float64)
     return quantized.reshape(x.shape)
@@ -73,7 +73,7 @@ def _quantized_activations(x: np.ndarray) -> np.ndarray:
 
 def _activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
     """Per output, the most the activation rounding can move it: sum_b dx_b/2 * sum |w_b|."""
-    half_step = np.abs(x.reshape(x.shape[0], -1, 32)).max(-1) / 127 / 2  # [M, blocks]
+    half_step = np.abs(x.reshape(x.shape[0], -1, 32)).max(-1) / 32767 / 2  # [M, blocks]
     weight = np.abs(w.reshape(w.shape[0], -1, 32)).sum(-1)  # [N, blocks]
     bound: np.ndarray = half_step @ weight.T
     return bound
