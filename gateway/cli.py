@@ -143,6 +143,7 @@ def serve(settings: Settings) -> None:
                 model=settings.model,
                 revision=settings.revision,
                 dtype=settings.dtype,
+                gguf_dequantize=settings.gguf_dequantize,
                 threads=settings.threads or serving_threads(),
                 max_num_seqs=settings.max_num_seqs,
                 max_num_batched_tokens=settings.max_num_batched_tokens,

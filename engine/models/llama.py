@@ -13,6 +13,10 @@ the model holds one copy; other dtypes and devices keep their parameters and use
 
 LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
 an MLP whose gate/up an adapter in the step targets runs unfused that step.
+
+A GGUF model served quantized (`engine.gguf.quantized`) gives whole modules quantized weights
+instead (`quantized`: qkv and o, gate_up and down; the embedding, the lm_head): their
+forwards call `quantized_linear.QuantizedLinear`, and `pack_weights` leaves them alone.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
 from engine.models.moe import SparseMoE
 from engine.models.params import new_param
+from engine.models.quantized_linear import QuantizedLinear
 from engine.models.rope import rope_inv_freq, rope_tables, rotate
 
 __all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate"]
@@ -89,9 +94,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
         self.packed: dict[str, torch.Tensor] = {}
+        self.quantized: dict[str, QuantizedLinear] = {}  # "qkv" and "o", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
+        if self.quantized:
+            return
         self.packed = {"qkv": pl.pack(self.qkv_weight), "o": pl.pack(self.o_weight)}
         self.qkv_weight = self.o_weight = None
 
@@ -108,8 +116,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``residual`` plus the attention output (the output alone when it is None)."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
-        packed = self.packed
-        if packed:
+        packed, quantized = self.packed, self.quantized
+        if quantized:
+            qkv = quantized["qkv"].linear(x, self.qkv_bias)
+        elif packed:
             qkv = pl.linear(x, packed["qkv"], self.qkv_bias)
         else:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -127,7 +137,10 @@ class Attention(nn.Module):
             q.contiguous(), kv_cache, metadata, self.scale, window=self.window, softcap=self.softcap
         )
         out = out.reshape(tokens, -1)
-        if residual is None:
+        if quantized:
+            o = quantized["o"]
+            y = o.linear(out) if residual is None else o.linear_add(out, residual)
+        elif residual is None:
             y = pl.linear(out, packed["o"]) if packed else F.linear(out, self.o_weight)
         elif packed:
             y = pl.linear_add(out, packed["o"], residual)
@@ -148,9 +161,12 @@ class MLP(nn.Module):
         )
         self.down_weight: nn.Parameter | None = new_param(hidden, size, dtype=dtype, device=device)
         self.packed: dict[str, torch.Tensor] = {}
+        self.quantized: dict[str, QuantizedLinear] = {}  # "gate_up" and "down", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
+        if self.quantized:
+            return
         # Gate and up packed apart: SiLU and the product then run in the matmul epilogues.
         gate, up = self.gate_up_weight.chunk(2, dim=0)
         self.packed = {"gate": pl.pack(gate), "up": pl.pack(up), "down": pl.pack(self.down_weight)}
@@ -160,9 +176,12 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None = None
     ) -> torch.Tensor:
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
-        packed = self.packed
-        if not packed or (lora is not None and lora.touches("gate_up", "down")):
+        packed, quantized = self.packed, self.quantized
+        if not (packed or quantized) or (lora is not None and lora.touches("gate_up", "down")):
             return self._unfused(x, residual, lora)
+        if quantized:
+            hidden, down = quantized["gate_up"].swiglu(x), quantized["down"]
+            return down.linear(hidden) if residual is None else down.linear_add(hidden, residual)
         rows, x = x.shape[0], pl.pad(x)  # padded once for the chain, sliced at its end
         if self.gelu:
             gate = F.gelu(pl.linear(x, packed["gate"]), approximate="tanh")
@@ -177,8 +196,10 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
     ) -> torch.Tensor:
         """Gate and up as one output (each adapter's delta added before the activation)."""
-        packed = self.packed
-        if packed:
+        packed, quantized = self.packed, self.quantized
+        if quantized:
+            gate_up = quantized["gate_up"].linear(x)
+        elif packed:
             gate_up = torch.cat((pl.linear(x, packed["gate"]), pl.linear(x, packed["up"])), -1)
         else:
             gate_up = F.linear(x, self.gate_up_weight)
@@ -187,7 +208,12 @@ class MLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         hidden = gate * up
-        out = pl.linear(hidden, packed["down"]) if packed else F.linear(hidden, self.down_weight)
+        if quantized:
+            out = quantized["down"].linear(hidden)
+        elif packed:
+            out = pl.linear(hidden, packed["down"])
+        else:
+            out = F.linear(hidden, self.down_weight)
         if lora is not None:
             lora.add(out, hidden, "down")
         return out if residual is None else residual + out
@@ -264,6 +290,8 @@ class LlamaForCausalLM(nn.Module):
             for i in range(config.num_layers)
         ]
         self.lm_head_packed: torch.Tensor | None = None
+        self.embed_quantized: QuantizedLinear | None = None  # then embed_weight is None
+        self.lm_head_quantized: QuantizedLinear | None = None
 
     def pack_weights(self) -> None:
         """Prepack the matmul weights for oneDNN where that helps (bf16 on CPU), after loading.
@@ -271,11 +299,13 @@ class LlamaForCausalLM(nn.Module):
         The unpacked matmul weights are freed (an untied lm_head's too), so the parameters
         left are the embedding and the norms. A tied lm_head is the embedding, which the
         lookup still needs."""
-        if not pl.packing_helps(self.embed_weight):
+        if not pl.packing_helps(self.norm.weight):
             return
         for layer in self.layers:
             layer.attn.pack_weights()
             layer.mlp.pack_weights()
+        if self.lm_head_quantized is not None:
+            return
         self.lm_head_packed = pl.pack(self._lm_head_weight())
         self.lm_head_weight = None
 
@@ -299,7 +329,10 @@ class LlamaForCausalLM(nn.Module):
             )
             for i in range(self.num_rope_tables)
         ]
-        x = F.embedding(input_ids, self.embed_weight)
+        if self.embed_quantized is not None:
+            x = self.embed_quantized.embedding(input_ids, self.norm.weight.dtype)
+        else:
+            x = F.embedding(input_ids, self.embed_weight)
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         for i, (layer, kv_cache, rope) in enumerate(
@@ -310,7 +343,9 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head_packed is not None:
+        if self.lm_head_quantized is not None:
+            logits = self.lm_head_quantized.linear(hidden, float_out=True)
+        elif self.lm_head_packed is not None:
             logits = pl.linear(hidden, self.lm_head_packed).float()
         else:
             logits = F.linear(hidden, self._lm_head_weight()).float()
