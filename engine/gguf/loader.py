@@ -9,6 +9,9 @@ to the compute dtype. The file is memory-mapped and read tensor by tensor (see `
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import gc
 from pathlib import Path
 
 import torch
@@ -49,9 +52,23 @@ def load_gguf(
     blocks = load_gguf_weights(model, reader, unpermute, frozenset(types))
     if kernels is not None:
         attach(model, blocks, types, kernels)
-    del reader, blocks  # the memory map: its pages are no longer needed
+    del reader, blocks  # the memory map and the metadata's objects are no longer needed
+    _return_freed_memory()
     model.pack_weights()
     model.eval()
     header = repr(config).encode() + (b"\0quantized" if types else b"")
     identity = sampled_digest(header, [path], torch_dtype)
     return LoadedModel(model, config, tokenizer, identity, path, torch_dtype)
+
+
+def _return_freed_memory() -> None:
+    """Hand the reader's freed heap back to the OS. `GGUFReader` parses every metadata value
+    into numpy objects (SmolLM2's 49,152-token vocabulary: ~150 MB of them); freed, glibc keeps
+    most of that heap mapped: RSS after load 429 MB where 379 MB is live (measured)."""
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return
+    trim = getattr(ctypes.CDLL(name), "malloc_trim", None)  # glibc only
+    if trim is not None:
+        trim(0)
