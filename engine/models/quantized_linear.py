@@ -8,6 +8,11 @@ activations quantized to int8 per 32-block once per call and integer dot product
 llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
 rounded once after the fused epilogue (SwiGLU, a residual add).
 
+That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
+rows), and loses to a dense bf16 GEMM on prefill-sized batches. From `DENSE_ROWS` rows on, the
+weight is dequantized for the call into a scratch tensor and multiplied densely (its cost then
+shared by the rows). The threshold is measured (see `DENSE_ROWS`).
+
 Where the kernels cannot be built (no compiler, ``KVGATE_CPU_KERNELS=0``), `load` returns
 None and the GGUF loader dequantizes at load instead.
 """
@@ -19,6 +24,7 @@ from pathlib import Path
 from types import ModuleType
 
 import torch
+import torch.nn.functional as F
 
 import engine.native as native
 
@@ -27,6 +33,7 @@ BLOCK = 32  # weights per block, every type here
 # ggml type id -> bytes per block of 32 weights.
 BLOCK_BYTES = {8: 34, 2: 18, 3: 20}  # Q8_0, Q4_0, Q4_1
 TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1"}
+DENSE_ROWS = 64
 
 
 @functools.cache
@@ -60,20 +67,34 @@ class QuantizedLinear:
         self, x: torch.Tensor, bias: torch.Tensor | None = None, float_out: bool = False
     ) -> torch.Tensor:
         """``x @ W.T (+ bias)`` in ``x``'s dtype (fp32 with ``float_out``: logits)."""
+        if x.shape[0] >= DENSE_ROWS:
+            y = F.linear(x, self.dense(x.dtype), bias)
+            return y.float() if float_out else y
         return self._kernels.qlinear(  # type: ignore[no-any-return]
             x.contiguous(), self.blocks, self.qtype, bias, None, float_out
         )
 
     def linear_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + residual``."""
+        if x.shape[0] >= DENSE_ROWS:
+            return torch.addmm(residual, x, self.dense(x.dtype).t())
         return self._kernels.qlinear(  # type: ignore[no-any-return]
             x.contiguous(), self.blocks, self.qtype, None, residual, False
         )
 
     def swiglu(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's."""
+        if x.shape[0] >= DENSE_ROWS:
+            gate, up = F.linear(x, self.dense(x.dtype)).chunk(2, dim=-1)
+            return F.silu(gate).mul_(up)
         return self._kernels.qlinear_swiglu(  # type: ignore[no-any-return]
             x.contiguous(), self.blocks, self.qtype
+        )
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole weight dequantized, ``[out, in]`` in ``dtype`` (bf16 or fp32)."""
+        return self._kernels.dequantize(  # type: ignore[no-any-return]
+            self.blocks, self.qtype, self.in_features, dtype == torch.bfloat16
         )
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

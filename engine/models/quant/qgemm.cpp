@@ -349,44 +349,71 @@ torch::Tensor qlinear_swiglu(const torch::Tensor& x, const torch::Tensor& w, int
   return out;
 }
 
-// Rows `ids` of dequant(w), in bf16 or fp32: the embedding lookup.
-torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t k,
-                              const torch::Tensor& ids, bool bf16) {
+namespace {
+
+// One row of blocks dequantized into `out` (bf16 or fp32) from column 0.
+void dequantize_row(const uint8_t* row, int64_t type, int64_t k, const Output& out, int64_t at) {
+  const int64_t bytes = block_bytes(type);
+  float o[kBlock];
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const uint8_t* blk = row + b * bytes;
+    const float d = half_at(blk);
+    if (type == kQ8_0) {
+      for (int64_t j = 0; j < kBlock; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
+    } else {
+      const int32_t offset = type == kQ4_0 ? 8 : 0;
+      const float m = type == kQ4_0 ? 0.0f : half_at(blk + 2);
+      const uint8_t* qs = blk + (type == kQ4_0 ? 2 : 4);
+      for (int64_t j = 0; j < 16; ++j) {
+        o[j] = d * static_cast<float>((qs[j] & 0x0F) - offset) + m;
+        o[j + 16] = d * static_cast<float>((qs[j] >> 4) - offset) + m;
+      }
+    }
+    for (int64_t j = 0; j < kBlock; ++j) out.put(at + b * kBlock + j, o[j]);
+  }
+}
+
+void check_blocks(const torch::Tensor& w, int64_t type, int64_t k) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte,
               "qgemm: w must be contiguous uint8 blocks");
   TORCH_CHECK(k % kBlock == 0 && w.size(1) == k / kBlock * block_bytes(type),
               "qgemm: w's rows do not hold K values of this type");
+}
+
+}  // namespace
+
+// Rows `ids` of dequant(w), in bf16 or fp32: the embedding lookup.
+torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t k,
+                              const torch::Tensor& ids, bool bf16) {
+  check_blocks(w, type, k);
   const torch::Tensor idx = ids.to(at::kLong).contiguous().view(-1);
-  const int64_t count = idx.size(0), bytes = block_bytes(type);
-  torch::Tensor values = torch::empty({count, k}, torch::dtype(at::kFloat));
+  const int64_t count = idx.size(0);
   const int64_t* ip = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
     TORCH_CHECK(ip[i] >= 0 && ip[i] < w.size(0), "qgemm: row id out of range");
   }
+  torch::Tensor out = torch::empty({count, k}, torch::dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const Output o{out.data_ptr(), bf16};
+  const uint8_t* wp = w.data_ptr<uint8_t>();
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      const uint8_t* row = w.data_ptr<uint8_t>() + ip[i] * w.size(1);
-      float* dst = values.data_ptr<float>() + i * k;
-      for (int64_t b = 0; b < k / kBlock; ++b) {
-        const uint8_t* blk = row + b * bytes;
-        const float d = half_at(blk);
-        float* o = dst + b * kBlock;
-        if (type == kQ8_0) {
-          for (int64_t j = 0; j < kBlock; ++j) o[j] = d * static_cast<int8_t>(blk[2 + j]);
-        } else {
-          const float m = type == kQ4_0 ? -8.0f * d : half_at(blk + 2);
-          const uint8_t* qs = blk + (type == kQ4_0 ? 2 : 4);
-          for (int64_t j = 0; j < 16; ++j) {
-            o[j] = d * static_cast<float>(qs[j] & 0x0F) + m;
-            o[j + 16] = d * static_cast<float>(qs[j] >> 4) + m;
-          }
-        }
-      }
-    }
+    for (int64_t i = begin; i < end; ++i) dequantize_row(wp + ip[i] * w.size(1), type, k, o, i * k);
   });
   std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
   shape.push_back(k);
-  return (bf16 ? values.to(at::kBFloat16) : values).reshape(shape);
+  return out.reshape(shape);
+}
+
+// All of dequant(w), [N, k] in bf16 or fp32: the dense weight a prefill-sized product uses.
+torch::Tensor dequantize(const torch::Tensor& w, int64_t type, int64_t k, bool bf16) {
+  check_blocks(w, type, k);
+  const int64_t rows = w.size(0);
+  torch::Tensor out = torch::empty({rows, k}, torch::dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  const Output o{out.data_ptr(), bf16};
+  const uint8_t* wp = w.data_ptr<uint8_t>();
+  at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) dequantize_row(wp + i * w.size(1), type, k, o, i * k);
+  });
+  return out;
 }
 
 // The instruction set the integer dot products use in this build (for the tests and logs).
@@ -404,5 +431,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear", &qlinear, "x @ dequant(w).T (+ bias) (+ residual)");
   m.def("qlinear_swiglu", &qlinear_swiglu, "silu(x @ gate.T) * (x @ up.T)");
   m.def("dequantize_rows", &dequantize_rows, "rows of dequant(w): an embedding lookup");
+  m.def("dequantize", &dequantize, "all of dequant(w)");
   m.def("isa", &isa, "the dot-product instructions of this build");
 }

@@ -157,3 +157,33 @@ def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
     layer = _linear(kernels, Q.Q4_1, blocks)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         layer.linear(torch.randn(2, IN - 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_prefill_sized_batches_multiply_the_dequantized_weight(
+    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+) -> None:
+    """From DENSE_ROWS rows on: the weight dequantized (as gguf does) and a dense product.
+    bf16: the dequantized weight is rounded to bf16 (2^-8 relative per value: up to 2^-8 of
+    sum |x||w|), and the result once or twice more (the product, the epilogue)."""
+    blocks, w = _weight(qtype)
+    layer = _linear(kernels, qtype, blocks)
+    assert torch.equal(layer.dense(dtype), torch.from_numpy(w).to(dtype))
+    rows = ql.DENSE_ROWS + 5
+    x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x64 = x.double().numpy()
+    scale = np.abs(x64) @ np.abs(w).T
+    step = 2**-8 if dtype == torch.bfloat16 else 1e-6
+
+    def close(got: torch.Tensor, want: np.ndarray, magnitude: np.ndarray) -> None:
+        tol = step * (magnitude + 2 * np.abs(want)) + 1e-6
+        assert (np.abs(got.double().numpy() - want) <= tol).all()
+
+    plain = x64 @ w.T
+    close(layer.linear(x), plain, scale)
+    residual = torch.randn(rows, OUT).to(dtype)
+    close(layer.linear_add(x, residual), plain + residual.double().numpy(), scale)
+    gate = torch.from_numpy(plain)
+    swiglu = (F.silu(gate) * gate).numpy()
+    close(concat([layer, layer]).swiglu(x), swiglu, scale * (1 + 2 * np.abs(plain)))
