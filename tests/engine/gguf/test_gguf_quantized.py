@@ -21,6 +21,7 @@ from gguf_files import Q, folder_to_gguf
 import engine.native as native
 from engine import LLM, SamplingParams
 from engine.gguf.loader import load_gguf
+from engine.lora import LoRARequest
 from engine.models import quantized_linear
 from engine.models.llama import LlamaForCausalLM
 
@@ -92,3 +93,29 @@ def test_dequantize_and_disabled_kernels_both_load_dense(
 def test_the_two_paths_are_two_model_identities(quantized_file: Path) -> None:
     ids = {load_gguf(quantized_file, "float32", dequantize=d).model_id for d in (False, True)}
     assert len(ids) == 2
+
+
+def test_lora_adapters_on_quantized_weights_give_the_dequantized_tokens(
+    quantized_file: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Adapters add to the quantized products' outputs; an MLP an adapter targets runs its
+    gate/up and down unfused, on the blocks too."""
+    pytest.importorskip("peft")
+    from tests.lora_adapters import ADAPTER_A, ADAPTER_B, make_adapter
+
+    adapters = {
+        "a": make_adapter(tiny_model_dir, tmp_path / "a", **ADAPTER_A),  # type: ignore[arg-type]
+        "b": make_adapter(tiny_model_dir, tmp_path / "b", **ADAPTER_B),  # type: ignore[arg-type]
+    }
+    names = ["a", None, "b"]
+    answers = []
+    for dequantize in (False, True):
+        llm = LLM(
+            str(quantized_file), dtype="float32", kv_cache_memory="8MiB", enable_lora=True,
+            gguf_dequantize=dequantize,
+        )  # fmt: skip
+        requests = [None if n is None else LoRARequest(n, str(adapters[n])) for n in names]
+        outputs = llm.generate(PROMPTS + PROMPTS[:1], SamplingParams(max_tokens=8, temperature=0),
+                               lora_request=requests)  # fmt: skip
+        answers.append([o.token_ids for o in outputs])
+    assert answers[0] == answers[1]
