@@ -1,10 +1,10 @@
-"""A GGUF file in kvgate vs llama.cpp (its Python bindings, `llama-cpp-python`) and
+"""A GGUF file in kvgate (weights kept quantized, and dequantized at load) vs llama.cpp (its Python bindings, `llama-cpp-python`) and
 transformers' own GGUF loader, in one run: load time, resident memory, single-stream decode,
 8 concurrent streams and a 1,000-token time to first token.
 
     python benchmarks/gguf.py [FILE.gguf] [--as bf16|q8_0] [--dtype bfloat16|float32]
                               [--tokens 128] [--threads 2] [--repeat 3]
-                              [--engines kvgate,llama.cpp,transformers]
+                              [--engines kvgate,kvgate-dequantized,llama.cpp,transformers]
 
 FILE defaults to the SmolLM2-135M-Instruct Q4_1 file (`kvgate fetch-model smollm2`). `--as`
 first rewrites it with llama.cpp's own quantizer (`llama_model_quantize`, requantizing allowed)
@@ -14,7 +14,8 @@ install llama-cpp-python`, ~8 min on 2 cores).
 
 Each engine runs in a fresh process of its own, so its memory figures are its own:
 - RSS after load: the engine ready to serve, its KV cache included (kvgate 64 MiB;
-  llama.cpp a 2,048-token context in f16, 47 MB for SmolLM2), peak over the whole run;
+  llama.cpp a 2,048-token context in f16, 47 MB for SmolLM2); the load's peak (VmHWM then,
+  imports included) and the peak over the whole run;
 - decode tok/s: one chat prompt generating `--tokens` new tokens less a 1-token run;
 - 8 streams: 8 chat prompts x `--tokens` new tokens, total tok/s. kvgate batches them
   (`LLM.generate`); llama.cpp's server (`llama_cpp.server`) takes one request at a time, so
@@ -47,25 +48,29 @@ CHATS = [
     "How do vaccines train the immune system?",
     "Summarize the plot of a heist movie you invent.",
 ]
-ENGINES = ("kvgate", "llama.cpp", "transformers")
+ENGINES = ("kvgate", "kvgate-dequantized", "llama.cpp", "transformers")
 # Run in a fresh interpreter per engine: prints one JSON line of figures.
 WORKER = r"""
 import json, random, resource, sys, time
 
-def rss_mb():
+def rss_mb(key="VmRSS"):
     for line in open("/proc/self/status"):
-        if line.startswith("VmRSS:"):
+        if line.startswith(key + ":"):
             return int(line.split()[1]) / 1024
 
 engine, path, dtype, tokens, threads, repeat, chats = sys.argv[1:8]
 tokens, threads, repeat, chats = int(tokens), int(threads), int(repeat), json.loads(chats)
-base = rss_mb()
-start = time.perf_counter()
-if engine == "kvgate":
+if engine.startswith("kvgate"):
     import torch
     torch.set_num_threads(threads)
     from engine import LLM, SamplingParams
-    llm = LLM(path, dtype=dtype, kv_cache_memory="64MiB", threads=threads)
+    from engine.models import gemm, quantized_linear
+    gemm.load(), quantized_linear.load()  # built (or loaded) first: not the file's load
+base = rss_mb()
+start = time.perf_counter()
+if engine.startswith("kvgate"):
+    llm = LLM(path, dtype=dtype, kv_cache_memory="64MiB", threads=threads,
+              gguf_dequantize=engine == "kvgate-dequantized")
     load = time.perf_counter() - start
     prompts = [llm.tokenizer.encode_chat([{"role": "user", "content": c}]) for c in chats]
     vocab = llm.tokenizer.vocab_size
@@ -116,7 +121,7 @@ else:
                 model.generate(torch.tensor([prompt]), max_new_tokens=new, min_new_tokens=new,
                                do_sample=False)
     streams = None
-after_load = rss_mb()
+after_load, load_peak = rss_mb(), rss_mb("VmHWM")
 
 def timed(fn, *args):
     start = time.perf_counter()
@@ -124,7 +129,7 @@ def timed(fn, *args):
     return time.perf_counter() - start
 
 generate(prompts[:1], tokens)  # warm-up
-figures = {"load_s": load, "base_mb": base, "after_load_mb": after_load}
+figures = {"load_s": load, "base_mb": base, "after_load_mb": after_load, "load_peak_mb": load_peak}
 decode = min(timed(generate, prompts[:1], tokens) - timed(generate, prompts[:1], 1)
              for _ in range(repeat))
 figures["tok_s"] = (tokens - 1) / decode
@@ -202,14 +207,16 @@ def main() -> None:
     print(describe_cpu())
     print(f"{path.name} ({path.stat().st_size / 1e6:.0f} MB), {args.dtype}, {args.threads} threads")
     results = {engine: measure(engine, path, args) for engine in engines}
-    header = ("load s", "RSS base", "after load", "peak", "decode tok/s", "8 streams", "TTFT ms")
-    print(f"{'':14}" + "".join(f"{h:>13}" for h in header))
+    header = ("load s", "RSS base", "after load", "load peak", "run peak", "decode tok/s")
+    header += ("8 streams", "TTFT ms")
+    print(f"{'':19}" + "".join(f"{h:>13}" for h in header))
     for engine, r in results.items():
-        row = (r["load_s"], r["base_mb"], r["after_load_mb"], r["peak_mb"], r["tok_s"])
+        row = (r["load_s"], r["base_mb"], r["after_load_mb"], r["load_peak_mb"], r["peak_mb"])
+        row += (r["tok_s"],)
         cells = [f"{x:13.1f}" for x in row]
         cells.append(f"{r['streams8_tok_s']:13.1f}" if "streams8_tok_s" in r else f"{'-':>13}")
         cells.append(f"{r['ttft_ms']:13.0f}")
-        print(f"{engine:14}" + "".join(cells))
+        print(f"{engine:19}" + "".join(cells))
     ours = results.get("kvgate")
     for peer, theirs in results.items():
         if ours is None or peer == "kvgate":

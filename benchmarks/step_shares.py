@@ -21,10 +21,11 @@ import torch
 
 from engine import LLM
 from engine.models import gemm
+from engine.models.quantized_linear import QuantizedLinear
 
 # The matmul weight handles the models call, and their methods.
-HANDLES: list[type] = [gemm.NativeLinear, gemm.OneDnnLinear, gemm.PlainLinear]
-METHODS = ("linear", "linear_add", "linear_gated")
+HANDLES: list[type] = [gemm.NativeLinear, gemm.OneDnnLinear, gemm.PlainLinear, QuantizedLinear]
+METHODS = ("linear", "linear_add", "linear_gated", "swiglu")
 
 
 @dataclass
@@ -89,7 +90,9 @@ def measured(llm: LLM) -> Iterator[StepShares]:
     time is the denominator. One replica steps at a time in an offline `LLM` (its caller's
     thread), so the timers never overlap."""
     shares = StepShares()
-    originals = {(cls, name): getattr(cls, name) for cls in HANDLES for name in METHODS}
+    originals = {
+        (cls, name): getattr(cls, name) for cls in HANDLES for name in METHODS if hasattr(cls, name)
+    }
     runners = [replica.runner for replica in llm.core.replicas]
     backends = [runner.backend for runner in runners]
     for (cls, name), fn in originals.items():

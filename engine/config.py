@@ -35,6 +35,7 @@ class EngineConfig:
     model: str | None = None  # folder, .gguf file, fetchable name or Hub id; None = tiny model
     revision: str | None = None  # of a Hub id: branch, tag or commit (None = main)
     dtype: str = "auto"  # auto | float32 | bfloat16 (auto: see choose_dtype)
+    gguf_dequantize: bool = False  # a GGUF's quantized weights dequantized at load (else kept)
     kv_cache_dtype: str = "auto"  # auto | float32 | bfloat16 | fp8
     kv_cache_memory: int | str | None = None  # bytes ("256MiB" too); None = a share of free memory
     kv_cache_memory_fraction: float = 0.1  # of free memory, when kv_cache_memory is None

@@ -65,7 +65,9 @@ class EngineCore:
             path = resolve_model(config.model, config.revision)
         threads = apply_threads(config.threads) if self.device.type == "cpu" else None
         dtype = choose_dtype(config.dtype, self.device.type)
-        loaded = load_model_at(path, dtype.name, self.device, config.max_model_len)
+        loaded = load_model_at(
+            path, dtype.name, self.device, config.max_model_len, config.gguf_dequantize
+        )
         if threads is not None:
             log_threads(threads)
         log_dtype_choice("dtype", dtype)

@@ -41,10 +41,12 @@ def load_model_at(
     dtype: str | torch.dtype = "auto",
     device: str | torch.device = "cpu",
     max_model_len: int | None = None,
+    gguf_dequantize: bool = False,
 ) -> LoadedModel:
-    """A `.gguf` file through `engine.gguf`, a folder through `engine.loader`."""
+    """A `.gguf` file through `engine.gguf` (``gguf_dequantize``: no weight kept quantized), a
+    folder through `engine.loader`."""
     if path.is_file():
         from engine.gguf.loader import load_gguf  # gguf's reader, only for GGUF files
 
-        return load_gguf(path, dtype, device, max_model_len)
+        return load_gguf(path, dtype, device, max_model_len, gguf_dequantize)
     return load_model(path, dtype, device, max_model_len)

@@ -168,6 +168,7 @@ def engine_config(settings: Settings, threads: int) -> Any:
         model=settings.model,
         revision=settings.revision,
         dtype=settings.dtype,
+        gguf_dequantize=settings.gguf_dequantize,
         threads=threads,
         max_num_seqs=settings.max_num_seqs,
         max_num_batched_tokens=settings.max_num_batched_tokens,

@@ -149,6 +149,12 @@ class Settings:
         doc="`auto` (bf16 where the CPU computes it natively, or on GPU, else fp32), `float32`, "
         "`bfloat16`",
     )
+    gguf_dequantize: bool = flag(
+        False,
+        "dequantize a GGUF's Q8_0/Q4_0/Q4_1 weights at load",
+        doc="dequantize a `.gguf` model's Q8_0/Q4_0/Q4_1 weights to `--dtype` at load; by default "
+        "they stay quantized on CPU (less memory, faster decode: see `engine/gguf/quantized.py`)",
+    )
     threads: int = flag(
         0,
         "CPU compute threads",

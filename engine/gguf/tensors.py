@@ -1,4 +1,5 @@
-"""A GGUF file's tensors into the engine's parameters, dequantized to the model dtype at load.
+"""A GGUF file's tensors into the engine's parameters, dequantized to the model dtype at load,
+or (the tensors named in `keep`) copied as the file's quantized blocks (`engine.gguf.quantized`).
 
 The file is memory-mapped (`GGUFReader`) and read one tensor at a time, in slices of at most
 `CHUNK_VALUES` values, each dequantized with the `gguf` package's numpy dequantizers and copied
@@ -68,8 +69,17 @@ def unpermute_rows(rows: np.ndarray[Any, Any], head_dim: int) -> np.ndarray[Any,
     return split.swapaxes(1, 2).reshape(rows.shape)
 
 
-def load_gguf_weights(model: LlamaForCausalLM, reader: GGUFReader, unpermute_qk: bool) -> None:
+def load_gguf_weights(
+    model: LlamaForCausalLM,
+    reader: GGUFReader,
+    unpermute_qk: bool,
+    keep: frozenset[str] = frozenset(),
+) -> dict[str, torch.Tensor]:
+    """Fill the model's slots; the GGUF tensors named in ``keep`` are not dequantized but
+    returned, by GGUF name, as their blocks (``uint8 [rows, bytes per row]``, q/k rows
+    unpermuted), their slots left for `engine.gguf.quantized.attach` to release."""
     slots = model.hf_weight_slots()
+    kept: dict[str, torch.Tensor] = {}
     head_dim = model.config.head_dim
     seen: set[str] = set()
     for tensor in reader.tensors:
@@ -92,10 +102,23 @@ def load_gguf_weights(model: LlamaForCausalLM, reader: GGUFReader, unpermute_qk:
                 f"expected {list(slot.shape)}, got {list(shape)}"
             )
         permuted = unpermute_qk and tensor.name.endswith(("attn_q.weight", "attn_k.weight"))
-        target = slot.param[slot.start : slot.start + shape[0]]
-        _copy_dequantized(tensor, target, head_dim if permuted else 0)
+        if tensor.name in keep:
+            kept[tensor.name] = _blocks(tensor, head_dim if permuted else 0)
+        else:
+            target = slot.param[slot.start : slot.start + shape[0]]
+            _copy_dequantized(tensor, target, head_dim if permuted else 0)
         seen.add(name)
     check_all_loaded(slots, seen, "the GGUF file")
+    return kept
+
+
+def _blocks(tensor: ReaderTensor, head_dim: int) -> torch.Tensor:
+    """The tensor's quantized rows copied out of the memory map (one tensor at a time: the
+    map's pages are the file's, shared and dropped with the reader)."""
+    rows = tensor.data.view(np.ndarray)
+    if head_dim:
+        rows = unpermute_rows(rows, head_dim)
+    return torch.from_numpy(np.array(rows, dtype=np.uint8, order="C", copy=True))
 
 
 def _copy_dequantized(tensor: ReaderTensor, target: torch.Tensor, head_dim: int) -> None:

@@ -14,6 +14,10 @@ their parameters and use `F.linear`.
 
 LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
 an MLP whose gate/up an adapter in the step targets runs unfused that step.
+
+A GGUF model served quantized (`engine.gguf.quantized`) gives whole modules quantized weights
+instead (`quantized`: qkv and o, gate_up and down; the embedding, the lm_head): their
+forwards call `quantized_linear.QuantizedLinear`, and `pack_weights` leaves them alone.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
 from engine.models.moe import SparseMoE
 from engine.models.params import new_param
+from engine.models.quantized_linear import QuantizedLinear
 from engine.models.rope import rope_inv_freq, rope_tables, rotate
 
 __all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate"]
@@ -90,9 +95,12 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
         self.packed: dict[str, gemm.LinearWeight] = {}
+        self.quantized: dict[str, QuantizedLinear] = {}  # "qkv" and "o", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
+        if self.quantized:
+            return
         self.packed = {"qkv": gemm.pack(self.qkv_weight), "o": gemm.pack(self.o_weight)}
         self.qkv_weight = self.o_weight = None
 
@@ -109,8 +117,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``residual`` plus the attention output (the output alone when it is None)."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
-        packed = self.packed
-        if packed:
+        packed, quantized = self.packed, self.quantized
+        if quantized:
+            qkv = quantized["qkv"].linear(x, self.qkv_bias)
+        elif packed:
             qkv = packed["qkv"].linear(x, self.qkv_bias)
         else:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -128,7 +138,10 @@ class Attention(nn.Module):
             q.contiguous(), kv_cache, metadata, self.scale, window=self.window, softcap=self.softcap
         )
         out = out.reshape(tokens, -1)
-        if residual is None:
+        if quantized:
+            o = quantized["o"]
+            y = o.linear(out) if residual is None else o.linear_add(out, residual)
+        elif residual is None:
             y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:
             y = packed["o"].linear_add(out, residual)
@@ -149,9 +162,12 @@ class MLP(nn.Module):
         )
         self.down_weight: nn.Parameter | None = new_param(hidden, size, dtype=dtype, device=device)
         self.packed: dict[str, gemm.LinearWeight] = {}
+        self.quantized: dict[str, QuantizedLinear] = {}  # "gate_up" and "down", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
+        if self.quantized:
+            return
         # Gate and up as one pair: act(gate) * up runs in the matmul's epilogue.
         self.packed = {
             "gate_up": gemm.pack(self.gate_up_weight, gated=True),
@@ -163,9 +179,12 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None = None
     ) -> torch.Tensor:
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
-        packed = self.packed
-        if not packed or (lora is not None and lora.touches("gate_up", "down")):
+        packed, quantized = self.packed, self.quantized
+        if not (packed or quantized) or (lora is not None and lora.touches("gate_up", "down")):
             return self._unfused(x, residual, lora)
+        if quantized:
+            hidden, down = quantized["gate_up"].swiglu(x), quantized["down"]
+            return down.linear(hidden) if residual is None else down.linear_add(hidden, residual)
         hidden = packed["gate_up"].linear_gated(x, "gelu" if self.gelu else "silu")
         if residual is None:
             return packed["down"].linear(hidden)
@@ -175,8 +194,10 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
     ) -> torch.Tensor:
         """Gate and up as one output (each adapter's delta added before the activation)."""
-        packed = self.packed
-        if packed:
+        packed, quantized = self.packed, self.quantized
+        if quantized:
+            gate_up = quantized["gate_up"].linear(x)
+        elif packed:
             gate_up = packed["gate_up"].linear(x)
         else:
             gate_up = F.linear(x, self.gate_up_weight)
@@ -185,7 +206,12 @@ class MLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         hidden = gate * up
-        out = packed["down"].linear(hidden) if packed else F.linear(hidden, self.down_weight)
+        if quantized:
+            out = quantized["down"].linear(hidden)
+        elif packed:
+            out = packed["down"].linear(hidden)
+        else:
+            out = F.linear(hidden, self.down_weight)
         if lora is not None:
             lora.add(out, hidden, "down")
         return out if residual is None else residual + out
@@ -262,6 +288,8 @@ class LlamaForCausalLM(nn.Module):
             for i in range(config.num_layers)
         ]
         self.lm_head_packed: gemm.LinearWeight | None = None
+        self.embed_quantized: QuantizedLinear | None = None  # then embed_weight is None
+        self.lm_head_quantized: QuantizedLinear | None = None
 
     def pack_weights(self) -> None:
         """Prepack the matmul weights where that helps (bf16 and fp32 on CPU), after loading.
@@ -269,11 +297,13 @@ class LlamaForCausalLM(nn.Module):
         The unpacked matmul weights are freed (an untied lm_head's too), so the parameters
         left are the embedding and the norms. A tied lm_head is the embedding, which the
         lookup still needs."""
-        if not gemm.packs(self.embed_weight):
+        if not gemm.packs(self.norm.weight):
             return
         for layer in self.layers:
             layer.attn.pack_weights()
             layer.mlp.pack_weights()
+        if self.lm_head_quantized is not None:
+            return
         self.lm_head_packed = gemm.pack(self._lm_head_weight())
         self.lm_head_weight = None
 
@@ -297,7 +327,10 @@ class LlamaForCausalLM(nn.Module):
             )
             for i in range(self.num_rope_tables)
         ]
-        x = F.embedding(input_ids, self.embed_weight)
+        if self.embed_quantized is not None:
+            x = self.embed_quantized.embedding(input_ids, self.norm.weight.dtype)
+        else:
+            x = F.embedding(input_ids, self.embed_weight)
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         for i, (layer, kv_cache, rope) in enumerate(
@@ -308,7 +341,9 @@ class LlamaForCausalLM(nn.Module):
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        if self.lm_head_packed is not None:
+        if self.lm_head_quantized is not None:
+            logits = self.lm_head_quantized.linear(hidden, float_out=True)
+        elif self.lm_head_packed is not None:
             logits = self.lm_head_packed.linear(hidden).float()
         else:
             logits = F.linear(hidden, self._lm_head_weight()).float()

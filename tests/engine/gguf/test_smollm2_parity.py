@@ -1,6 +1,7 @@
 """The real SmolLM2-135M-Instruct GGUF (tests/real_model.py): kvgate's greedy answers, prompt
 tokens and rendered chat template equal transformers' own GGUF loader on the same file
-(dequantized, fp32)."""
+(dequantized, fp32), with the weights dequantized at load and kept quantized (int16
+activations per 32-block: see engine/models/quant/qgemm.cpp)."""
 
 from __future__ import annotations
 
@@ -41,9 +42,12 @@ def reference(gguf_file: Path) -> Iterator[tuple[Any, Any]]:
 
 
 @pytest.mark.slow  # two loads of a 135M model, 5 x 32 greedy tokens through transformers
-def test_greedy_answers_equal_transformers(gguf_file: Path, reference: tuple[Any, Any]) -> None:
+@pytest.mark.parametrize("dequantize", [True, False], ids=["dequantized", "quantized"])
+def test_greedy_answers_equal_transformers(
+    gguf_file: Path, reference: tuple[Any, Any], dequantize: bool
+) -> None:
     model, hf_tokenizer = reference
-    llm = LLM(str(gguf_file), dtype="float32", kv_cache_memory="32MiB")
+    llm = LLM(str(gguf_file), dtype="float32", kv_cache_memory="32MiB", gguf_dequantize=dequantize)
     chats = [[{"role": "user", "content": prompt}] for prompt in PROMPTS]
     prompts = [llm.tokenizer.encode_chat(chat) for chat in chats]
     outputs = llm.generate(prompts, SamplingParams(max_tokens=32, temperature=0))

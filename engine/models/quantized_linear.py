@@ -1,0 +1,115 @@
+"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1) kept quantized in memory.
+
+A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
+4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
+memory. `QuantizedLinear` keeps a ``[out, in]`` weight as the file's own blocks (one row of
+blocks per output feature, as llama.cpp lays them out) and computes with `quant/qgemm.cpp`:
+activations quantized to int8 per 32-block once per call and integer dot products, as
+llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
+rounded once after the fused epilogue (SwiGLU, a residual add).
+
+That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
+rows), and loses to a dense bf16 GEMM on prefill-sized batches. From `DENSE_ROWS` rows on, the
+weight is dequantized for the call into a scratch tensor and multiplied densely (its cost then
+shared by the rows). The threshold is measured (see `DENSE_ROWS`).
+
+Where the kernels cannot be built (no compiler, ``KVGATE_CPU_KERNELS=0``), `load` returns
+None and the GGUF loader dequantizes at load instead.
+"""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from types import ModuleType
+
+import torch
+import torch.nn.functional as F
+
+import engine.native as native
+
+SOURCES = [Path(__file__).with_name("quant") / "qgemm.cpp"]
+BLOCK = 32  # weights per block, every type here
+# ggml type id -> bytes per block of 32 weights.
+BLOCK_BYTES = {8: 34, 2: 18, 3: 20}  # Q8_0, Q4_0, Q4_1
+TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1"}
+DENSE_ROWS = 64
+
+
+@functools.cache
+def load() -> ModuleType | None:
+    """The compiled kernels, or None where they cannot be had."""
+    return native.build("qgemm", SOURCES)
+
+
+class QuantizedLinear:
+    """A ``[out_features, in_features]`` weight as GGUF blocks (``uint8 [out, in/32 * bytes]``)
+    of ggml type `qtype`, and the products the model takes of it."""
+
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, module: ModuleType):
+        if qtype not in BLOCK_BYTES:
+            raise ValueError(f"ggml type {qtype} is not one the quantized kernels compute")
+        if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[qtype]:
+            raise ValueError(
+                f"{TYPE_NAMES[qtype]} blocks {list(blocks.shape)} do not hold {in_features} inputs"
+            )
+        self.blocks = blocks.contiguous()
+        self.qtype = qtype
+        self.in_features = in_features
+        self.out_features = int(blocks.shape[0])
+        self._kernels = module
+
+    @property
+    def nbytes(self) -> int:
+        return self.blocks.numel()
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, float_out: bool = False
+    ) -> torch.Tensor:
+        """``x @ W.T (+ bias)`` in ``x``'s dtype (fp32 with ``float_out``: logits)."""
+        if x.shape[0] >= DENSE_ROWS:
+            y = F.linear(x, self.dense(x.dtype), bias)
+            return y.float() if float_out else y
+        return self._kernels.qlinear(  # type: ignore[no-any-return]
+            x.contiguous(), self.blocks, self.qtype, bias, None, float_out
+        )
+
+    def linear_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + residual``."""
+        if x.shape[0] >= DENSE_ROWS:
+            return torch.addmm(residual, x, self.dense(x.dtype).t())
+        return self._kernels.qlinear(  # type: ignore[no-any-return]
+            x.contiguous(), self.blocks, self.qtype, None, residual, False
+        )
+
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's."""
+        if x.shape[0] >= DENSE_ROWS:
+            gate, up = F.linear(x, self.dense(x.dtype)).chunk(2, dim=-1)
+            return F.silu(gate).mul_(up)
+        return self._kernels.qlinear_swiglu(  # type: ignore[no-any-return]
+            x.contiguous(), self.blocks, self.qtype
+        )
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        """The whole weight dequantized, ``[out, in]`` in ``dtype`` (bf16 or fp32)."""
+        return self._kernels.dequantize(  # type: ignore[no-any-return]
+            self.blocks, self.qtype, self.in_features, dtype == torch.bfloat16
+        )
+
+    def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows ``ids`` of the dequantized weight (an embedding table's lookup)."""
+        if dtype not in (torch.bfloat16, torch.float32):
+            raise ValueError(f"quantized embeddings are looked up in bf16 or fp32, not {dtype}")
+        return self._kernels.dequantize_rows(  # type: ignore[no-any-return]
+            self.blocks, self.qtype, self.in_features, ids, dtype == torch.bfloat16
+        )
+
+
+def concat(parts: list[QuantizedLinear]) -> QuantizedLinear:
+    """The weights one above the other (q/k/v, gate/up): one product for all of them."""
+    first = parts[0]
+    if any(p.qtype != first.qtype or p.in_features != first.in_features for p in parts):
+        raise ValueError("only weights of one type and input size are concatenated")
+    blocks = torch.cat([p.blocks for p in parts])
+    return QuantizedLinear(blocks, first.qtype, first.in_features, first._kernels)

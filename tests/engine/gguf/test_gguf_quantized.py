@@ -1,0 +1,121 @@
+"""GGUF weights served quantized (`engine.gguf.quantized`): the engine's tiny Llama written
+as Q8_0/Q4_0/Q4_1 files (gguf's own quantizer) answers the same greedy tokens quantized as
+dequantized at load, holds the blocks instead of dense weights, and falls back to
+dequantizing where the kernels are off.
+
+Tokens, not logits, are compared: both paths multiply the same dequantized weights; the
+quantized one rounds its activations to int16 per 32-block (at most ``amax / 65534`` off per
+value, see engine/models/quant/qgemm.cpp) and sums in another order, differences far below
+the gaps between a random tiny model's top logits at fp32. The logits are checked too, to a
+tolerance (1e-4 relative) well below the weights' own quantization error (Q8_0: ~4e-3).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from gguf_files import Q, folder_to_gguf
+
+import engine.native as native
+from engine import LLM, SamplingParams
+from engine.gguf.loader import load_gguf
+from engine.lora import LoRARequest
+from engine.models import quantized_linear
+from engine.models.llama import LlamaForCausalLM
+
+PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7, 100, 513, 2, 900, 41, 8, 8, 3]]
+
+
+@pytest.fixture(scope="module", params=[Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
+def quantized_file(
+    request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    if quantized_linear.load() is None:
+        pytest.skip("no C++ compiler: GGUF weights are dequantized at load")
+    qtype = request.param
+    return folder_to_gguf(
+        tiny_model_dir, tmp_path_factory.mktemp("q") / f"{qtype.name}.gguf", qtype
+    )
+
+
+def _model(path: Path, dequantize: bool) -> LlamaForCausalLM:
+    model = load_gguf(path, "float32", dequantize=dequantize).model
+    assert isinstance(model, LlamaForCausalLM)
+    return model
+
+
+def test_the_blocks_replace_the_dense_weights(quantized_file: Path) -> None:
+    model = _model(quantized_file, dequantize=False)
+    for layer in model.layers:
+        assert set(layer.attn.quantized) == {"qkv", "o"} and not layer.attn.packed
+        assert layer.attn.qkv_weight is None and layer.attn.o_weight is None
+        assert set(layer.mlp.quantized) == {"gate_up", "down"} and not layer.mlp.packed
+        assert layer.mlp.gate_up_weight is None and layer.mlp.down_weight is None
+    assert model.embed_quantized is not None and model.embed_weight is None
+    assert model.lm_head_quantized is not None and model.lm_head_packed is None
+    dense = sum(p.numel() for p in model.parameters())  # the norms are all that is left
+    assert dense == model.config.hidden_size * (2 * model.config.num_layers + 1)
+
+
+def test_greedy_tokens_equal_the_dequantized_model(quantized_file: Path) -> None:
+    params = SamplingParams(max_tokens=16, temperature=0)
+    answers = [
+        LLM(str(quantized_file), dtype="float32", kv_cache_memory="8MiB", gguf_dequantize=d)
+        .generate(PROMPTS, params)
+        for d in (False, True)
+    ]  # fmt: skip
+    assert [o.token_ids for o in answers[0]] == [o.token_ids for o in answers[1]]
+    quantized, dequantized = (_model(quantized_file, d) for d in (False, True))
+    hidden = torch.randn(
+        3, quantized.config.hidden_size, generator=torch.Generator().manual_seed(0)
+    )
+    want = dequantized.compute_logits(hidden)
+    got = quantized.compute_logits(hidden)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * want.abs().max().item())
+
+
+def test_dequantize_and_disabled_kernels_both_load_dense(
+    quantized_file: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert not _model(quantized_file, dequantize=True).layers[0].attn.quantized
+    monkeypatch.setenv(native.DISABLE_ENV, "0")
+    quantized_linear.load.cache_clear()
+    try:
+        model = _model(quantized_file, dequantize=False)
+    finally:
+        quantized_linear.load.cache_clear()
+    assert not model.layers[0].attn.quantized and model.embed_quantized is None
+
+
+def test_the_two_paths_are_two_model_identities(quantized_file: Path) -> None:
+    ids = {load_gguf(quantized_file, "float32", dequantize=d).model_id for d in (False, True)}
+    assert len(ids) == 2
+
+
+def test_lora_adapters_on_quantized_weights_give_the_dequantized_tokens(
+    quantized_file: Path, tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """Adapters add to the quantized products' outputs; an MLP an adapter targets runs its
+    gate/up and down unfused, on the blocks too."""
+    pytest.importorskip("peft")
+    from tests.lora_adapters import ADAPTER_A, ADAPTER_B, make_adapter
+
+    adapters = {
+        "a": make_adapter(tiny_model_dir, tmp_path / "a", **ADAPTER_A),  # type: ignore[arg-type]
+        "b": make_adapter(tiny_model_dir, tmp_path / "b", **ADAPTER_B),  # type: ignore[arg-type]
+    }
+    names = ["a", None, "b"]
+    answers = []
+    for dequantize in (False, True):
+        llm = LLM(
+            str(quantized_file), dtype="float32", kv_cache_memory="8MiB", enable_lora=True,
+            gguf_dequantize=dequantize,
+        )  # fmt: skip
+        requests = [None if n is None else LoRARequest(n, str(adapters[n])) for n in names]
+        outputs = llm.generate(PROMPTS + PROMPTS[:1], SamplingParams(max_tokens=8, temperature=0),
+                               lora_request=requests)  # fmt: skip
+        answers.append([o.token_ids for o in outputs])
+    assert answers[0] == answers[1]

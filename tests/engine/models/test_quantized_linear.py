@@ -1,0 +1,189 @@
+"""The quantized matmul kernels (`engine.models.quant.qgemm`) against fp64 products of gguf's
+own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1, bf16 and fp32
+activations, 1..33 rows, an odd number of outputs, the native build and the forced AVX2 one.
+
+The kernel quantizes each activation row to int16 per 32-block, so two references: the
+exact one quantizes the activations the same way (fp32 ``amax / 32767``, round
+half to even) and must match to fp32 summation error; the plain one takes the activations as
+they are, and the difference must stay within the bound the activation rounding allows,
+``sum_b dx_b / 2 * sum_i |w_bi|`` per output.
+"""
+
+from __future__ import annotations
+
+import shutil
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+
+import engine.native as native
+from engine.config import cpu_flags
+from engine.models import quantized_linear as ql
+from engine.models.quantized_linear import QuantizedLinear, concat
+
+Q = GGMLQuantizationType
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1]
+OUT, IN = 37, 96  # an odd number of outputs; three blocks per row
+
+
+@pytest.fixture(scope="module", params=["native", "avx2"])
+def kernels(request: pytest.FixtureRequest) -> ModuleType:
+    """The build for this machine, and its AVX2 path forced (``KVGATE_CPU_ISA=avx2``)."""
+    if request.param == "native":
+        module = ql.load()
+    else:
+        if not {"avx2", "fma"} <= cpu_flags():
+            pytest.skip("the AVX2 path needs an x86 CPU with AVX2 and FMA")
+        with pytest.MonkeyPatch.context() as env:
+            env.setenv(native.ISA_ENV, "avx2")
+            module = native.build("qgemm", ql.SOURCES)
+        assert module is None or module.isa() == "avx2"
+    if module is None:
+        # Not a skip where a compiler is present: a build that broke must fail the suite.
+        assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
+        pytest.skip("no C++ compiler: GGUF weights are dequantized at load")
+    return module
+
+
+def _weight(qtype: Q, out: int = OUT, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Blocks of a random weight, and those blocks dequantized by gguf (fp64)."""
+    rng = np.random.default_rng(seed)
+    values = rng.standard_normal((out, IN)).astype(np.float32) * 0.1
+    blocks = quantize(values, qtype)
+    return blocks, dequantize(blocks, qtype).astype(np.float64)
+
+
+def _linear(kernels: ModuleType, qtype: Q, blocks: np.ndarray) -> QuantizedLinear:
+    return QuantizedLinear(torch.from_numpy(blocks.copy()), int(qtype), IN, kernels)
+
+
+def _quantized_activations(x: np.ndarray) -> np.ndarray:
+    """``x`` (fp32) as the kernel sees it: int16 per 32-block times the block's fp32 scale."""
+    blocks = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    d = np.abs(blocks).max(-1, keepdims=True) / np.float32(32767)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    quantized: np.ndarray = np.rint(blocks * inv) * d.astype(np.float64)
+    return quantized.reshape(x.shape)
+
+
+def _activation_bound(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """Per output, the most the activation rounding can move it: sum_b dx_b/2 * sum |w_b|."""
+    half_step = np.abs(x.reshape(x.shape[0], -1, 32)).max(-1) / 32767 / 2  # [M, blocks]
+    weight = np.abs(w.reshape(w.shape[0], -1, 32)).sum(-1)  # [N, blocks]
+    bound: np.ndarray = half_step @ weight.T
+    return bound
+
+
+def _close(got: torch.Tensor, want: np.ndarray, scale: np.ndarray, dtype: torch.dtype) -> None:
+    """fp32 sums (relative 1e-5 of the terms' magnitude) and one rounding to ``dtype``."""
+    rounding = 2**-8 if dtype == torch.bfloat16 else 0.0
+    tol = 1e-5 * scale + rounding * np.abs(want) + 1e-7
+    err = np.abs(got.double().numpy() - want)
+    assert (err <= tol).all(), (
+        f"worst {err.max():.3g} (tolerance there {tol.flat[err.argmax()]:.3g})"
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_products_match_the_dequantized_weights_for_1_to_33_rows(
+    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+) -> None:
+    blocks, w = _weight(qtype)
+    layer = _linear(kernels, qtype, blocks)
+    for rows in range(1, 34):
+        x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        x64 = x.double().numpy()
+        got = layer.linear(x)
+        assert got.dtype == dtype and got.shape == (rows, OUT)
+        exact = _quantized_activations(x.float().numpy()) @ w.T
+        _close(got, exact, np.abs(x64) @ np.abs(w).T, dtype)
+        plain = x64 @ w.T
+        bound = _activation_bound(x64, w) + 1e-5 * (np.abs(x64) @ np.abs(w).T)
+        bound += (2**-8 if dtype == torch.bfloat16 else 0.0) * np.abs(plain)
+        assert (np.abs(got.double().numpy() - plain) <= bound).all()
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: ModuleType, qtype: Q) -> None:
+    blocks, w = _weight(qtype)
+    layer = _linear(kernels, qtype, blocks)
+    x = torch.randn(5, IN, generator=torch.Generator().manual_seed(7))
+    xq = _quantized_activations(x.numpy())
+    scale = np.abs(x.double().numpy()) @ np.abs(w).T
+    bias, residual = torch.randn(OUT), torch.randn(5, OUT)
+    _close(layer.linear(x, bias), xq @ w.T + bias.double().numpy(), scale, torch.float32)
+    summed = layer.linear_add(x, residual)
+    _close(summed, xq @ w.T + residual.double().numpy(), scale, torch.float32)
+    logits = layer.linear(x.bfloat16(), float_out=True)
+    assert logits.dtype == torch.float32
+    xq16 = _quantized_activations(x.bfloat16().float().numpy())
+    _close(logits, xq16 @ w.T, scale, torch.float32)
+
+    up_blocks, up = _weight(qtype, seed=1)
+    gate_up = concat([layer, _linear(kernels, qtype, up_blocks)])
+    assert gate_up.out_features == 2 * OUT
+    gate = torch.from_numpy(xq @ w.T)
+    want = (F.silu(gate) * torch.from_numpy(xq @ up.T)).numpy()
+    _close(gate_up.swiglu(x), want, scale * (1 + np.abs(xq @ up.T)), torch.float32)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_embedding_rows_are_gguf_dequantized_rows(
+    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+) -> None:
+    blocks, w = _weight(qtype)
+    ids = torch.tensor([[3, 0], [36, 3]])
+    rows = _linear(kernels, qtype, blocks).embedding(ids, dtype)
+    assert rows.shape == (2, 2, IN) and rows.dtype == dtype
+    want = torch.from_numpy(w[ids.numpy()]).to(dtype)
+    assert torch.allclose(rows.double(), want.double(), rtol=1e-6, atol=1e-7)
+    with pytest.raises(RuntimeError, match="out of range"):
+        _linear(kernels, qtype, blocks).embedding(torch.tensor([OUT]), dtype)
+
+
+def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
+    blocks, _ = _weight(Q.Q4_1)
+    with pytest.raises(ValueError, match="do not hold 64 inputs"):
+        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_1), 64, kernels)
+    with pytest.raises(ValueError, match="not one the quantized kernels compute"):
+        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_K), IN, kernels)
+    layer = _linear(kernels, Q.Q4_1, blocks)
+    with pytest.raises(RuntimeError, match="multiple of 32"):
+        layer.linear(torch.randn(2, IN - 1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_prefill_sized_batches_multiply_the_dequantized_weight(
+    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+) -> None:
+    """From DENSE_ROWS rows on: the weight dequantized (as gguf does) and a dense product.
+    bf16: the dequantized weight is rounded to bf16 (2^-8 relative per value: up to 2^-8 of
+    sum |x||w|), and the result once or twice more (the product, the epilogue)."""
+    blocks, w = _weight(qtype)
+    layer = _linear(kernels, qtype, blocks)
+    assert torch.equal(layer.dense(dtype), torch.from_numpy(w).to(dtype))
+    rows = ql.DENSE_ROWS + 5
+    x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x64 = x.double().numpy()
+    scale = np.abs(x64) @ np.abs(w).T
+    step = 2**-8 if dtype == torch.bfloat16 else 1e-6
+
+    def close(got: torch.Tensor, want: np.ndarray, magnitude: np.ndarray) -> None:
+        tol = step * (magnitude + 2 * np.abs(want)) + 1e-6
+        assert (np.abs(got.double().numpy() - want) <= tol).all()
+
+    plain = x64 @ w.T
+    close(layer.linear(x), plain, scale)
+    residual = torch.randn(rows, OUT).to(dtype)
+    close(layer.linear_add(x, residual), plain + residual.double().numpy(), scale)
+    gate = torch.from_numpy(plain)
+    swiglu = (F.silu(gate) * gate).numpy()
+    close(concat([layer, layer]).swiglu(x), swiglu, scale * (1 + 2 * np.abs(plain)))
