@@ -3,11 +3,14 @@
 import torch
 
 from engine.attention import cpu
+from engine.models import gemm, quantized_linear
 
 torch.set_num_threads(2)
 # The native CPU kernels are built (or loaded) once, here: a server a test starts then loads
 # the build at once instead of waiting for it within its start-up timeout.
 cpu.load()
+gemm.load()
+quantized_linear.load()
 
 
 # Triton's nanobind bindings print "leaked instance" notices at interpreter exit, after pytest's
