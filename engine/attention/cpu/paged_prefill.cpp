@@ -263,13 +263,28 @@ void panel_values(const float* p, float alpha, const typename Panels<Bf16>::Word
     for (int64_t i = 0; i < kChunkVectors; ++i)
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + i * kWidth / 2),
                           (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + i * kWidth)));
-    for (int64_t k2 = 0; k2 < kChunk / 2; ++k2) {
-      if (pairs[k2] == 0) continue;  // masked or underflowed pair
+    // Two sets of accumulators (even and odd key pairs): a head of 4 vectors would otherwise
+    // be 4 dependency chains of vdpbf16ps, fewer than its latency covers.
+    constexpr int64_t sets = Vectors <= 8 ? 2 : 1;
+    Vec more[sets == 2 ? Vectors : 1];
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < (sets == 2 ? Vectors : 1); ++i) more[i] = zero();
+    for (int64_t k2 = 0; k2 < kChunk / 2; k2 += sets) {
       const __m512bh w = (__m512bh)_mm512_set1_epi32(pairs[k2]);
 #pragma GCC unroll 32
       for (int64_t i = 0; i < Vectors; ++i)
         acc[i] = _mm512_dpbf16_ps(acc[i], w, (__m512bh)_mm512_loadu_si512(v + k2 * dim + i * kWidth));
+      if constexpr (sets == 2) {
+        const __m512bh w2 = (__m512bh)_mm512_set1_epi32(pairs[k2 + 1]);
+#pragma GCC unroll 32
+        for (int64_t i = 0; i < Vectors; ++i)
+          more[i] = _mm512_dpbf16_ps(more[i], w2,
+                                     (__m512bh)_mm512_loadu_si512(v + (k2 + 1) * dim + i * kWidth));
+      }
     }
+    if constexpr (sets == 2)
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) acc[i] = add(acc[i], more[i]);
   }
 #endif
   if constexpr (!Bf16) {
