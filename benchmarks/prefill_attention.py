@@ -7,6 +7,8 @@ run interleaved, best of ``--rounds``, in one process, so their ratio holds on a
 machine even where the absolute times do not.
 
     python benchmarks/prefill_attention.py [--tokens 2000] [--rounds 5] [--threads N]
+
+``KVGATE_CPU_ISA=avx2`` times the kernel's AVX2 build (the torch path is unchanged by it).
 """
 
 from __future__ import annotations

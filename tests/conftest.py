@@ -8,6 +8,7 @@ torch.set_num_threads(2)
 # The native CPU kernels are built (or loaded) once, here: a server a test starts then loads
 # the build at once instead of waiting for it within its start-up timeout.
 cpu.load()
+cpu.load_prefill()
 
 
 # Triton's nanobind bindings print "leaked instance" notices at interpreter exit, after pytest's
