@@ -9,6 +9,7 @@ torch.set_num_threads(2)
 # The native CPU kernels are built (or loaded) once, here: a server a test starts then loads
 # the build at once instead of waiting for it within its start-up timeout.
 cpu.load()
+cpu.load_prefill()
 gemm.load()
 quantized_linear.load()
 

@@ -1,6 +1,6 @@
 """Choosing the attention implementation: Triton kernels on CUDA, the PyTorch reference on CPU
-with its decode rows on the native kernel (`engine.attention.cpu`) where it builds, and its
-bf16 prefills on SDPA's fused kernel where the CPU has AMX (`cpu_backend`).
+with its decode rows and prefills on the native kernels (`engine.attention.cpu`) where they
+build, and its bf16 prefills on SDPA's fused kernel where the CPU has AMX (`cpu_backend`).
 
 A backend is a small object with the two operations a layer needs, ``write_kv`` and
 ``paged_attention``; the engine picks one at startup and calls it for every layer.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 import engine.attention.torch_backend as torch_backend
-from engine.attention.cpu import native_decode
+from engine.attention.cpu import native_decode, native_prefill
 from engine.attention.kv_cache import KVCache
 from engine.config import cpu_flags
 
@@ -36,14 +36,19 @@ TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.
 
 
 def cpu_backend(
-    flags: frozenset[str], decode_kernel: torch_backend.DecodeKernel | None = None
+    flags: frozenset[str],
+    decode_kernel: torch_backend.DecodeKernel | None = None,
+    prefill_kernel: torch_backend.PrefillKernel | None = None,
 ) -> AttentionBackend:
     """The torch backend for a CPU with ``flags``: bf16 attention on SDPA where there is AMX,
-    decode rows on ``decode_kernel`` where given."""
-    if decode_kernel is None and "amx_bf16" not in flags:
+    decode rows on ``decode_kernel``, the other prefills on ``prefill_kernel`` where given."""
+    if decode_kernel is None and prefill_kernel is None and "amx_bf16" not in flags:
         return TORCH_BACKEND
     attention = functools.partial(
-        torch_backend.paged_attention, fused="amx_bf16" in flags, decode_kernel=decode_kernel
+        torch_backend.paged_attention,
+        fused="amx_bf16" in flags,
+        decode_kernel=decode_kernel,
+        prefill_kernel=prefill_kernel,
     )
     return AttentionBackend("torch", torch_backend.write_kv, attention)
 
@@ -65,7 +70,7 @@ def get_attention_backend(
     if name == "torch":
         if device.type != "cpu":
             return TORCH_BACKEND
-        return cpu_backend(cpu_flags(), native_decode())
+        return cpu_backend(cpu_flags(), native_decode(), native_prefill())
     if not _triton_usable(device):
         raise ValueError(
             f"attention_backend: triton needs a CUDA device (or TRITON_INTERPRET=1), got {device}"

@@ -19,7 +19,9 @@ gathered K/V: its flash kernel runs the matmuls on AMX and never materializes th
 5x; decode 2.3x at batch 1, 1.2-1.6x at batch 8-32.
 
 With ``decode_kernel`` (the CPU backend passes the native one, `engine.attention.cpu`, where it
-builds) the decode rows skip the gather: the kernel reads each block where it lies.
+builds) the decode rows skip the gather: the kernel reads each block where it lies. With
+``prefill_kernel`` (likewise) the prefill sequences of a layer go to one call of a fused
+native kernel that never materializes the scores (SDPA keeps the bf16 prefills where ``fused``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,19 @@ class DecodeKernel(Protocol):
     ) -> torch.Tensor: ...  # fmt: skip
 
 
+class PrefillKernel(Protocol):
+    """Fused prefill attention over the cache in place (`engine.attention.cpu.NativePrefill`):
+    writes the query rows of the sequences ``seqs`` (``[S]`` int32 indices into ``md``) of
+    ``out``."""
+
+    def takes(self, q: torch.Tensor, cache: KVCache) -> bool: ...
+
+    def __call__(
+        self, q: torch.Tensor, cache: KVCache, md: AttentionMetadata, seqs: torch.Tensor,
+        scale: float, window: int | None, softcap: float | None, out: torch.Tensor,
+    ) -> None: ...  # fmt: skip
+
+
 @dataclass
 class _Prefill:
     q_start: int
@@ -91,6 +106,7 @@ class _StepPlan:
     decode_lens: torch.Tensor  # [Bd] int32: their context lengths
     decode_bias: torch.Tensor  # [Bd, 1, 1, nblk * block_size] fp32: 0 = attend, -inf = padding
     prefills: list[_Prefill]
+    prefill_seqs: torch.Tensor  # [Bp] int32 indices of the sequences with several queries
 
     @property
     def num_decodes(self) -> int:
@@ -115,11 +131,12 @@ def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepP
     starts = md.query_start_loc.tolist()
     seq_lens = md.seq_lens.tolist()
     device = md.block_tables.device
-    decode_seqs, prefills = [], []
+    decode_seqs, prefills, prefill_seqs = [], [], []
     for i, seq_len in enumerate(seq_lens):
         if starts[i + 1] - starts[i] == 1:
             decode_seqs.append(i)
         else:
+            prefill_seqs.append(i)
             blocks = md.block_tables[i : i + 1, : -(-seq_len // block_size)]
             prefills.append(
                 _Prefill(starts[i], starts[i + 1], seq_len, _cache_rows(blocks, kv_heads))
@@ -136,7 +153,7 @@ def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepP
         query_rows = md.query_start_loc.index_select(0, seqs).long()
     return _StepPlan(
         seqs, query_rows, _cache_rows(tables, kv_heads), tables, lens, bias[:, None, None, :],
-        prefills,
+        prefills, torch.tensor(prefill_seqs, dtype=torch.int32, device=device),
     )  # fmt: skip
 
 
@@ -313,13 +330,15 @@ def paged_attention(
     *,
     fused: bool = False,
     decode_kernel: DecodeKernel | None = None,
+    prefill_kernel: PrefillKernel | None = None,
 ) -> torch.Tensor:
     """Causal attention of ``q [T, Hq, D]`` over the paged cache -> ``[T, Hq, D]`` in q's dtype.
     ``window``: each query sees only its last ``window`` keys (itself included);
     ``softcap``: scores become ``softcap * tanh(scores / softcap)`` before the mask;
     ``fused``: bf16 layers through SDPA's fused kernel (see the module notes);
     ``decode_kernel``: decode rows through a native kernel that reads the cache in place
-    (`engine.attention.cpu`), where it takes the cache's dtype and head size."""
+    (`engine.attention.cpu`), where it takes the cache's dtype and head size;
+    ``prefill_kernel``: likewise the prefill sequences (those ``fused`` does not take)."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
     fused = fused and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
     native = decode_kernel is not None and decode_kernel.takes(q, cache)
@@ -336,10 +355,18 @@ def paged_attention(
 
     if plan.decode_query_rows is None and plan.num_decodes > 0:
         return decode(q)
-    out = torch.empty_like(q)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if plan.num_decodes > 0:
         rows = plan.decode_query_rows
         out[rows] = decode(q[rows])
+    if (
+        plan.prefills
+        and not fused
+        and prefill_kernel is not None
+        and prefill_kernel.takes(q, cache)
+    ):
+        prefill_kernel(q, cache, md, plan.prefill_seqs, scale, window, softcap, out)
+        return out
     for seq in plan.prefills:
         rows = q[seq.q_start : seq.q_end]
         if fused:

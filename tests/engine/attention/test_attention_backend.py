@@ -18,7 +18,11 @@ def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_cpu_backend_fuses_bf16_prefills_only_where_there_is_amx() -> None:
     amx = cpu_backend(frozenset({"avx512_bf16", "amx_bf16", "amx_tile"}))
-    assert amx.paged_attention.keywords == {"fused": True, "decode_kernel": None}
+    assert amx.paged_attention.keywords == {
+        "fused": True,
+        "decode_kernel": None,
+        "prefill_kernel": None,
+    }
     assert cpu_backend(frozenset({"avx512_bf16"})) is TORCH_BACKEND
     assert cpu_backend(frozenset()) is TORCH_BACKEND
 
@@ -28,4 +32,8 @@ def test_cpu_backend_hands_decode_rows_to_the_native_kernel_where_there_is_one()
     if kernel is None:
         pytest.skip("no native kernel on this machine")
     backend = cpu_backend(frozenset({"avx512_bf16"}), kernel)
-    assert backend.paged_attention.keywords == {"fused": False, "decode_kernel": kernel}
+    assert backend.paged_attention.keywords == {
+        "fused": False,
+        "decode_kernel": kernel,
+        "prefill_kernel": None,
+    }

@@ -130,11 +130,12 @@ def test_takes_only_what_it_was_built_for(kernel: NativeDecode) -> None:
     assert not kernel.takes(odd.q, odd.cache)
 
 
-def test_the_cpu_backend_serves_decode_rows_with_it_and_prefill_rows_as_before(
+def test_the_cpu_backend_serves_decode_rows_with_it_beside_prefill_rows(
     kernel: NativeDecode, isa: str
 ) -> None:
-    """A mixed step: the decode rows match the kernel's own answer, the prefill rows the
-    reference's, and all of it the dense oracle."""
+    """A mixed step: the decode rows match the kernel's own answer, the prefill rows (the
+    native prefill kernel's, `test_cpu_paged_prefill`) the reference's, and all of it the
+    dense oracle."""
     if isa != "native":
         pytest.skip("the backend serves the build for this machine")
     backend = get_attention_backend("torch", "cpu")
@@ -142,7 +143,11 @@ def test_the_cpu_backend_serves_decode_rows_with_it_and_prefill_rows_as_before(
     got = backend.paged_attention(case.q, case.cache, case.md, case.scale)
     torch.testing.assert_close(got.double(), expected_output(case), atol=2e-5, rtol=0)
     reference = paged_attention(case.q, case.cache, case.md, case.scale)
-    assert torch.equal(got[1:21], reference[1:21])
+    torch.testing.assert_close(got[1:21], reference[1:21], atol=2e-5, rtol=0)
+    decode_rows = torch.tensor([0, 21])
+    alone = kernel(case.q[decode_rows], case.cache, case.md.block_tables[[0, 2]],
+                   case.md.seq_lens[[0, 2]], case.scale, None, None)  # fmt: skip
+    assert torch.equal(got[decode_rows], alone)
     decode_only = make_case([30, 7], [1, 1], 4, 2, 64, seed=3)
     assert torch.equal(
         backend.paged_attention(

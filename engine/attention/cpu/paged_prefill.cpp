@@ -1,0 +1,549 @@
+// Fused (flash-style) prefill attention on the CPU over the paged KV cache.
+//
+// Several queries per sequence, causal, the queries the last n_q positions of the context (a
+// whole prompt, or a chunk after an already cached prefix). No score matrix is ever stored:
+// work items are (sequence, KV head, tile of query positions), and a tile walks its keys a panel
+// (kChunk keys) at a time, holding the scores of those keys for its G * Tq query rows, the running max and
+// sum of an online softmax, and an fp32 output accumulator.
+//
+// Phase 1 repacks each served sequence's K/V (per KV head) from the cache's blocks into
+// panels the inner loops read with unit stride: bf16 pairs for `vdpbf16ps` where the
+// build has AVX512_BF16 and the cache is bf16, else fp32 (fp32 caches, fp8 caches widened
+// with their per-token scales, bf16 on AVX2). Phase 2 runs the tiles, the heaviest first, on
+// OpenMP's dynamic schedule with torch's thread count. Scores, softmax and the output sum are
+// fp32; the bf16 path rounds the softmax weights to bf16 for the value product (as the torch
+// path does).
+//
+// Built at first use by engine/attention/cpu/__init__.py (-O3, -march=native or, with
+// KVGATE_CPU_ISA=avx2, -march=haswell).
+
+#include <torch/extension.h>
+
+#include <ATen/Parallel.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Float8_e4m3fn.h>
+#include <omp.h>
+
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+#ifndef KVGATE_PREFILL_CHUNK
+#define KVGATE_PREFILL_CHUNK 64
+#endif
+// Keys per panel: the online softmax's per-row work (max, sum, rescale) is paid once a panel;
+// one thread, bf16, a 2,000-token bench55m layer: 16 keys 37.6 ms, 32 keys 27.2, 64 keys 24.5.
+constexpr int64_t kChunk = KVGATE_PREFILL_CHUNK;
+
+#if defined(__AVX512F__)
+constexpr int64_t kWidth = 16;
+using Vec = __m512;
+inline Vec zero() { return _mm512_setzero_ps(); }
+inline Vec splat(float x) { return _mm512_set1_ps(x); }
+inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
+inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
+inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
+inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
+inline float max(Vec v) { return _mm512_reduce_max_ps(v); }
+inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
+inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }
+#elif defined(__AVX2__) && defined(__FMA__)
+constexpr int64_t kWidth = 8;
+using Vec = __m256;
+inline Vec zero() { return _mm256_setzero_ps(); }
+inline Vec splat(float x) { return _mm256_set1_ps(x); }
+inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
+inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
+inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
+inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
+inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline float sum(Vec v) {
+  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_add_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
+inline float max(Vec v) {
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
+inline Vec pow2(Vec n) {  // n integral, within the normal exponents
+  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
+}
+#else
+constexpr int64_t kWidth = 1;
+using Vec = float;
+inline Vec zero() { return 0.f; }
+inline Vec splat(float x) { return x; }
+inline Vec load(const float* p) { return *p; }
+inline void store(float* p, Vec v) { *p = v; }
+inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
+inline Vec mul(Vec a, Vec b) { return a * b; }
+inline Vec sub(Vec a, Vec b) { return a - b; }
+inline Vec add(Vec a, Vec b) { return a + b; }
+inline float sum(Vec v) { return v; }
+inline Vec vmax(Vec a, Vec b) { return std::max(a, b); }
+inline float max(Vec v) { return v; }
+inline Vec floor(Vec v) { return std::floor(v); }
+inline Vec pow2(Vec n) { return std::ldexp(1.f, static_cast<int>(n)); }
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+constexpr bool kBf16Dot = true;
+#else
+constexpr bool kBf16Dot = false;
+#endif
+
+constexpr int64_t kChunkVectors = kChunk / kWidth;
+// Query rows whose scores are accumulated together (their accumulators stay in registers).
+constexpr int64_t kRowBlock = std::max<int64_t>(1, std::min<int64_t>(8, 16 / kChunkVectors));
+
+// e^x for x <= 0 (Cephes' expf, as paged_decode.cpp); ~e^-87 below -87.
+inline Vec exp_nonpositive(Vec x) {
+  x = vmax(x, splat(-87.f));
+  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
+  Vec r = fma(n, splat(-0.693359375f), x);
+  r = fma(n, splat(2.12194440e-4f), r);
+  Vec p = splat(1.9875691500e-4f);
+  p = fma(p, r, splat(1.3981999507e-3f));
+  p = fma(p, r, splat(8.3334519073e-3f));
+  p = fma(p, r, splat(4.1665795894e-2f));
+  p = fma(p, r, splat(1.6666665459e-1f));
+  p = fma(p, r, splat(5.0000001201e-1f));
+  p = fma(p, mul(r, r), add(r, splat(1.f)));
+  return mul(p, pow2(n));
+}
+
+struct Fp8 {
+  uint8_t bits;
+};
+inline float widen(float x) { return x; }
+inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
+inline float widen(Fp8 x) {
+  return static_cast<float>(c10::Float8_e4m3fn(x.bits, c10::Float8_e4m3fn::from_bits()));
+}
+
+inline uint16_t bf16_bits(c10::BFloat16 x) { return x.x; }
+
+// One served sequence.
+struct Seq {
+  int64_t q_start, n_q, len, chunks;
+  const int32_t* table;
+  int64_t panel_offset;  // into the packed buffer, in panel units (per KV head: chunks panels)
+};
+
+struct Item {
+  int64_t seq, head, t0, t1, cost;
+};
+
+// Packed panels of kChunk keys. fp32: K as [D][kChunk] (key-minor), V as [kChunk][D]. bf16
+// pairs: K as [D/2][kChunk] pairs of dims, V as [kChunk/2][D] pairs of keys. Keys past the context are zero.
+template <bool Bf16>
+struct Panels {
+  using Word = std::conditional_t<Bf16, uint32_t, float>;
+  static constexpr int64_t words(int64_t dim) { return Bf16 ? kChunk * dim / 2 : kChunk * dim; }
+};
+
+template <typename TC, bool Bf16>
+void pack(const TC* cache, const float* scales, const Seq& s, int64_t head, int64_t kv_heads,
+          int64_t block_size, int64_t dim, bool is_key, typename Panels<Bf16>::Word* out) {
+  using Word = typename Panels<Bf16>::Word;
+  const int64_t panel_words = Panels<Bf16>::words(dim);
+  std::memset(out, 0, sizeof(Word) * panel_words * s.chunks);
+  for (int64_t j = 0; j < s.len; ++j) {
+    const int64_t slot = (static_cast<int64_t>(s.table[j / block_size]) * kv_heads + head) *
+                             block_size + j % block_size;
+    const TC* row = cache + slot * dim;
+    Word* panel = out + (j / kChunk) * panel_words;
+    const int64_t k = j % kChunk;
+    if constexpr (Bf16) {
+      uint16_t* half = reinterpret_cast<uint16_t*>(panel);
+      if constexpr (std::is_same_v<TC, c10::BFloat16>) {
+        for (int64_t d = 0; d < dim; ++d) {
+          // K: word (d/2, k), half d%2. V: word (k/2, d), half k%2.
+          const int64_t at = is_key ? ((d / 2) * kChunk + k) * 2 + d % 2
+                                    : ((k / 2) * dim + d) * 2 + k % 2;
+          half[at] = bf16_bits(row[d]);
+        }
+      }
+    } else {
+      const float scale = scales == nullptr ? 1.f : scales[slot];
+      for (int64_t d = 0; d < dim; ++d) {
+        const float x = widen(row[d]) * scale;
+        if (is_key) panel[d * kChunk + k] = x;
+        else panel[k * dim + d] = x;
+      }
+    }
+  }
+}
+
+// scores[r][0..kChunk) = q_r . k_j for the rows of a tile, one panel of keys.
+template <bool Bf16>
+void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels<Bf16>::Word* k,
+                  int64_t dim, float* scores) {
+  for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+    if constexpr (Bf16) {
+      __m512 acc[kRowBlock][kChunkVectors];
+      const uint32_t* q[kRowBlock];
+      for (int64_t r = 0; r < kRowBlock; ++r) {
+        q[r] = static_cast<const uint32_t*>(rows[r0 + r]);
+        for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_setzero_ps();
+      }
+      for (int64_t d2 = 0; d2 < dim / 2; ++d2) {
+        __m512bh kv[kChunkVectors];
+        for (int64_t i = 0; i < kChunkVectors; ++i)
+          kv[i] = (__m512bh)_mm512_loadu_si512(k + d2 * kChunk + i * kWidth);
+#pragma GCC unroll 8
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+          const __m512bh b = (__m512bh)_mm512_set1_epi32(q[r][d2]);
+          for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], b, kv[i]);
+        }
+      }
+      for (int64_t r = 0; r < kRowBlock; ++r)
+        for (int64_t i = 0; i < kChunkVectors; ++i)
+          _mm512_storeu_ps(scores + (r0 + r) * kChunk + i * kWidth, acc[r][i]);
+      continue;
+    }
+#endif
+    if constexpr (!Bf16) {
+      Vec acc[kRowBlock][kChunkVectors];
+      const float* q[kRowBlock];
+      for (int64_t r = 0; r < kRowBlock; ++r) {
+        q[r] = static_cast<const float*>(rows[r0 + r]);
+        for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = zero();
+      }
+      for (int64_t d = 0; d < dim; ++d) {
+        Vec kv[kChunkVectors];
+        for (int64_t i = 0; i < kChunkVectors; ++i) kv[i] = load(k + d * kChunk + i * kWidth);
+#pragma GCC unroll 8
+        for (int64_t r = 0; r < kRowBlock; ++r) {
+          const Vec b = splat(q[r][d]);
+          for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = fma(b, kv[i], acc[r][i]);
+        }
+      }
+      for (int64_t r = 0; r < kRowBlock; ++r)
+        for (int64_t i = 0; i < kChunkVectors; ++i)
+          store(scores + (r0 + r) * kChunk + i * kWidth, acc[r][i]);
+    }
+  }
+}
+
+// o[0..dim) = o * alpha + sum_k p[k] v_k, over one panel of values.
+template <bool Bf16, int64_t Vectors>
+void panel_values(const float* p, float alpha, const typename Panels<Bf16>::Word* v, float* o) {
+  constexpr int64_t dim = Vectors * kWidth;
+  Vec acc[Vectors];
+  const Vec a = splat(alpha);
+#pragma GCC unroll 32
+  for (int64_t i = 0; i < Vectors; ++i) acc[i] = mul(load(o + i * kWidth), a);
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  if constexpr (Bf16) {
+    uint32_t pairs[kChunk / 2];
+    for (int64_t i = 0; i < kChunkVectors; ++i)
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + i * kWidth / 2),
+                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + i * kWidth)));
+    // Two sets of accumulators (even and odd key pairs): a head of 4 vectors would otherwise
+    // be 4 dependency chains of vdpbf16ps, fewer than its latency covers.
+    constexpr int64_t sets = Vectors <= 8 ? 2 : 1;
+    Vec more[sets == 2 ? Vectors : 1];
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < (sets == 2 ? Vectors : 1); ++i) more[i] = zero();
+    for (int64_t k2 = 0; k2 < kChunk / 2; k2 += sets) {
+      const __m512bh w = (__m512bh)_mm512_set1_epi32(pairs[k2]);
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i)
+        acc[i] = _mm512_dpbf16_ps(acc[i], w, (__m512bh)_mm512_loadu_si512(v + k2 * dim + i * kWidth));
+      if constexpr (sets == 2) {
+        const __m512bh w2 = (__m512bh)_mm512_set1_epi32(pairs[k2 + 1]);
+#pragma GCC unroll 32
+        for (int64_t i = 0; i < Vectors; ++i)
+          more[i] = _mm512_dpbf16_ps(more[i], w2,
+                                     (__m512bh)_mm512_loadu_si512(v + (k2 + 1) * dim + i * kWidth));
+      }
+    }
+    if constexpr (sets == 2)
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) acc[i] = add(acc[i], more[i]);
+  }
+#endif
+  if constexpr (!Bf16) {
+    for (int64_t k = 0; k < kChunk; ++k) {
+      if (p[k] == 0.f) continue;
+      const Vec w = splat(p[k]);
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) acc[i] = fma(w, load(v + k * dim + i * kWidth), acc[i]);
+    }
+  }
+#pragma GCC unroll 32
+  for (int64_t i = 0; i < Vectors; ++i) store(o + i * kWidth, acc[i]);
+}
+
+template <typename TQ, typename TC, bool Bf16, int64_t Vectors>
+void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+             const float* k_scales, const float* v_scales, std::vector<Seq>& seqs, double scale,
+             int64_t window, double softcap, torch::Tensor& out) {
+  using Word = typename Panels<Bf16>::Word;
+  constexpr int64_t dim = Vectors * kWidth;
+  const int64_t heads = q.size(1), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
+  const int64_t group = heads / kv_heads;
+  const int64_t panel_words = Panels<Bf16>::words(dim);
+  int64_t panels = 0;
+  for (auto& s : seqs) {
+    s.panel_offset = panels;
+    panels += s.chunks * kv_heads;
+  }
+  std::vector<Word> k_packed(panels * panel_words), v_packed(panels * panel_words);
+  const TC* k_ptr = reinterpret_cast<const TC*>(k_cache.data_ptr());
+  const TC* v_ptr = reinterpret_cast<const TC*>(v_cache.data_ptr());
+  const int64_t n_pack = static_cast<int64_t>(seqs.size()) * kv_heads * 2;
+  const int threads = at::get_num_threads();
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads)
+  for (int64_t item = 0; item < n_pack; ++item) {
+    const int64_t which = item / 2, head = which % kv_heads;
+    const Seq& s = seqs[which / kv_heads];
+    const bool is_key = item % 2 == 0;
+    Word* dst = (is_key ? k_packed : v_packed).data() +
+                (s.panel_offset + head * s.chunks) * panel_words;
+    pack<TC, Bf16>(is_key ? k_ptr : v_ptr, is_key ? k_scales : v_scales, s, head, kv_heads,
+                   block_size, dim, is_key, dst);
+  }
+
+  // Tiles of Tq query positions: G * Tq rows (~64) share each panel of K/V.
+  const int64_t tile = std::max<int64_t>(8, 64 / group);
+  std::vector<Item> items;
+  for (int64_t i = 0; i < static_cast<int64_t>(seqs.size()); ++i) {
+    const Seq& s = seqs[i];
+    for (int64_t t0 = 0; t0 < s.n_q; t0 += tile) {
+      const int64_t t1 = std::min(t0 + tile, s.n_q);
+      const int64_t last = s.len - s.n_q + t1 - 1;
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, s.len - s.n_q + t0 - window + 1) : 0;
+      for (int64_t h = 0; h < kv_heads; ++h) items.push_back({i, h, t0, t1, (last + 1 - lo) * (t1 - t0)});
+    }
+  }
+  std::stable_sort(items.begin(), items.end(),
+                   [](const Item& a, const Item& b) { return a.cost > b.cost; });
+
+  const TQ* q_ptr = q.data_ptr<TQ>();
+  TQ* out_ptr = out.data_ptr<TQ>();
+  const float cap = static_cast<float>(softcap), scale_f = static_cast<float>(scale);
+  const int64_t max_rows = group * tile;
+  const int64_t padded_rows = (max_rows + kRowBlock - 1) / kRowBlock * kRowBlock;
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+#pragma omp parallel num_threads(threads)
+  {
+    std::vector<float> qf(Bf16 ? 0 : padded_rows * dim), o(padded_rows * dim);
+    std::vector<float> scores(padded_rows * kChunk), m(padded_rows), l(padded_rows);
+    std::vector<const void*> rows(padded_rows);
+    std::vector<TQ> zeros(dim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t it = 0; it < n_items; ++it) {
+      const Item& item = items[it];
+      const Seq& s = seqs[item.seq];
+      const int64_t n_rows = (item.t1 - item.t0) * group;
+      const int64_t offset = s.len - s.n_q;  // position of query 0
+      const int64_t first = offset + item.t0, last = offset + item.t1 - 1;
+      for (int64_t r = 0; r < padded_rows; ++r) {
+        const TQ* src = r < n_rows ? q_ptr + ((s.q_start + item.t0 + r / group) * heads +
+                                              item.head * group + r % group) * dim
+                                   : zeros.data();
+        if constexpr (Bf16) {
+          rows[r] = src;
+        } else {
+          for (int64_t d = 0; d < dim; ++d) qf[r * dim + d] = static_cast<float>(src[d]);
+          rows[r] = qf.data() + r * dim;
+        }
+      }
+      std::fill(o.begin(), o.begin() + n_rows * dim, 0.f);
+      std::fill(m.begin(), m.begin() + n_rows, kNegInf);
+      std::fill(l.begin(), l.begin() + n_rows, 0.f);
+      const int64_t lo = window > 0 ? std::max<int64_t>(0, first - window + 1) : 0;
+      const Word* k_panels = k_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
+      const Word* v_panels = v_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
+      for (int64_t c = lo / kChunk; c <= last / kChunk; ++c) {
+        const int64_t j0 = c * kChunk;
+        panel_scores<Bf16>(rows.data(), n_rows, k_panels + c * panel_words, dim, scores.data());
+        // Keys any row of the tile must not see: past a row's position (or the context),
+        // or (sliding window) too far behind it.
+        const bool masked = j0 + kChunk - 1 > first || (window > 0 && j0 <= last - window);
+        for (int64_t r = 0; r < n_rows; ++r) {
+          float* sr = scores.data() + r * kChunk;
+          const int64_t pos = offset + item.t0 + r / group;
+          Vec top_v = splat(kNegInf);
+          for (int64_t i = 0; i < kChunkVectors; ++i) {
+            Vec x = mul(load(sr + i * kWidth), splat(scale_f));
+            store(sr + i * kWidth, x);
+          }
+          if (cap > 0.f)
+            for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
+          if (masked)
+            for (int64_t k = 0; k < kChunk; ++k) {
+              const int64_t j = j0 + k;
+              if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
+            }
+          for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
+          const float top = std::max(m[r], max(top_v));
+          if (top == kNegInf) continue;  // nothing seen yet
+          const float alpha = std::exp(m[r] - top);
+          Vec total = zero();
+          for (int64_t i = 0; i < kChunkVectors; ++i) {
+            const Vec e = exp_nonpositive(sub(load(sr + i * kWidth), splat(top)));
+            store(sr + i * kWidth, e);
+            total = add(total, e);
+          }
+          float row_sum = sum(total);
+          if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
+            for (int64_t k = 0; k < kChunk; ++k)
+              if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
+                row_sum -= sr[k];
+                sr[k] = 0.f;
+              }
+          m[r] = top;
+          l[r] = l[r] * alpha + row_sum;
+          panel_values<Bf16, Vectors>(sr, alpha, v_panels + c * panel_words, o.data() + r * dim);
+        }
+      }
+      for (int64_t r = 0; r < n_rows; ++r) {
+        TQ* dst = out_ptr + ((s.q_start + item.t0 + r / group) * heads + item.head * group +
+                             r % group) * dim;
+        const float inv = 1.f / l[r];
+        for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<TQ>(o[r * dim + d] * inv);
+      }
+    }
+  }
+}
+
+#define KVGATE_HEAD_VECTORS(X) X(1) X(2) X(4) X(5) X(6) X(8) X(10) X(12) X(16) X(32)
+
+template <typename TQ, typename TC, bool Bf16>
+void prefill_any(const torch::Tensor& q, const torch::Tensor& k_cache,
+                 const torch::Tensor& v_cache, const float* k_scales, const float* v_scales,
+                 std::vector<Seq>& seqs, double scale, int64_t window, double softcap,
+                 torch::Tensor& out) {
+  switch (q.size(2) % kWidth == 0 ? q.size(2) / kWidth : 0) {
+#define KVGATE_DIM(n)                                                                        \
+  case n:                                                                                    \
+    return prefill<TQ, TC, Bf16, n>(q, k_cache, v_cache, k_scales, v_scales, seqs, scale,    \
+                                    window, softcap, out);
+    KVGATE_HEAD_VECTORS(KVGATE_DIM)
+#undef KVGATE_DIM
+    default:
+      TORCH_CHECK(false, "paged_prefill: head_dim ", q.size(2), " is not supported");
+  }
+}
+
+}  // namespace
+
+// q [T, Hq, D] bf16 or fp32; caches [blocks, Hkv, block_size, D] in q's dtype, or fp8 e4m3
+// with fp32 scales [blocks, Hkv, block_size] (empty tensors otherwise); block_tables [B, W],
+// seq_lens [B], query_start [B + 1] int32 (the step's metadata); seqs [S] int32: the
+// sequences to serve (their query rows of `out` are written, no others). window <= 0: none;
+// softcap <= 0: none.
+void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
+                   const torch::Tensor& v_cache, const torch::Tensor& k_scales,
+                   const torch::Tensor& v_scales, const torch::Tensor& block_tables,
+                   const torch::Tensor& seq_lens, const torch::Tensor& query_start,
+                   const torch::Tensor& seqs, double scale, int64_t window, double softcap,
+                   torch::Tensor& out) {
+  for (const torch::Tensor* t : {&q, &k_cache, &v_cache, &k_scales, &v_scales, &block_tables,
+                                 &seq_lens, &query_start, &seqs, static_cast<const torch::Tensor*>(&out)})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
+                "paged_prefill: contiguous CPU tensors only");
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
+                  out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
+              "paged_prefill: bad shapes");
+  const bool fp8 = k_cache.scalar_type() == torch::kFloat8_e4m3fn;
+  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
+                  (fp8 || q.scalar_type() == k_cache.scalar_type()),
+              "paged_prefill: the caches must share q's dtype or be fp8 e4m3");
+  if (fp8) {
+    const auto rows = k_cache.sizes().slice(0, 3);
+    TORCH_CHECK(k_scales.sizes() == rows && v_scales.sizes() == rows &&
+                    k_scales.scalar_type() == torch::kFloat32 &&
+                    v_scales.scalar_type() == torch::kFloat32,
+                "paged_prefill: an fp8 cache needs fp32 scales [blocks, Hkv, block]");
+  }
+  for (const torch::Tensor* t : {&block_tables, &seq_lens, &query_start, &seqs})
+    TORCH_CHECK(t->scalar_type() == torch::kInt32, "paged_prefill: int32 metadata only");
+  const int64_t batch = seq_lens.size(0);
+  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0 &&
+                  block_tables.dim() == 2 && block_tables.size(0) == batch &&
+                  query_start.size(0) == batch + 1,
+              "paged_prefill: shapes disagree");
+  const int64_t block_size = k_cache.size(2), blocks = k_cache.size(0);
+  const int64_t width = block_tables.size(1);
+  const int32_t* lens = seq_lens.data_ptr<int32_t>();
+  const int32_t* starts = query_start.data_ptr<int32_t>();
+  const int32_t* tables = block_tables.data_ptr<int32_t>();
+  const int32_t* served = seqs.data_ptr<int32_t>();
+  std::vector<Seq> list;
+  for (int64_t i = 0; i < seqs.size(0); ++i) {
+    const int64_t b = served[i];
+    TORCH_CHECK(b >= 0 && b < batch, "paged_prefill: sequence index out of range");
+    const int64_t len = lens[b], q_start = starts[b], n_q = starts[b + 1] - starts[b];
+    TORCH_CHECK(len > 0 && len <= width * block_size, "paged_prefill: seq_len out of range");
+    TORCH_CHECK(n_q > 0 && n_q <= len && q_start >= 0 && q_start + n_q <= q.size(0),
+                "paged_prefill: query rows out of range");
+    const int32_t* table = tables + b * width;
+    for (int64_t j = 0; j < (len + block_size - 1) / block_size; ++j)
+      TORCH_CHECK(table[j] >= 0 && table[j] < blocks, "paged_prefill: block id out of range");
+    list.push_back({q_start, n_q, len, (len + kChunk - 1) / kChunk, table, 0});
+  }
+  if (list.empty()) return;
+  const float* ks = fp8 ? k_scales.data_ptr<float>() : nullptr;
+  const float* vs = fp8 ? v_scales.data_ptr<float>() : nullptr;
+  if (q.scalar_type() == torch::kBFloat16) {
+    if (fp8)
+      prefill_any<c10::BFloat16, Fp8, false>(q, k_cache, v_cache, ks, vs, list, scale, window,
+                                             softcap, out);
+    else
+      prefill_any<c10::BFloat16, c10::BFloat16, kBf16Dot>(q, k_cache, v_cache, ks, vs, list,
+                                                          scale, window, softcap, out);
+  } else {
+    TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_prefill: bf16 or fp32 queries only");
+    if (fp8)
+      prefill_any<float, Fp8, false>(q, k_cache, v_cache, ks, vs, list, scale, window, softcap,
+                                     out);
+    else
+      prefill_any<float, float, false>(q, k_cache, v_cache, ks, vs, list, scale, window, softcap,
+                                       out);
+  }
+}
+
+std::vector<int64_t> head_dims() {
+  std::vector<int64_t> dims;
+  for (int64_t n : {1, 2, 4, 5, 6, 8, 10, 12, 16, 32})
+    if (!kBf16Dot || n * kWidth % 2 == 0) dims.push_back(n * kWidth);
+  return dims;
+}
+
+bool bf16_dot() { return kBf16Dot; }
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("head_dims", &head_dims, "the head sizes paged_prefill takes on this build");
+  m.def("bf16_dot", &bf16_dot, "whether bf16 caches run on vdpbf16ps in this build");
+  m.def("paged_prefill", &paged_prefill, "fused causal prefill attention over the paged cache");
+}
