@@ -26,11 +26,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import engine.models.gemm as gemm
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
 from engine.model_config import ModelConfig
-from engine.models import gemm
 from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
 from engine.models.moe import SparseMoE

@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import torch
 
+import engine.models.gemm as gemm
 from engine.lora import SITES, LoRAAdapter
-from engine.models import gemm
 
 MAX_STACKS = 4  # sets of adapters whose stacked weights are kept (LRU)
 

@@ -16,8 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import engine.models.gemm as gemm
 from engine.model_config import ModelConfig
-from engine.models import gemm
 from engine.models.params import new_param
 
 

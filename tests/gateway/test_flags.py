@@ -30,6 +30,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--port": ("port", int, "store", None, "options"),
     "--workers": ("workers", int, "store", None, "options"),
     "--in-process-engine": ("in_process_engine", str, "bool", None, "options"),
+    "--gguf-dequantize": ("gguf_dequantize", str, "bool", None, "options"),
     "--model": ("model", str, "store", None, "options"),
     "--revision": ("revision", str, "store", None, "options"),
     "--served-model-name": ("served_model_name", str, "store", None, "options"),
