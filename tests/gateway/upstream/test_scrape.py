@@ -91,10 +91,12 @@ def test_a_hot_key_leaves_an_upstream_whose_queue_the_scrape_shows(
     own = generate(front.base, cache_key="hot", prompt="hi")["structuredContent"]["replica"]
     queued = QUEUE_SLACK + 2
     with ThreadPoolExecutor(queued + 2) as pool:
-        # Long calls on the key's own upstream: one runs, the rest wait there. Sent straight
-        # to it, so this gateway has none of them in flight: only the scrape can tell.
+        # Long calls on the key's own upstream: one runs, the rest wait there (for seconds:
+        # shorter calls drained the queue below the slack between two scrapes once the engine
+        # got faster). Sent straight to it, so this gateway has none of them in flight: only
+        # the scrape can tell.
         busy = [
-            pool.submit(generate, upstreams[own].base, 60, prompt="A long story", max_tokens=150)
+            pool.submit(generate, upstreams[own].base, 60, prompt="A long story", max_tokens=600)
             for _ in range(queued + 1)
         ]
         deadline = time.monotonic() + 8
