@@ -53,10 +53,14 @@ class Kvgate:
             stderr=self._log_file,
         )
         deadline = time.monotonic() + 120
-        while not self._ready():
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "kvgate did not become ready"
-            time.sleep(0.1)
+        try:
+            while not self._ready():
+                assert self.process.poll() is None, self.log.read_text()
+                assert time.monotonic() < deadline, "kvgate did not become ready"
+                time.sleep(0.1)
+        except BaseException:  # never registered with a fixture: stop it here, not leak it
+            self.stop()
+            raise
 
     def _ready(self) -> bool:
         try:
