@@ -24,7 +24,7 @@ from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.errors import EngineStepError
 from engine.lora import LoRAAdapter
-from engine.output_processor import OutputCollector, OutputProcessor
+from engine.output_processor import OutputCollector, OutputProcessor, OutputStream
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
 from engine.prompt_rules import Prompt
 from engine.replica import Replica
@@ -34,8 +34,8 @@ from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 
 
-class RequestStream:
-    """The outputs of one admitted request, as an async iterator; ``aclose`` aborts it."""
+class RequestStream(OutputStream):
+    """The outputs of one admitted request (admitted at ``submit``); ``aclose`` aborts it."""
 
     def __init__(
         self,
@@ -45,52 +45,20 @@ class RequestStream:
         collector: OutputCollector,
         processor: OutputProcessor,
     ) -> None:
-        self.request_id = request.request_id
+        super().__init__(request.request_id, collector, processor)
         self._engine, self._request, self._replica = engine, request, replica
-        self._collector, self._processor = collector, processor
-        self._done = False
 
     @property
     def replica(self) -> int:
         return self._replica.index
 
-    @property
-    def num_buffered(self) -> int:
-        """Outputs waiting for this reader: at most 1, however slow it is."""
-        return self._collector.num_pending
-
-    async def admitted(self) -> None:
-        """Admitted already (``submit`` raises a refusal at once); an engine in a process of
-        its own (``engine.core_client``) answers this after a round trip."""
-
-    def __aiter__(self) -> RequestStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        while not self._done:
-            try:
-                step = await self._collector.get()
-            except Exception as exc:  # the step computing it failed: its blocks are freed
-                self._close(abort=False)
-                raise _engine_error(self._replica, exc) from exc
-            output = self._processor.process(step)
-            if self._processor.finished:
-                # A stop string ends it here: the engine may have run on, so abort it there.
-                self._close(abort=not step.finished)
-            if output is not None:
-                return output
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        self._close(abort=True)
-
-    def _close(self, abort: bool) -> None:
-        if self._done:
-            return
-        self._done = True
+    def _release(self, abort: bool) -> None:
         self._engine._forget(self._request)
         if abort:
             self._replica.abort(self._request)
+
+    def _step_error(self, exc: Exception) -> Exception:
+        return _engine_error(self._replica, exc)
 
 
 def _engine_error(replica: Replica, exc: Exception) -> EngineStepError:

@@ -29,8 +29,8 @@ from typing import Any
 import engine.ipc as ipc
 from engine.errors import EngineStepError, EngineUnavailable
 from engine.ipc import Adapter, Hello, State
-from engine.output_processor import OutputCollector, OutputProcessor
-from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
+from engine.output_processor import OutputCollector, OutputProcessor, OutputStream
+from engine.outputs import EmbeddingOutput, OutputKind, StepOutput
 from engine.prompt_rules import Prompt, PromptRules
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
@@ -43,8 +43,9 @@ COMPILED_MEMO = 4096  # grammar specs this client has had compiled (the engine's
 GONE = "the engine process exited"
 
 
-class RemoteStream:
-    """One request's outputs, as ``engine.async_llm.RequestStream``; ``aclose`` aborts it."""
+class RemoteStream(OutputStream):
+    """One request's outputs, as ``engine.async_llm.RequestStream``; admitted after a round
+    trip to the engine process."""
 
     def __init__(
         self,
@@ -54,58 +55,32 @@ class RemoteStream:
         params: SamplingParams,
         kind: OutputKind,
     ) -> None:
-        self.request_id = f"req-{tag}"
-        self._client, self._tag = client, tag
-        self._admission: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._collector = OutputCollector(asyncio.get_running_loop())
-        self._processor = OutputProcessor(
-            self.request_id, prompt_token_ids, params, client.tokenizer, kind
+        loop = asyncio.get_running_loop()
+        request_id = f"req-{tag}"
+        super().__init__(
+            request_id,
+            OutputCollector(loop),
+            OutputProcessor(request_id, prompt_token_ids, params, client.tokenizer, kind),
         )
+        self._client, self._tag = client, tag
+        self._admission: asyncio.Future[int] = loop.create_future()
         self._replica = -1
-        self._done = False
 
     @property
     def replica(self) -> int:
         return self._replica
 
-    @property
-    def num_buffered(self) -> int:
-        return self._collector.num_pending
-
     async def admitted(self) -> None:
         """Wait for the engine to admit it; raises what the engine refused it with."""
+        if self._replica >= 0:
+            return
         try:
             self._replica = await self._admission
         except BaseException:
             self._close(abort=False)
             raise
 
-    def __aiter__(self) -> RemoteStream:
-        return self
-
-    async def __anext__(self) -> RequestOutput:
-        if self._replica < 0:
-            await self.admitted()
-        while not self._done:
-            try:
-                step = await self._collector.get()
-            except Exception:
-                self._close(abort=False)
-                raise
-            output = self._processor.process(step)
-            if self._processor.finished:
-                self._close(abort=not step.finished)
-            if output is not None:
-                return output
-        raise StopAsyncIteration
-
-    async def aclose(self) -> None:
-        self._close(abort=True)
-
-    def _close(self, abort: bool) -> None:
-        if self._done:
-            return
-        self._done = True
+    def _release(self, abort: bool) -> None:
         self._client._forget(self._tag, abort)
 
 

@@ -10,6 +10,10 @@ Two pieces, after vLLM v1's output processor:
   strings (holding back text that may still become one), flushes held-back text at the end,
   and builds outputs of the requested ``OutputKind``. When a stop string matches it reports
   ``stopped`` and the caller aborts the request in the engine.
+
+``OutputStream`` joins the two for one request's reader: the async iterator that
+``engine.async_llm`` (engine in this process) and ``engine.core_client`` (engine in a process
+of its own) hand out, each saying only how a request is let go of in its engine.
 """
 
 from __future__ import annotations
@@ -158,3 +162,61 @@ class OutputProcessor:
             replica=step.replica,
             logprobs=logprobs,
         )
+
+
+class OutputStream:
+    """One request's outputs, as an async iterator; ``aclose`` aborts it in the engine."""
+
+    def __init__(
+        self, request_id: str, collector: OutputCollector, processor: OutputProcessor
+    ) -> None:
+        self.request_id = request_id
+        self._collector, self._processor = collector, processor
+        self._done = False
+
+    @property
+    def num_buffered(self) -> int:
+        """Outputs waiting for this reader: at most 1, however slow it is."""
+        return self._collector.num_pending
+
+    async def admitted(self) -> None:
+        """Wait until the engine has admitted the request (raises what refused it)."""
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        await self.admitted()
+        while not self._done:
+            try:
+                step = await self._collector.get()
+            except Exception as exc:  # the step computing it failed: its blocks are freed
+                self._close(abort=False)
+                error = self._step_error(exc)
+                if error is exc:
+                    raise
+                raise error from exc
+            output = self._processor.process(step)
+            if self._processor.finished:
+                # A stop string ends it here: the engine may have run on, so abort it there.
+                self._close(abort=not step.finished)
+            if output is not None:
+                return output
+        raise StopAsyncIteration
+
+    async def aclose(self) -> None:
+        self._close(abort=True)
+
+    def _close(self, abort: bool) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._release(abort)
+
+    def _release(self, abort: bool) -> None:
+        """Forget the request here, and abort it in the engine when ``abort``."""
+        raise NotImplementedError
+
+    def _step_error(self, exc: Exception) -> Exception:
+        """What the reader gets when the step computing its request failed with ``exc``."""
+        return exc
