@@ -20,12 +20,15 @@ for the connection's writer thread: a slow API process never holds up a step.
 
 A connection that closes (its API process died) has its requests aborted; the engine and
 the other connections go on. SIGTERM stops the replicas and exits 0.
+
+The adapters served are written beside the socket (``ADAPTERS_FILE``) after every change, and
+an engine started again by its supervisor loads that list rather than ``--lora-modules``: a
+restart does not lose the adapters loaded (or removed) at run time.
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 import logging
 import os
 import pickle
@@ -34,7 +37,6 @@ import socket
 import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +45,7 @@ from engine.config import EngineConfig
 from engine.engine_core import EngineCore
 from engine.errors import EngineStepError
 from engine.ipc import Adapter, Hello, State
+from engine.logs import configure_logging
 from engine.outputs import StepOutput
 from engine.replica import Replica
 from engine.request import Request
@@ -53,8 +56,8 @@ CALL_WORKERS = 4  # grammar compiles and adapter loads run beside each other, of
 # The GIL handoff between the step threads and the connection threads (as serving sets it).
 SWITCH_INTERVAL_S = 0.0002
 PR_SET_PDEATHSIG = 1
-TEXT = "%(asctime)s %(name)s %(message)s"  # as the API processes write theirs
 FATAL = 2  # the model (or a --lora-modules adapter) cannot be loaded: no use trying again
+ADAPTERS_FILE = "adapters.pickle"
 
 
 class Connection:
@@ -198,7 +201,9 @@ class Connection:
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, adapters_path: Path) -> None:
+        """``adapters_path``: where the adapters served are kept for a restarted engine."""
+        self.adapters_path = adapters_path
         self.lock = threading.Lock()
         self.owners: dict[str, tuple[Connection, int]] = {}  # request id → (connection, tag)
         self.connections: set[Connection] = set()
@@ -239,13 +244,45 @@ class EngineServer:
             return None
         if method == "add_lora":
             core.add_lora(*args)
-            self.broadcast_state()
+            self.adapters_changed()
             return None
         if method == "remove_lora":
             removed = core.remove_lora(*args)
-            self.broadcast_state()
+            self.adapters_changed()
             return removed
         raise ValueError(f"unknown engine call {method!r}")
+
+    def adapters_changed(self) -> None:
+        """Keep the list for a restart (written whole, then renamed), and tell every API
+        process."""
+        adapters = [(a.name, str(a.path)) for a in self.core.loras.list()]
+        temporary = self.adapters_path.with_suffix(".tmp")
+        temporary.write_bytes(pickle.dumps(adapters))
+        temporary.replace(self.adapters_path)
+        self.broadcast_state()
+
+    def load_adapters(self, configured: list[tuple[str, str]]) -> None:
+        """At start: the adapters a previous engine served, if it served any; else
+        ``configured`` (``--lora-modules``). One of the former that no longer loads (its
+        files gone) is logged and left out; one of the latter is fatal."""
+        if self.adapters_path.exists():
+            kept: list[tuple[str, str]] = pickle.loads(self.adapters_path.read_bytes())
+            for name, adapter_path in kept:
+                try:
+                    self.core.add_lora(name, adapter_path)
+                except ValueError as exc:
+                    log.error(
+                        "LoRA adapter %s from %s not loaded again: %s", name, adapter_path, exc
+                    )
+            self.adapters_changed()
+            return
+        for name, adapter_path in configured:
+            try:
+                self.core.add_lora(name, adapter_path)
+            except ValueError as exc:
+                print(f"kvgate: --lora-modules: {exc}", file=sys.stderr)
+                sys.exit(FATAL)
+            log.info("LoRA adapter %s from %s", name, adapter_path)
 
     def broadcast_state(self) -> None:
         message = ("state", None, self.state())
@@ -311,22 +348,6 @@ class EngineServer:
             replica.stop()
 
 
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line, with the keys the API processes' JSON logs have, so the
-    engine's lines join theirs on the one stderr (``--log-format json``)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry = {
-            "time": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
-            "level": record.levelname,
-            "logger": record.name,
-            "message": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str)
-
-
 def die_with_parent(parent: int) -> None:
     """SIGKILL this process when its parent dies (Linux), so a parent killed with SIGKILL
     leaves no engine behind; exit now if the parent is already gone."""
@@ -344,24 +365,16 @@ def main(argv: list[str]) -> None:
     die_with_parent(int(parent))
     config, adapters, log_format = pickle.loads(Path(config_path).read_bytes())
     assert isinstance(config, EngineConfig)
-    handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if log_format == "json" else logging.Formatter(TEXT))
-    logging.basicConfig(level=logging.INFO, handlers=[handler], force=True)
+    configure_logging(log_format)  # as the API processes write theirs
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # nothing to drain: API processes do
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent decides
     try:
-        server = EngineServer(config)
+        server = EngineServer(config, Path(path).with_name(ADAPTERS_FILE))
     except (OSError, ValueError) as exc:
         print(f"kvgate: cannot load the model: {exc}", file=sys.stderr)  # as in-process says it
         sys.exit(FATAL)
-    for name, adapter_path in adapters:  # --lora-modules, at every start
-        try:
-            server.core.add_lora(name, adapter_path)
-        except ValueError as exc:
-            print(f"kvgate: --lora-modules: {exc}", file=sys.stderr)
-            sys.exit(FATAL)
-        log.info("LoRA adapter %s from %s", name, adapter_path)
+    server.load_adapters(adapters)
     server.serve(path)
 
 

@@ -17,7 +17,16 @@ import httpx
 import orjson
 import pytest
 
-from tests.gateway.upstream.processes import Process, mcp_headers, running, tool_call
+from engine.tiny_model import default_model_dir
+from tests.gateway.upstream.processes import (
+    Process,
+    alive,
+    children,
+    mcp_headers,
+    running,
+    tool_call,
+)
+from tests.lora_adapters import ADAPTER_A, ADAPTER_B, make_adapter
 
 MODEL = "tiny-model-v3"
 LONG = {"model": MODEL, "prompt": "Hello", "max_tokens": 3000, "ignore_eos": True}
@@ -26,20 +35,6 @@ LONG = {"model": MODEL, "prompt": "Hello", "max_tokens": 3000, "ignore_eos": Tru
 @pytest.fixture(scope="module")
 def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("engine-process")
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        found += [int(child) for child in task.read_text().split()]
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def is_engine(pid: int) -> bool:
@@ -139,6 +134,45 @@ def test_a_killed_engine_fails_calls_cleanly_and_comes_back(single: Process) -> 
     assert engine_of(single.process.pid) != engine
     assert complete(single.base).status_code == 200
     assert "engine process exited with -9: starting it again" in single.log()
+
+
+@pytest.fixture(scope="module")
+def with_adapters(log_dir: Path) -> Iterator[tuple[Process, dict[str, Path]]]:
+    """``kvgate serve`` with adapter "b" from ``--lora-modules``, runtime loading allowed."""
+    pytest.importorskip("peft")
+    root, base = log_dir / "lora", default_model_dir()
+    adapters = {
+        "a": make_adapter(base, root / "a", **ADAPTER_A),  # type: ignore[arg-type]
+        "b": make_adapter(base, root / "b", **ADAPTER_B),  # type: ignore[arg-type]
+    }
+    flags = ("--enable-lora", "--allow-runtime-lora-updating")
+    flags += ("--lora-modules", f"b={adapters['b']}")
+    with running([Process(log_dir, *flags)], 600) as (server,):
+        yield server, adapters
+
+
+def test_a_restarted_engine_serves_the_adapters_loaded_and_removed_at_run_time(
+    with_adapters: tuple[Process, dict[str, Path]],
+) -> None:
+    server, adapters = with_adapters
+    assert server.process is not None
+
+    def served() -> list[str]:
+        models = httpx.get(server.base + "/v1/models", timeout=5).json()["data"]
+        return [m["id"] for m in models[1:]]
+
+    def post(path: str, body: dict[str, str]) -> None:
+        assert httpx.post(server.base + path, json=body, timeout=60).status_code == 200
+
+    post("/v1/load_lora_adapter", {"lora_name": "a", "lora_path": str(adapters["a"])})
+    post("/v1/unload_lora_adapter", {"lora_name": "b"})
+    assert served() == ["a"]
+    os.kill(engine_of(server.process.pid), signal.SIGKILL)
+    wait_for(lambda: not server.ready(), 2, "/readyz stayed ready without an engine")
+    wait_for(server.ready, 120, "the engine was not started again")
+    assert served() == ["a"]  # not "b" again, as --lora-modules alone would have it
+    body = {"model": "a", "prompt": "Hi", "max_tokens": 4}
+    assert httpx.post(server.base + "/v1/completions", json=body, timeout=30).status_code == 200
 
 
 def test_a_killed_parent_leaves_no_process(single: Process) -> None:

@@ -157,6 +157,22 @@ def gateway(log_dir: Path, upstreams: list[Process], *flags: str, **env: str) ->
     return Process(log_dir, *urls, *FLEET_FLAGS, *flags, env=env)
 
 
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` started (from /proc: every thread's children)."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        found += [int(child) for child in task.read_text().split()]
+    return found
+
+
+def alive(pid: int) -> bool:
+    """Running: not gone, and not a zombie waiting for its parent."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 def tool_call(arguments: dict[str, Any], name: str = "generate", progress: bool = False) -> dict:
     meta = modern_meta(progressToken="p") if progress else modern_meta()
     return {

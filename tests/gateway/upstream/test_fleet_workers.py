@@ -20,6 +20,8 @@ import pytest
 from tests.gateway.upstream.processes import (
     REPO_ROOT,
     Process,
+    alive,
+    children,
     gateway,
     mcp_headers,
     running,
@@ -47,20 +49,6 @@ def fronts(log_dir: Path, upstreams: list[Process]) -> Iterator[list[Process]]:
     """Two gateways of two workers each over the same upstreams."""
     with running([gateway(log_dir, upstreams, "--workers", "2") for _ in range(2)], 60) as up:
         yield up
-
-
-def children(pid: int) -> list[int]:
-    found = []
-    for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        found += [int(child) for child in task.read_text().split()]
-    return found
-
-
-def alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
-    except FileNotFoundError:
-        return False
 
 
 def served_by(base: str, key: str) -> str:
