@@ -8,8 +8,10 @@ dtype (bf16 where the CPU computes it natively, else fp32). Each round measures 
 turn, at concurrency 1 and 16, with streamed chat completions (greedy, ``ignore_eos`` so every
 answer has ``--max-tokens`` tokens, distinct prompts so the prefix cache does not decide it):
 output tokens/s over the wall time, TTFT p50/p99 and inter-token latency p50 (from the chunks'
-arrival times). Prints one line per (server, concurrency) and kvgate/vLLM ratios; the best
-round of each is reported. Without ``--vllm-python`` only kvgate is measured.
+arrival times), and the server's CPU time per output token (all its processes' user + system
+time over the measurement, from /proc: a figure a busy machine disturbs far less than wall
+times). Prints one line per (server, concurrency) and kvgate/vLLM ratios; the best round of
+each is reported. Without ``--vllm-python`` only kvgate is measured.
 
 ``--vllm-bench`` measures with vLLM's own client instead (``vllm.benchmarks.serve`` from the
 ``--vllm-python`` venv, a client neither project's server code wrote): its random dataset,
@@ -27,7 +29,9 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,12 +56,30 @@ class Figures:
     ttft_p50_ms: float
     ttft_p99_ms: float
     itl_p50_ms: float
+    tokens: int
+    cpu_ms_per_token: float = float("nan")
 
     def line(self) -> str:
         return (
             f"{self.tokens_per_s:8.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms  "
-            f"p99 {self.ttft_p99_ms:7.1f} ms  ITL p50 {self.itl_p50_ms:6.2f} ms"
+            f"p99 {self.ttft_p99_ms:7.1f} ms  ITL p50 {self.itl_p50_ms:6.2f} ms  "
+            f"CPU {self.cpu_ms_per_token:5.2f} ms/token"
         )
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of ``pid`` and every process below it (from /proc)."""
+    total, pending = 0.0, [pid]
+    while pending:
+        current = pending.pop()
+        try:
+            fields = Path(f"/proc/{current}/stat").read_text().rsplit(") ", 1)[1].split()
+            for task in Path(f"/proc/{current}/task").glob("*/children"):
+                pending += [int(child) for child in task.read_text().split()]
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 # Run under the vLLM venv: vLLM's benchmark client against a base URL; prints one JSON line.
@@ -68,7 +90,7 @@ parser = argparse.ArgumentParser()
 add_cli_args(parser)
 r = main(parser.parse_args(sys.argv[1:]))
 print(json.dumps({k: r[k] for k in ("output_throughput", "median_ttft_ms", "p99_ttft_ms",
-                                     "median_tpot_ms", "completed")}))
+                                     "median_tpot_ms", "completed", "total_output_tokens")}))
 """
 
 
@@ -90,7 +112,11 @@ def vllm_bench(
     if r["completed"] != args.num_prompts:
         raise RuntimeError(f"vllm bench serve: {r['completed']} of {args.num_prompts} completed")
     return Figures(
-        r["output_throughput"], r["median_ttft_ms"], r["p99_ttft_ms"], r["median_tpot_ms"]
+        r["output_throughput"],
+        r["median_ttft_ms"],
+        r["p99_ttft_ms"],
+        r["median_tpot_ms"],
+        r["total_output_tokens"],
     )
 
 
@@ -162,34 +188,39 @@ async def measure(
         1000 * percentile(ttfts, 0.5),
         1000 * percentile(ttfts, 0.99),
         1000 * percentile(gaps, 0.5) if gaps else float("nan"),
+        total,
     )
 
 
 @contextmanager
-def server(command: list[str], env: dict[str, str], base: str, what: str, ready_s: float):
-    process = subprocess.Popen(
-        command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
-    )
-    try:
-        deadline = time.monotonic() + ready_s
-        while True:
-            if process.poll() is not None:
-                raise RuntimeError(f"{what} exited: {process.stderr.read()[-2000:]}")
-            try:
-                if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"{what} did not become ready in {ready_s:g} s")
-            time.sleep(0.5)
-        yield
-    finally:
-        process.send_signal(signal.SIGINT)
+def server(
+    command: list[str], env: dict[str, str], base: str, what: str, ready_s: float
+) -> Iterator[int]:
+    """The server up and answering; yields its pid. Its log goes to a file (a pipe nobody
+    reads would block it once full)."""
+    with tempfile.TemporaryFile("w+") as log:
+        process = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=log)
         try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
+            deadline = time.monotonic() + ready_s
+            while True:
+                if process.poll() is not None:
+                    log.seek(0)
+                    raise RuntimeError(f"{what} exited: {log.read()[-2000:]}")
+                try:
+                    if httpx.get(base + "/v1/models", timeout=2).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{what} did not become ready in {ready_s:g} s")
+                time.sleep(0.5)
+            yield process.pid
+        finally:
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
 
 
 def main() -> None:
@@ -203,6 +234,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--kvgate-flags", default="", help="extra `kvgate serve` flags")
+    parser.add_argument(
+        "--kvgate-env", nargs="*", default=[], metavar="NAME=VALUE", help="for kvgate alone"
+    )
     parser.add_argument("--vllm-bench", action="store_true", help="vLLM's own client measures")
     parser.add_argument("--random-input-len", type=int, default=256)
     parser.add_argument("--random-output-len", type=int, default=128)
@@ -222,7 +256,8 @@ def main() -> None:
     kvgate += ["--model", str(model_dir), "--served-model-name", name, "--max-model-len", "2048"]
     kvgate += args.kvgate_flags.split()
     kv_env = {**os.environ, "KVGATE_KV_CACHE_MEMORY": "256MiB", "KVGATE_DTYPE": dtype}
-    servers = {"kvgate": (kvgate, kv_env, kv_base, 120.0)}
+    kv_env.update(item.split("=", 1) for item in args.kvgate_env)
+    servers = {"kvgate": (kvgate, kv_env, kv_base, 600.0)}  # a first start builds kernels
     if args.vllm_python:
         vllm = [args.vllm_python, "-m", "vllm.entrypoints.openai.api_server", "--model"]
         vllm += [str(model_dir), "--host", "127.0.0.1", "--port", str(vllm_port), "--dtype"]
@@ -235,10 +270,11 @@ def main() -> None:
     best: dict[tuple[str, int], Figures] = {}
     for round_ in range(args.rounds):
         for who, (command, env, base, ready_s) in servers.items():  # one server up at a time
-            with server(command, env, base, who, ready_s):
+            with server(command, env, base, who, ready_s) as pid:
                 asyncio.run(measure(base, name, 2, 4, args.prompt_words, 8, seed=99))  # warm up
                 for c in levels:
                     seed = round_ * 10 + c
+                    cpu_before = cpu_seconds(pid)
                     if args.vllm_bench:
                         got = vllm_bench(args.vllm_python, base, name, model_dir, c, args, seed)
                     else:
@@ -248,6 +284,7 @@ def main() -> None:
                                 seed=seed,
                             )
                         )  # fmt: skip
+                    got.cpu_ms_per_token = 1000 * (cpu_seconds(pid) - cpu_before) / got.tokens
                     print(f"round {round_} {who:6s} c={c:<3d} {got.line()}", flush=True)
                     if (who, c) not in best or got.tokens_per_s > best[who, c].tokens_per_s:
                         best[who, c] = got
@@ -260,7 +297,8 @@ def main() -> None:
             print(
                 f"c={c}: throughput {k.tokens_per_s / v.tokens_per_s:.2f}x vLLM, "
                 f"TTFT p50 {k.ttft_p50_ms / v.ttft_p50_ms:.2f}x, "
-                f"p99 {k.ttft_p99_ms / v.ttft_p99_ms:.2f}x, ITL {k.itl_p50_ms / v.itl_p50_ms:.2f}x"
+                f"p99 {k.ttft_p99_ms / v.ttft_p99_ms:.2f}x, ITL {k.itl_p50_ms / v.itl_p50_ms:.2f}x, "
+                f"CPU per token {k.cpu_ms_per_token / v.cpu_ms_per_token:.2f}x"
             )
 
 
