@@ -17,16 +17,10 @@
 // Built at first use by engine/attention/cpu/__init__.py (-O3, -march=native or, with
 // KVGATE_CPU_ISA=avx2, -march=haswell).
 
-#include <torch/extension.h>
+#include "kvgate_simd.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Float8_e4m3fn.h>
 #include <omp.h>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -38,6 +32,8 @@
 
 namespace {
 
+using namespace kvgate;
+
 #ifndef KVGATE_PREFILL_CHUNK
 #define KVGATE_PREFILL_CHUNK 64
 #endif
@@ -45,103 +41,9 @@ namespace {
 // one thread, bf16, a 2,000-token bench55m layer: 16 keys 37.6 ms, 32 keys 27.2, 64 keys 24.5.
 constexpr int64_t kChunk = KVGATE_PREFILL_CHUNK;
 
-#if defined(__AVX512F__)
-constexpr int64_t kWidth = 16;
-using Vec = __m512;
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec splat(float x) { return _mm512_set1_ps(x); }
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
-inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-inline float max(Vec v) { return _mm512_reduce_max_ps(v); }
-inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int64_t kWidth = 8;
-using Vec = __m256;
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec splat(float x) { return _mm256_set1_ps(x); }
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline float sum(Vec v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-inline float max(Vec v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_max_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
-inline Vec pow2(Vec n) {  // n integral, within the normal exponents
-  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
-}
-#else
-constexpr int64_t kWidth = 1;
-using Vec = float;
-inline Vec zero() { return 0.f; }
-inline Vec splat(float x) { return x; }
-inline Vec load(const float* p) { return *p; }
-inline void store(float* p, Vec v) { *p = v; }
-inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
-inline Vec mul(Vec a, Vec b) { return a * b; }
-inline Vec sub(Vec a, Vec b) { return a - b; }
-inline Vec add(Vec a, Vec b) { return a + b; }
-inline float sum(Vec v) { return v; }
-inline Vec vmax(Vec a, Vec b) { return std::max(a, b); }
-inline float max(Vec v) { return v; }
-inline Vec floor(Vec v) { return std::floor(v); }
-inline Vec pow2(Vec n) { return std::ldexp(1.f, static_cast<int>(n)); }
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
-
 constexpr int64_t kChunkVectors = kChunk / kWidth;
 // Query rows whose scores are accumulated together (their accumulators stay in registers).
 constexpr int64_t kRowBlock = std::max<int64_t>(1, std::min<int64_t>(8, 16 / kChunkVectors));
-
-// e^x for x <= 0 (Cephes' expf, as paged_decode.cpp); ~e^-87 below -87.
-inline Vec exp_nonpositive(Vec x) {
-  x = vmax(x, splat(-87.f));
-  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
-  Vec r = fma(n, splat(-0.693359375f), x);
-  r = fma(n, splat(2.12194440e-4f), r);
-  Vec p = splat(1.9875691500e-4f);
-  p = fma(p, r, splat(1.3981999507e-3f));
-  p = fma(p, r, splat(8.3334519073e-3f));
-  p = fma(p, r, splat(4.1665795894e-2f));
-  p = fma(p, r, splat(1.6666665459e-1f));
-  p = fma(p, r, splat(5.0000001201e-1f));
-  p = fma(p, mul(r, r), add(r, splat(1.f)));
-  return mul(p, pow2(n));
-}
-
-struct Fp8 {
-  uint8_t bits;
-};
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float widen(Fp8 x) {
-  return static_cast<float>(c10::Float8_e4m3fn(x.bits, c10::Float8_e4m3fn::from_bits()));
-}
 
 inline uint16_t bf16_bits(c10::BFloat16 x) { return x.x; }
 
@@ -171,8 +73,7 @@ void pack(const TC* cache, const float* scales, const Seq& s, int64_t head, int6
   const int64_t panel_words = Panels<Bf16>::words(dim);
   std::memset(out, 0, sizeof(Word) * panel_words * s.chunks);
   for (int64_t j = 0; j < s.len; ++j) {
-    const int64_t slot = (static_cast<int64_t>(s.table[j / block_size]) * kv_heads + head) *
-                             block_size + j % block_size;
+    const int64_t slot = cache_slot(s.table, j, kv_heads, head, block_size);
     const TC* row = cache + slot * dim;
     Word* panel = out + (j / kChunk) * panel_words;
     const int64_t k = j % kChunk;
@@ -256,7 +157,7 @@ void panel_values(const float* p, float alpha, const typename Panels<Bf16>::Word
   Vec acc[Vectors];
   const Vec a = splat(alpha);
 #pragma GCC unroll 32
-  for (int64_t i = 0; i < Vectors; ++i) acc[i] = mul(load(o + i * kWidth), a);
+  for (int64_t i = 0; i < Vectors; ++i) acc[i] = load(o + i * kWidth) * a;
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if constexpr (Bf16) {
     uint32_t pairs[kChunk / 2];
@@ -284,7 +185,7 @@ void panel_values(const float* p, float alpha, const typename Panels<Bf16>::Word
     }
     if constexpr (sets == 2)
 #pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[i] = add(acc[i], more[i]);
+      for (int64_t i = 0; i < Vectors; ++i) acc[i] = acc[i] + more[i];
   }
 #endif
   if constexpr (!Bf16) {
@@ -394,7 +295,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
           const int64_t pos = offset + item.t0 + r / group;
           Vec top_v = splat(kNegInf);
           for (int64_t i = 0; i < kChunkVectors; ++i) {
-            Vec x = mul(load(sr + i * kWidth), splat(scale_f));
+            Vec x = load(sr + i * kWidth) * splat(scale_f);
             store(sr + i * kWidth, x);
           }
           if (cap > 0.f)
@@ -410,9 +311,9 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
           const float alpha = std::exp(m[r] - top);
           Vec total = zero();
           for (int64_t i = 0; i < kChunkVectors; ++i) {
-            const Vec e = exp_nonpositive(sub(load(sr + i * kWidth), splat(top)));
+            const Vec e = exp_nonpositive(load(sr + i * kWidth) - splat(top));
             store(sr + i * kWidth, e);
-            total = add(total, e);
+            total = total + e;
           }
           float row_sum = sum(total);
           if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
@@ -468,30 +369,16 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
                    const torch::Tensor& seq_lens, const torch::Tensor& query_start,
                    const torch::Tensor& seqs, double scale, int64_t window, double softcap,
                    torch::Tensor& out) {
-  for (const torch::Tensor* t : {&q, &k_cache, &v_cache, &k_scales, &v_scales, &block_tables,
-                                 &seq_lens, &query_start, &seqs, static_cast<const torch::Tensor*>(&out)})
-    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
-                "paged_prefill: contiguous CPU tensors only");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
-              "paged_prefill: bad shapes");
-  const bool fp8 = k_cache.scalar_type() == torch::kFloat8_e4m3fn;
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
-                  (fp8 || q.scalar_type() == k_cache.scalar_type()),
-              "paged_prefill: the caches must share q's dtype or be fp8 e4m3");
-  if (fp8) {
-    const auto rows = k_cache.sizes().slice(0, 3);
-    TORCH_CHECK(k_scales.sizes() == rows && v_scales.sizes() == rows &&
-                    k_scales.scalar_type() == torch::kFloat32 &&
-                    v_scales.scalar_type() == torch::kFloat32,
-                "paged_prefill: an fp8 cache needs fp32 scales [blocks, Hkv, block]");
-  }
-  for (const torch::Tensor* t : {&block_tables, &seq_lens, &query_start, &seqs})
-    TORCH_CHECK(t->scalar_type() == torch::kInt32, "paged_prefill: int32 metadata only");
+  const bool fp8 = check_cache("paged_prefill", q, k_cache, v_cache, k_scales, v_scales,
+                               block_tables);
+  for (const torch::Tensor* t : {&seq_lens, &query_start, &seqs})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == torch::kInt32,
+                "paged_prefill: contiguous CPU int32 metadata only");
+  TORCH_CHECK(out.device().is_cpu() && out.is_contiguous() && out.sizes() == q.sizes() &&
+                  out.scalar_type() == q.scalar_type(),
+              "paged_prefill: out must be a contiguous CPU tensor like q");
   const int64_t batch = seq_lens.size(0);
-  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0 &&
-                  block_tables.dim() == 2 && block_tables.size(0) == batch &&
-                  query_start.size(0) == batch + 1,
+  TORCH_CHECK(block_tables.size(0) == batch && query_start.size(0) == batch + 1,
               "paged_prefill: shapes disagree");
   const int64_t block_size = k_cache.size(2), blocks = k_cache.size(0);
   const int64_t width = block_tables.size(1);
@@ -504,12 +391,10 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
     const int64_t b = served[i];
     TORCH_CHECK(b >= 0 && b < batch, "paged_prefill: sequence index out of range");
     const int64_t len = lens[b], q_start = starts[b], n_q = starts[b + 1] - starts[b];
-    TORCH_CHECK(len > 0 && len <= width * block_size, "paged_prefill: seq_len out of range");
+    const int32_t* table = tables + b * width;
+    check_sequence("paged_prefill", table, width, len, block_size, blocks);
     TORCH_CHECK(n_q > 0 && n_q <= len && q_start >= 0 && q_start + n_q <= q.size(0),
                 "paged_prefill: query rows out of range");
-    const int32_t* table = tables + b * width;
-    for (int64_t j = 0; j < (len + block_size - 1) / block_size; ++j)
-      TORCH_CHECK(table[j] >= 0 && table[j] < blocks, "paged_prefill: block id out of range");
     list.push_back({q_start, n_q, len, (len + kChunk - 1) / kChunk, table, 0});
   }
   if (list.empty()) return;
@@ -523,7 +408,6 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
       prefill_any<c10::BFloat16, c10::BFloat16, kBf16Dot>(q, k_cache, v_cache, ks, vs, list,
                                                           scale, window, softcap, out);
   } else {
-    TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_prefill: bf16 or fp32 queries only");
     if (fp8)
       prefill_any<float, Fp8, false>(q, k_cache, v_cache, ks, vs, list, scale, window, softcap,
                                      out);
