@@ -61,6 +61,15 @@ inline Vec load(const Fp8* p) {  // see Fp8
   return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(value), sign));
 }
 inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline void store(BF16* p, Vec v) {  // rounded to nearest even, NaN kept quiet: as c10 rounds
+  const __m512i bits = _mm512_castps_si512(v);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+  rounded = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), rounded,
+                                    _mm512_set1_epi32(0x7FC00000));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                      _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16)));
+}
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
 inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
 inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
@@ -89,6 +98,17 @@ inline Vec load(const Fp8* p) {  // see Fp8
   return _mm256_castsi256_ps(_mm256_or_si256(_mm256_castps_si256(value), sign));
 }
 inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline void store(BF16* p, Vec v) {  // rounded to nearest even, NaN kept quiet: as c10 rounds
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7FFF)));
+  rounded = _mm256_castps_si256(_mm256_blendv_ps(
+      _mm256_castsi256_ps(rounded), _mm256_castsi256_ps(_mm256_set1_epi32(0x7FC00000)),
+      _mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+  const __m256i halves = _mm256_srli_epi32(rounded, 16);  // each below 2^16: packs unsaturated
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves, halves), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_castsi256_si128(packed));
+}
 inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
 inline float sum(Vec v) {
   __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -121,6 +141,7 @@ inline Vec load(const float* p) { return *p; }
 inline Vec load(const BF16* p) { return static_cast<float>(*p); }
 inline Vec load(const Fp8* p) { return widen(*p); }
 inline void store(float* p, Vec v) { *p = v; }
+inline void store(BF16* p, Vec v) { *p = static_cast<BF16>(v); }
 inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
 inline float sum(Vec v) { return v; }
 inline Vec vmax(Vec a, Vec b) { return std::max(a, b); }

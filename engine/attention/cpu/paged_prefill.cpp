@@ -72,7 +72,43 @@ void pack(const TC* cache, const float* scales, const Seq& s, int64_t head, int6
   using Word = typename Panels<Bf16>::Word;
   const int64_t panel_words = Panels<Bf16>::words(dim);
   std::memset(out, 0, sizeof(Word) * panel_words * s.chunks);
-  for (int64_t j = 0; j < s.len; ++j) {
+  int64_t j = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (Bf16 && std::is_same_v<TC, c10::BFloat16>) {
+    // Whole runs of keys with vector moves; the rest (a context's tail) as below.
+    if (is_key && block_size % kWidth == 0) {
+      // K: word (d/2, k) is word d/2 of key k's row: kWidth keys of one block (rows dim
+      // apart) gathered per word.
+      const __m512i apart = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          _mm512_set1_epi32(static_cast<int32_t>(dim / 2)));
+      for (; j + kWidth <= s.len; j += kWidth) {
+        const int32_t* rows = reinterpret_cast<const int32_t*>(
+            cache + cache_slot(s.table, j, kv_heads, head, block_size) * dim);
+        Word* panel = out + (j / kChunk) * panel_words + j % kChunk;
+        for (int64_t d2 = 0; d2 < dim / 2; ++d2)
+          _mm512_storeu_si512(panel + d2 * kChunk, _mm512_i32gather_epi32(apart, rows + d2, 4));
+      }
+    } else if (!is_key && dim % 32 == 0) {
+      // V: word (k/2, d) pairs keys k and k+1 at dim d: two rows interleaved, 32 dims a time.
+      alignas(64) int16_t order[32];  // x0 y0 x1 y1 ... x15 y15 (y's lanes from 32)
+      for (int16_t i = 0; i < 16; ++i) order[2 * i] = i, order[2 * i + 1] = 32 + i;
+      const __m512i low = _mm512_load_si512(order);
+      const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+      for (; j + 2 <= s.len; j += 2) {
+        const BF16* a = cache + cache_slot(s.table, j, kv_heads, head, block_size) * dim;
+        const BF16* b = cache + cache_slot(s.table, j + 1, kv_heads, head, block_size) * dim;
+        Word* panel = out + (j / kChunk) * panel_words + (j % kChunk / 2) * dim;
+        for (int64_t d = 0; d < dim; d += 32) {
+          const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+          _mm512_storeu_si512(panel + d, _mm512_permutex2var_epi16(x, low, y));
+          _mm512_storeu_si512(panel + d + 16, _mm512_permutex2var_epi16(x, high, y));
+        }
+      }
+    }
+  }
+#endif
+  for (; j < s.len; ++j) {
     const int64_t slot = cache_slot(s.table, j, kv_heads, head, block_size);
     const TC* row = cache + slot * dim;
     Word* panel = out + (j / kChunk) * panel_words;
@@ -150,54 +186,68 @@ void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels
   }
 }
 
-// o[0..dim) = o * alpha + sum_k p[k] v_k, over one panel of values.
-template <bool Bf16, int64_t Vectors>
-void panel_values(const float* p, float alpha, const typename Panels<Bf16>::Word* v, float* o) {
+// Rows of a row block whose value sums run together: each value vector loaded is used by
+// all of them, R * Vectors accumulators held in half the vector registers.
+#if defined(__AVX512F__)
+constexpr int64_t kAccRegs = 16;
+#elif defined(__AVX2__)
+constexpr int64_t kAccRegs = 8;
+#else
+constexpr int64_t kAccRegs = 1;
+#endif
+template <int64_t Vectors>
+constexpr int64_t value_rows() {
+  int64_t rows = 1;
+  while (rows * 2 <= kRowBlock && rows * 2 * Vectors <= kAccRegs) rows *= 2;
+  return rows;
+}
+
+// For R rows r: o_r[0..dim) = o_r * alpha[r] + sum_k p_r[k] v_k over one panel of values (p_r:
+// row r of `p`, kChunk apart; bf16: its weights as bf16 pairs of keys, kChunk / 2 apart).
+template <bool Bf16, int64_t Vectors, int64_t R>
+void values(const float* p, const uint32_t* pairs, const float* alpha,
+            const typename Panels<Bf16>::Word* v, float* o) {
   constexpr int64_t dim = Vectors * kWidth;
-  Vec acc[Vectors];
-  const Vec a = splat(alpha);
+  Vec acc[R][Vectors];
 #pragma GCC unroll 32
-  for (int64_t i = 0; i < Vectors; ++i) acc[i] = load(o + i * kWidth) * a;
+  for (int64_t r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = load(o + r * dim + i * kWidth) * splat(alpha[r]);
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if constexpr (Bf16) {
-    uint32_t pairs[kChunk / 2];
-    for (int64_t i = 0; i < kChunkVectors; ++i)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + i * kWidth / 2),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + i * kWidth)));
-    // Two sets of accumulators (even and odd key pairs): a head of 4 vectors would otherwise
-    // be 4 dependency chains of vdpbf16ps, fewer than its latency covers.
-    constexpr int64_t sets = Vectors <= 8 ? 2 : 1;
-    Vec more[sets == 2 ? Vectors : 1];
-#pragma GCC unroll 32
-    for (int64_t i = 0; i < (sets == 2 ? Vectors : 1); ++i) more[i] = zero();
-    for (int64_t k2 = 0; k2 < kChunk / 2; k2 += sets) {
-      const __m512bh w = (__m512bh)_mm512_set1_epi32(pairs[k2]);
+    (void)p;
+    for (int64_t k2 = 0; k2 < kChunk / 2; ++k2) {
+      __m512bh vv[Vectors];
 #pragma GCC unroll 32
       for (int64_t i = 0; i < Vectors; ++i)
-        acc[i] = _mm512_dpbf16_ps(acc[i], w, (__m512bh)_mm512_loadu_si512(v + k2 * dim + i * kWidth));
-      if constexpr (sets == 2) {
-        const __m512bh w2 = (__m512bh)_mm512_set1_epi32(pairs[k2 + 1]);
+        vv[i] = (__m512bh)_mm512_loadu_si512(v + k2 * dim + i * kWidth);
 #pragma GCC unroll 32
-        for (int64_t i = 0; i < Vectors; ++i)
-          more[i] = _mm512_dpbf16_ps(more[i], w2,
-                                     (__m512bh)_mm512_loadu_si512(v + (k2 + 1) * dim + i * kWidth));
+      for (int64_t r = 0; r < R; ++r) {
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(pairs[r * (kChunk / 2) + k2]);
+#pragma GCC unroll 32
+        for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], w, vv[i]);
       }
     }
-    if constexpr (sets == 2)
-#pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[i] = acc[i] + more[i];
   }
 #endif
   if constexpr (!Bf16) {
+    (void)pairs;
     for (int64_t k = 0; k < kChunk; ++k) {
-      if (p[k] == 0.f) continue;
-      const Vec w = splat(p[k]);
+      Vec vv[Vectors];
 #pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[i] = fma(w, load(v + k * dim + i * kWidth), acc[i]);
+      for (int64_t i = 0; i < Vectors; ++i) vv[i] = load(v + k * dim + i * kWidth);
+#pragma GCC unroll 32
+      for (int64_t r = 0; r < R; ++r) {
+        const Vec w = splat(p[r * kChunk + k]);
+#pragma GCC unroll 32
+        for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = fma(w, vv[i], acc[r][i]);
+      }
     }
   }
 #pragma GCC unroll 32
-  for (int64_t i = 0; i < Vectors; ++i) store(o + i * kWidth, acc[i]);
+  for (int64_t r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) store(o + r * dim + i * kWidth, acc[r][i]);
 }
 
 template <typename TQ, typename TC, bool Bf16, int64_t Vectors>
@@ -253,11 +303,14 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
   const int64_t padded_rows = (max_rows + kRowBlock - 1) / kRowBlock * kRowBlock;
   const int64_t n_items = static_cast<int64_t>(items.size());
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kValueRows = value_rows<Vectors>();
 
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> qf(Bf16 ? 0 : padded_rows * dim), o(padded_rows * dim);
-    std::vector<float> scores(padded_rows * kChunk), m(padded_rows), l(padded_rows);
+    std::vector<float> scores(kRowBlock * kChunk), m(padded_rows), l(padded_rows);
+    std::vector<uint32_t> pairs(Bf16 ? kRowBlock * kChunk / 2 : 0);
+    float alpha[kRowBlock];
     std::vector<const void*> rows(padded_rows);
     std::vector<TQ> zeros(dim);
 #pragma omp for schedule(dynamic, 1)
@@ -278,7 +331,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
           rows[r] = qf.data() + r * dim;
         }
       }
-      std::fill(o.begin(), o.begin() + n_rows * dim, 0.f);
+      std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.begin() + n_rows, kNegInf);
       std::fill(l.begin(), l.begin() + n_rows, 0.f);
       const int64_t lo = window > 0 ? std::max<int64_t>(0, first - window + 1) : 0;
@@ -286,45 +339,66 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
       const Word* v_panels = v_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
       for (int64_t c = lo / kChunk; c <= last / kChunk; ++c) {
         const int64_t j0 = c * kChunk;
-        panel_scores<Bf16>(rows.data(), n_rows, k_panels + c * panel_words, dim, scores.data());
         // Keys any row of the tile must not see: past a row's position (or the context),
         // or (sliding window) too far behind it.
         const bool masked = j0 + kChunk - 1 > first || (window > 0 && j0 <= last - window);
-        for (int64_t r = 0; r < n_rows; ++r) {
-          float* sr = scores.data() + r * kChunk;
-          const int64_t pos = offset + item.t0 + r / group;
-          Vec top_v = splat(kNegInf);
-          for (int64_t i = 0; i < kChunkVectors; ++i) {
-            Vec x = load(sr + i * kWidth) * splat(scale_f);
-            store(sr + i * kWidth, x);
-          }
-          if (cap > 0.f)
-            for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
-          if (masked)
-            for (int64_t k = 0; k < kChunk; ++k) {
-              const int64_t j = j0 + k;
-              if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+          panel_scores<Bf16>(rows.data() + r0, kRowBlock, k_panels + c * panel_words, dim,
+                             scores.data());
+          for (int64_t b = 0; b < kRowBlock; ++b) {
+            const int64_t r = r0 + b;
+            float* sr = scores.data() + b * kChunk;
+            if (r >= n_rows) {  // a padding row: no weights, nothing kept
+              std::fill(sr, sr + kChunk, 0.f);
+              alpha[b] = 0.f;
+              continue;
             }
-          for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
-          const float top = std::max(m[r], max(top_v));
-          if (top == kNegInf) continue;  // nothing seen yet
-          const float alpha = std::exp(m[r] - top);
-          Vec total = zero();
-          for (int64_t i = 0; i < kChunkVectors; ++i) {
-            const Vec e = exp_nonpositive(load(sr + i * kWidth) - splat(top));
-            store(sr + i * kWidth, e);
-            total = total + e;
-          }
-          float row_sum = sum(total);
-          if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
-            for (int64_t k = 0; k < kChunk; ++k)
-              if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
-                row_sum -= sr[k];
-                sr[k] = 0.f;
+            const int64_t pos = offset + item.t0 + r / group;
+            for (int64_t i = 0; i < kChunkVectors; ++i)
+              store(sr + i * kWidth, load(sr + i * kWidth) * splat(scale_f));
+            if (cap > 0.f)
+              for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
+            if (masked)
+              for (int64_t k = 0; k < kChunk; ++k) {
+                const int64_t j = j0 + k;
+                if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
               }
-          m[r] = top;
-          l[r] = l[r] * alpha + row_sum;
-          panel_values<Bf16, Vectors>(sr, alpha, v_panels + c * panel_words, o.data() + r * dim);
+            Vec top_v = splat(kNegInf);
+            for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
+            const float top = std::max(m[r], max(top_v));
+            if (top == kNegInf) {  // nothing seen yet: the row stays empty
+              std::fill(sr, sr + kChunk, 0.f);
+              alpha[b] = 1.f;
+              continue;
+            }
+            alpha[b] = std::exp(m[r] - top);
+            Vec total = zero();
+            for (int64_t i = 0; i < kChunkVectors; ++i) {
+              const Vec e = exp_nonpositive(load(sr + i * kWidth) - splat(top));
+              store(sr + i * kWidth, e);
+              total = total + e;
+            }
+            float row_sum = sum(total);
+            if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
+              for (int64_t k = 0; k < kChunk; ++k)
+                if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
+                  row_sum -= sr[k];
+                  sr[k] = 0.f;
+                }
+            m[r] = top;
+            l[r] = l[r] * alpha[b] + row_sum;
+          }
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+          if constexpr (Bf16)  // the weights as bf16 pairs of keys (as the torch path rounds)
+            for (int64_t i = 0; i < kRowBlock * kChunkVectors; ++i)
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs.data() + i * kWidth / 2),
+                                  (__m256i)_mm512_cvtneps_pbh(load(scores.data() + i * kWidth)));
+#endif
+          for (int64_t b = 0; b < kRowBlock; b += kValueRows)
+            values<Bf16, Vectors, kValueRows>(scores.data() + b * kChunk,
+                                              pairs.data() + b * (kChunk / 2), alpha + b,
+                                              v_panels + c * panel_words,
+                                              o.data() + (r0 + b) * dim);
         }
       }
       for (int64_t r = 0; r < n_rows; ++r) {

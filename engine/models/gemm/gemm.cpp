@@ -206,7 +206,7 @@ inline Vec sigmoid(Vec x) {
   return if_nonnegative(x, s, e * s);
 }
 
-inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
+inline Vec gated(int64_t mode, const float* gate, const float* up) {
   const Vec g = load(gate);
   Vec act;
   if (mode == kSiluMul) {
@@ -215,7 +215,7 @@ inline void gated(int64_t mode, const float* gate, const float* up, float* out) 
     const Vec y = splat(0.7978845608028654f) * fma(splat(0.044715f) * g, g * g, g);
     act = g * sigmoid(y + y);
   }
-  store(out, act * load(up));
+  return act * load(up);
 }
 
 struct Problem {
@@ -255,15 +255,26 @@ void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, c
       const int64_t m = m0 + r;
       const float* a = acc + r * P * kWidth;
       if (pr.mode != kLinear) {  // act(gate) * up into the gate's columns of a [rows, half] y
-        alignas(64) float h[kWidth];
-        gated(pr.mode, a, a + kWidth, h);
         T* out = y + m * ldy + col[0];
+        if (valid[0] == kWidth) {
+          store(out, gated(pr.mode, a, a + kWidth));
+          continue;
+        }
+        alignas(64) float h[kWidth];
+        store(h, gated(pr.mode, a, a + kWidth));
         for (int64_t c = 0; c < valid[0]; ++c) out[c] = static_cast<T>(h[c]);
         continue;
       }
       for (int p = 0; p < P; ++p) {
         T* out = y + m * ldy + col[p];
         const float* ap = a + p * kWidth;
+        if (valid[p] == kWidth) {  // a whole panel: in vectors, rounded as below
+          Vec v = load(ap);
+          if (bias) v = v + load(bias + col[p]);
+          if (residual) v = v + load(residual + m * ldy + col[p]);
+          store(out, v);
+          continue;
+        }
         for (int64_t c = 0; c < valid[p]; ++c) {
           float v = ap[c];
           if (bias) v += widen(bias[col[p] + c]);
