@@ -71,7 +71,8 @@ void pack(const TC* cache, const float* scales, const Seq& s, int64_t head, int6
           int64_t block_size, int64_t dim, bool is_key, typename Panels<Bf16>::Word* out) {
   using Word = typename Panels<Bf16>::Word;
   const int64_t panel_words = Panels<Bf16>::words(dim);
-  std::memset(out, 0, sizeof(Word) * panel_words * s.chunks);
+  // Keys past the context are zero: they lie in the last panel (the others are written whole).
+  std::memset(out + (s.chunks - 1) * panel_words, 0, sizeof(Word) * panel_words);
   int64_t j = 0;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if constexpr (Bf16 && std::is_same_v<TC, c10::BFloat16>) {
@@ -264,7 +265,14 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
     s.panel_offset = panels;
     panels += s.chunks * kv_heads;
   }
-  std::vector<Word> k_packed(panels * panel_words), v_packed(panels * panel_words);
+  // The calling thread's packing buffers, kept between calls: a fresh 2 MB each layer of a
+  // chunk after a 2,000-token prefix cost as much as its attention (page faults, zeroing).
+  static_assert(sizeof(Word) == sizeof(float), "panels of 4-byte words");
+  thread_local std::vector<float> k_buffer, v_buffer;
+  const size_t words = static_cast<size_t>(panels * panel_words);
+  if (k_buffer.size() < words) k_buffer.resize(words), v_buffer.resize(words);
+  Word* const k_packed = reinterpret_cast<Word*>(k_buffer.data());
+  Word* const v_packed = reinterpret_cast<Word*>(v_buffer.data());
   const TC* k_ptr = reinterpret_cast<const TC*>(k_cache.data_ptr());
   const TC* v_ptr = reinterpret_cast<const TC*>(v_cache.data_ptr());
   const int64_t n_pack = static_cast<int64_t>(seqs.size()) * kv_heads * 2;
@@ -275,7 +283,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
     const int64_t which = item / 2, head = which % kv_heads;
     const Seq& s = seqs[which / kv_heads];
     const bool is_key = item % 2 == 0;
-    Word* dst = (is_key ? k_packed : v_packed).data() +
+    Word* dst = (is_key ? k_packed : v_packed) +
                 (s.panel_offset + head * s.chunks) * panel_words;
     pack<TC, Bf16>(is_key ? k_ptr : v_ptr, is_key ? k_scales : v_scales, s, head, kv_heads,
                    block_size, dim, is_key, dst);
@@ -335,8 +343,8 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
       std::fill(m.begin(), m.begin() + n_rows, kNegInf);
       std::fill(l.begin(), l.begin() + n_rows, 0.f);
       const int64_t lo = window > 0 ? std::max<int64_t>(0, first - window + 1) : 0;
-      const Word* k_panels = k_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
-      const Word* v_panels = v_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
+      const Word* k_panels = k_packed + (s.panel_offset + item.head * s.chunks) * panel_words;
+      const Word* v_panels = v_packed + (s.panel_offset + item.head * s.chunks) * panel_words;
       for (int64_t c = lo / kChunk; c <= last / kChunk; ++c) {
         const int64_t j0 = c * kChunk;
         // Keys any row of the tile must not see: past a row's position (or the context),

@@ -224,10 +224,10 @@ struct Problem {
   int64_t mode;
 };
 
-// One unit (panels 2u and 2u+1, or the last odd one) for every row, written to y.
+// One unit (panels 2u and 2u+1, or the last odd one) for rows [first, last), written to y.
 template <typename X, typename T>
-void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, const T* residual,
-          T* y) {
+void unit(const Problem& pr, int64_t u, int64_t first, int64_t last, const X* x, const T* w,
+          const T* bias, const T* residual, T* y) {
   const int P = (2 * u + 1 < pr.panels) ? 2 : 1;
   alignas(64) float acc[kMaxRows * 2 * kWidth];
   const int64_t ldy = pr.mode == kLinear ? pr.n : pr.half;
@@ -245,8 +245,8 @@ void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, c
     }
   }
   const T* panels = w + 2 * u * pr.panel;
-  for (int64_t m0 = 0; m0 < pr.rows; m0 += kMaxRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, pr.rows - m0));
+  for (int64_t m0 = first; m0 < last; m0 += kMaxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, last - m0));
     if (P == 2)
       tile_rows<2>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
     else
@@ -288,6 +288,8 @@ void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, c
 
 // Below this many weight bytes a call runs on the calling thread: waking the pool costs more.
 constexpr int64_t kBytesPerTask = 96 * 1024;
+// Rows of x a thread keeps in its L2 (1 MB a core on the Zen 4) while its panels stream by.
+constexpr int64_t kRowBlockBytes = 512 * 1024;
 
 template <typename T>
 void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
@@ -305,8 +307,17 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
   const int64_t units = (pr.panels + 1) / 2;
   const int64_t unit_bytes = 2 * pr.panel * static_cast<int64_t>(sizeof(T));
   const int64_t grain = std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, unit_bytes));
+  // Prefills: rows a block at a time, each block's rows (kRowBlockBytes of x) kept in L2
+  // while the thread's units stream past them, instead of every unit re-reading all of x
+  // (2 MB at 2,000 x 512 bf16 rows, 13 MB for the down projection's K).
+  const int64_t row_bytes = pr.K * static_cast<int64_t>(sizeof(X));
+  const int64_t block_rows =
+      std::max<int64_t>(kMaxRows, kRowBlockBytes / std::max<int64_t>(1, row_bytes) / kMaxRows * kMaxRows);
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) unit(pr, u, xp, wp, bp, rp, yp);
+    for (int64_t m0 = 0; m0 < pr.rows; m0 += block_rows) {
+      const int64_t m1 = std::min(pr.rows, m0 + block_rows);
+      for (int64_t u = begin; u < end; ++u) unit(pr, u, m0, m1, xp, wp, bp, rp, yp);
+    }
   });
 }
 
