@@ -90,12 +90,14 @@ def test_gate_up_pair_gives_act_gate_times_up_and_both_halves(
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
-    "rows,half,k", [(65, 40, 72), (300, 40, 72), (1000, 37, 29), (1031, 48, 301)]
+    "rows,half,k",
+    [(65, 40, 72), (300, 40, 72), (1000, 37, 29), (1031, 48, 301), (130, 24, 1037)],
 )
 def test_prefill_sized_row_counts_too(
     make: Kernel, dtype: torch.dtype, rows: int, half: int, k: int
 ) -> None:
-    """No second copy for prefills: the kernel serves them, in row tiles (odd K and N too)."""
+    """No second copy for prefills: the kernel serves them, in row tiles and row blocks (odd
+    K and N too, and a K of 1,037)."""
     x, weight, bias, residual = _case(rows, 2 * half, k, dtype, seed=rows)
     exact = x.double() @ weight.double().T
     linear, pair = make(weight, False), make(weight, True)
