@@ -9,6 +9,9 @@ compiler), or with ``KVGATE_CPU_KERNELS=0``, `build` returns None and the torch 
 ``KVGATE_CPU_ISA`` picks the instruction set a build targets: ``native`` (default,
 ``-march=native``) or ``avx2`` (``-march=haswell``: AVX2 + FMA, no AVX-512, AMX or bf16
 instructions) — how the AVX2 paths are tested and timed on an AVX-512 machine.
+
+Every build includes the headers in ``engine/csrc`` (``kvgate_simd.h``: the vector helpers,
+widening and paged-cache checks the kernels share), hashed into each build's name.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from engine.config import cache_dir, cpu_flags
 log = logging.getLogger(__name__)
 DISABLE_ENV = "KVGATE_CPU_KERNELS"
 ISA_ENV = "KVGATE_CPU_ISA"
+INCLUDE_DIR = Path(__file__).with_name("csrc")
 # An earlier build unused this long is removed. Not sooner: two kvgate versions sharing a cache
 # (a rolling upgrade, a second checkout) would otherwise remove each other's build mid-load.
 STALE_AFTER_S = 7 * 24 * 3600
@@ -54,10 +58,10 @@ def _cpu_kind() -> str:
 
 
 def _build_name(family: str, sources: list[Path]) -> str:
-    """A name unique to the CPU kind, the ISA, the sources and torch: a build never meets
-    another machine's (a cache directory may be shared)."""
+    """A name unique to the CPU kind, the ISA, the sources, the shared headers and torch: a
+    build never meets another machine's (a cache directory may be shared)."""
     digest = hashlib.sha256(torch.__version__.encode())
-    for source in sources:
+    for source in [*sources, *sorted(INCLUDE_DIR.glob("*.h"))]:
         digest.update(source.read_bytes())
     return f"kvgate_{family}_{_cpu_kind()}_{isa()}_{digest.hexdigest()[:12]}"
 
@@ -86,6 +90,7 @@ def build(family: str, sources: list[Path]) -> ModuleType | None:
                 name=name,
                 sources=[str(source) for source in sources],
                 extra_cflags=["-O3", *_ISA_FLAGS[isa()], "-fopenmp"],
+                extra_include_paths=[str(INCLUDE_DIR)],
                 extra_ldflags=["-fopenmp"],
                 build_directory=str(directory),
                 verbose=False,

@@ -89,15 +89,39 @@ def test_gate_up_pair_gives_act_gate_times_up_and_both_halves(
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("rows", [65, 300])
-def test_prefill_sized_row_counts_too(make: Kernel, dtype: torch.dtype, rows: int) -> None:
-    """No second copy for prefills: the kernel serves them, in row tiles."""
-    x, weight, bias, residual = _case(rows, 2 * 40, 72, dtype, seed=rows)
+@pytest.mark.parametrize(
+    "rows,half,k",
+    [(65, 40, 72), (300, 40, 72), (1000, 37, 29), (1031, 48, 301), (130, 24, 1037)],
+)
+def test_prefill_sized_row_counts_too(
+    make: Kernel, dtype: torch.dtype, rows: int, half: int, k: int
+) -> None:
+    """No second copy for prefills: the kernel serves them, in row tiles and row blocks (odd
+    K and N too, and a K of 1,037)."""
+    x, weight, bias, residual = _case(rows, 2 * half, k, dtype, seed=rows)
     exact = x.double() @ weight.double().T
     linear, pair = make(weight, False), make(weight, True)
     _check(linear.linear(x, bias), exact + bias.double(), dtype)
     _check(linear.linear_add(x, residual), exact + residual.double(), dtype)
-    _check(pair.linear_gated(x, "silu"), F.silu(exact[:, :40]) * exact[:, 40:], dtype)
+    _check(pair.linear_gated(x, "silu"), F.silu(exact[:, :half]) * exact[:, half:], dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 65, 1000])
+def test_bf16_outputs_round_to_nearest_even_as_torch_does(make: Kernel, rows: int) -> None:
+    """Small integers: every product and sum is exact in fp32, so the one rounding to bf16
+    (whole panels in vectors, a last partial panel by c10) must be torch's, ties to even
+    included; a NaN row stays NaN."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randint(-8, 9, (rows, 301), generator=gen).to(torch.bfloat16)
+    weight = torch.randint(-8, 9, (70, 301), generator=gen).to(torch.bfloat16)
+    residual = torch.randint(-300, 301, (rows, 70), generator=gen).to(torch.bfloat16)
+    x[-1, 5] = float("nan")
+    exact = x.double() @ weight.double().T
+    linear = make(weight, False)
+    assert torch.equal(linear.linear(x)[:-1], exact.to(torch.bfloat16)[:-1])
+    summed = linear.linear_add(x, residual)
+    assert torch.equal(summed[:-1], (exact + residual.double()).to(torch.bfloat16)[:-1])
+    assert summed[-1].isnan().all()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

@@ -17,16 +17,10 @@
 // Built at first use by engine/attention/cpu/__init__.py (-O3, -march=native or, with
 // KVGATE_CPU_ISA=avx2, -march=haswell).
 
-#include <torch/extension.h>
+#include "kvgate_simd.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Float8_e4m3fn.h>
 #include <omp.h>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -38,6 +32,8 @@
 
 namespace {
 
+using namespace kvgate;
+
 #ifndef KVGATE_PREFILL_CHUNK
 #define KVGATE_PREFILL_CHUNK 64
 #endif
@@ -45,103 +41,9 @@ namespace {
 // one thread, bf16, a 2,000-token bench55m layer: 16 keys 37.6 ms, 32 keys 27.2, 64 keys 24.5.
 constexpr int64_t kChunk = KVGATE_PREFILL_CHUNK;
 
-#if defined(__AVX512F__)
-constexpr int64_t kWidth = 16;
-using Vec = __m512;
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec splat(float x) { return _mm512_set1_ps(x); }
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm512_mul_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm512_sub_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm512_add_ps(a, b); }
-inline float sum(Vec v) { return _mm512_reduce_add_ps(v); }
-inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-inline float max(Vec v) { return _mm512_reduce_max_ps(v); }
-inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }
-#elif defined(__AVX2__) && defined(__FMA__)
-constexpr int64_t kWidth = 8;
-using Vec = __m256;
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec splat(float x) { return _mm256_set1_ps(x); }
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline Vec mul(Vec a, Vec b) { return _mm256_mul_ps(a, b); }
-inline Vec sub(Vec a, Vec b) { return _mm256_sub_ps(a, b); }
-inline Vec add(Vec a, Vec b) { return _mm256_add_ps(a, b); }
-inline float sum(Vec v) {
-  __m128 x = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_add_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_add_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-inline float max(Vec v) {
-  __m128 x = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
-  x = _mm_max_ss(x, _mm_movehdup_ps(x));
-  return _mm_cvtss_f32(x);
-}
-inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
-inline Vec pow2(Vec n) {  // n integral, within the normal exponents
-  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
-}
-#else
-constexpr int64_t kWidth = 1;
-using Vec = float;
-inline Vec zero() { return 0.f; }
-inline Vec splat(float x) { return x; }
-inline Vec load(const float* p) { return *p; }
-inline void store(float* p, Vec v) { *p = v; }
-inline Vec fma(Vec a, Vec b, Vec c) { return a * b + c; }
-inline Vec mul(Vec a, Vec b) { return a * b; }
-inline Vec sub(Vec a, Vec b) { return a - b; }
-inline Vec add(Vec a, Vec b) { return a + b; }
-inline float sum(Vec v) { return v; }
-inline Vec vmax(Vec a, Vec b) { return std::max(a, b); }
-inline float max(Vec v) { return v; }
-inline Vec floor(Vec v) { return std::floor(v); }
-inline Vec pow2(Vec n) { return std::ldexp(1.f, static_cast<int>(n)); }
-#endif
-
-#if defined(__AVX512F__) && defined(__AVX512BF16__)
-constexpr bool kBf16Dot = true;
-#else
-constexpr bool kBf16Dot = false;
-#endif
-
 constexpr int64_t kChunkVectors = kChunk / kWidth;
 // Query rows whose scores are accumulated together (their accumulators stay in registers).
 constexpr int64_t kRowBlock = std::max<int64_t>(1, std::min<int64_t>(8, 16 / kChunkVectors));
-
-// e^x for x <= 0 (Cephes' expf, as paged_decode.cpp); ~e^-87 below -87.
-inline Vec exp_nonpositive(Vec x) {
-  x = vmax(x, splat(-87.f));
-  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
-  Vec r = fma(n, splat(-0.693359375f), x);
-  r = fma(n, splat(2.12194440e-4f), r);
-  Vec p = splat(1.9875691500e-4f);
-  p = fma(p, r, splat(1.3981999507e-3f));
-  p = fma(p, r, splat(8.3334519073e-3f));
-  p = fma(p, r, splat(4.1665795894e-2f));
-  p = fma(p, r, splat(1.6666665459e-1f));
-  p = fma(p, r, splat(5.0000001201e-1f));
-  p = fma(p, mul(r, r), add(r, splat(1.f)));
-  return mul(p, pow2(n));
-}
-
-struct Fp8 {
-  uint8_t bits;
-};
-inline float widen(float x) { return x; }
-inline float widen(c10::BFloat16 x) { return static_cast<float>(x); }
-inline float widen(Fp8 x) {
-  return static_cast<float>(c10::Float8_e4m3fn(x.bits, c10::Float8_e4m3fn::from_bits()));
-}
 
 inline uint16_t bf16_bits(c10::BFloat16 x) { return x.x; }
 
@@ -169,10 +71,46 @@ void pack(const TC* cache, const float* scales, const Seq& s, int64_t head, int6
           int64_t block_size, int64_t dim, bool is_key, typename Panels<Bf16>::Word* out) {
   using Word = typename Panels<Bf16>::Word;
   const int64_t panel_words = Panels<Bf16>::words(dim);
-  std::memset(out, 0, sizeof(Word) * panel_words * s.chunks);
-  for (int64_t j = 0; j < s.len; ++j) {
-    const int64_t slot = (static_cast<int64_t>(s.table[j / block_size]) * kv_heads + head) *
-                             block_size + j % block_size;
+  // Keys past the context are zero: they lie in the last panel (the others are written whole).
+  std::memset(out + (s.chunks - 1) * panel_words, 0, sizeof(Word) * panel_words);
+  int64_t j = 0;
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if constexpr (Bf16 && std::is_same_v<TC, c10::BFloat16>) {
+    // Whole runs of keys with vector moves; the rest (a context's tail) as below.
+    if (is_key && block_size % kWidth == 0) {
+      // K: word (d/2, k) is word d/2 of key k's row: kWidth keys of one block (rows dim
+      // apart) gathered per word.
+      const __m512i apart = _mm512_mullo_epi32(
+          _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+          _mm512_set1_epi32(static_cast<int32_t>(dim / 2)));
+      for (; j + kWidth <= s.len; j += kWidth) {
+        const int32_t* rows = reinterpret_cast<const int32_t*>(
+            cache + cache_slot(s.table, j, kv_heads, head, block_size) * dim);
+        Word* panel = out + (j / kChunk) * panel_words + j % kChunk;
+        for (int64_t d2 = 0; d2 < dim / 2; ++d2)
+          _mm512_storeu_si512(panel + d2 * kChunk, _mm512_i32gather_epi32(apart, rows + d2, 4));
+      }
+    } else if (!is_key && dim % 32 == 0) {
+      // V: word (k/2, d) pairs keys k and k+1 at dim d: two rows interleaved, 32 dims a time.
+      alignas(64) int16_t order[32];  // x0 y0 x1 y1 ... x15 y15 (y's lanes from 32)
+      for (int16_t i = 0; i < 16; ++i) order[2 * i] = i, order[2 * i + 1] = 32 + i;
+      const __m512i low = _mm512_load_si512(order);
+      const __m512i high = _mm512_add_epi16(low, _mm512_set1_epi16(16));
+      for (; j + 2 <= s.len; j += 2) {
+        const BF16* a = cache + cache_slot(s.table, j, kv_heads, head, block_size) * dim;
+        const BF16* b = cache + cache_slot(s.table, j + 1, kv_heads, head, block_size) * dim;
+        Word* panel = out + (j / kChunk) * panel_words + (j % kChunk / 2) * dim;
+        for (int64_t d = 0; d < dim; d += 32) {
+          const __m512i x = _mm512_loadu_si512(a + d), y = _mm512_loadu_si512(b + d);
+          _mm512_storeu_si512(panel + d, _mm512_permutex2var_epi16(x, low, y));
+          _mm512_storeu_si512(panel + d + 16, _mm512_permutex2var_epi16(x, high, y));
+        }
+      }
+    }
+  }
+#endif
+  for (; j < s.len; ++j) {
+    const int64_t slot = cache_slot(s.table, j, kv_heads, head, block_size);
     const TC* row = cache + slot * dim;
     Word* panel = out + (j / kChunk) * panel_words;
     const int64_t k = j % kChunk;
@@ -249,54 +187,68 @@ void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels
   }
 }
 
-// o[0..dim) = o * alpha + sum_k p[k] v_k, over one panel of values.
-template <bool Bf16, int64_t Vectors>
-void panel_values(const float* p, float alpha, const typename Panels<Bf16>::Word* v, float* o) {
+// Rows of a row block whose value sums run together: each value vector loaded is used by
+// all of them, R * Vectors accumulators held in half the vector registers.
+#if defined(__AVX512F__)
+constexpr int64_t kAccRegs = 16;
+#elif defined(__AVX2__)
+constexpr int64_t kAccRegs = 8;
+#else
+constexpr int64_t kAccRegs = 1;
+#endif
+template <int64_t Vectors>
+constexpr int64_t value_rows() {
+  int64_t rows = 1;
+  while (rows * 2 <= kRowBlock && rows * 2 * Vectors <= kAccRegs) rows *= 2;
+  return rows;
+}
+
+// For R rows r: o_r[0..dim) = o_r * alpha[r] + sum_k p_r[k] v_k over one panel of values (p_r:
+// row r of `p`, kChunk apart; bf16: its weights as bf16 pairs of keys, kChunk / 2 apart).
+template <bool Bf16, int64_t Vectors, int64_t R>
+void values(const float* p, const uint32_t* pairs, const float* alpha,
+            const typename Panels<Bf16>::Word* v, float* o) {
   constexpr int64_t dim = Vectors * kWidth;
-  Vec acc[Vectors];
-  const Vec a = splat(alpha);
+  Vec acc[R][Vectors];
 #pragma GCC unroll 32
-  for (int64_t i = 0; i < Vectors; ++i) acc[i] = mul(load(o + i * kWidth), a);
+  for (int64_t r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = load(o + r * dim + i * kWidth) * splat(alpha[r]);
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
   if constexpr (Bf16) {
-    uint32_t pairs[kChunk / 2];
-    for (int64_t i = 0; i < kChunkVectors; ++i)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs + i * kWidth / 2),
-                          (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(p + i * kWidth)));
-    // Two sets of accumulators (even and odd key pairs): a head of 4 vectors would otherwise
-    // be 4 dependency chains of vdpbf16ps, fewer than its latency covers.
-    constexpr int64_t sets = Vectors <= 8 ? 2 : 1;
-    Vec more[sets == 2 ? Vectors : 1];
-#pragma GCC unroll 32
-    for (int64_t i = 0; i < (sets == 2 ? Vectors : 1); ++i) more[i] = zero();
-    for (int64_t k2 = 0; k2 < kChunk / 2; k2 += sets) {
-      const __m512bh w = (__m512bh)_mm512_set1_epi32(pairs[k2]);
+    (void)p;
+    for (int64_t k2 = 0; k2 < kChunk / 2; ++k2) {
+      __m512bh vv[Vectors];
 #pragma GCC unroll 32
       for (int64_t i = 0; i < Vectors; ++i)
-        acc[i] = _mm512_dpbf16_ps(acc[i], w, (__m512bh)_mm512_loadu_si512(v + k2 * dim + i * kWidth));
-      if constexpr (sets == 2) {
-        const __m512bh w2 = (__m512bh)_mm512_set1_epi32(pairs[k2 + 1]);
+        vv[i] = (__m512bh)_mm512_loadu_si512(v + k2 * dim + i * kWidth);
 #pragma GCC unroll 32
-        for (int64_t i = 0; i < Vectors; ++i)
-          more[i] = _mm512_dpbf16_ps(more[i], w2,
-                                     (__m512bh)_mm512_loadu_si512(v + (k2 + 1) * dim + i * kWidth));
+      for (int64_t r = 0; r < R; ++r) {
+        const __m512bh w = (__m512bh)_mm512_set1_epi32(pairs[r * (kChunk / 2) + k2]);
+#pragma GCC unroll 32
+        for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], w, vv[i]);
       }
     }
-    if constexpr (sets == 2)
-#pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[i] = add(acc[i], more[i]);
   }
 #endif
   if constexpr (!Bf16) {
+    (void)pairs;
     for (int64_t k = 0; k < kChunk; ++k) {
-      if (p[k] == 0.f) continue;
-      const Vec w = splat(p[k]);
+      Vec vv[Vectors];
 #pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[i] = fma(w, load(v + k * dim + i * kWidth), acc[i]);
+      for (int64_t i = 0; i < Vectors; ++i) vv[i] = load(v + k * dim + i * kWidth);
+#pragma GCC unroll 32
+      for (int64_t r = 0; r < R; ++r) {
+        const Vec w = splat(p[r * kChunk + k]);
+#pragma GCC unroll 32
+        for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = fma(w, vv[i], acc[r][i]);
+      }
     }
   }
 #pragma GCC unroll 32
-  for (int64_t i = 0; i < Vectors; ++i) store(o + i * kWidth, acc[i]);
+  for (int64_t r = 0; r < R; ++r)
+#pragma GCC unroll 32
+    for (int64_t i = 0; i < Vectors; ++i) store(o + r * dim + i * kWidth, acc[r][i]);
 }
 
 template <typename TQ, typename TC, bool Bf16, int64_t Vectors>
@@ -313,7 +265,14 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
     s.panel_offset = panels;
     panels += s.chunks * kv_heads;
   }
-  std::vector<Word> k_packed(panels * panel_words), v_packed(panels * panel_words);
+  // The calling thread's packing buffers, kept between calls: a fresh 2 MB each layer of a
+  // chunk after a 2,000-token prefix cost as much as its attention (page faults, zeroing).
+  static_assert(sizeof(Word) == sizeof(float), "panels of 4-byte words");
+  thread_local std::vector<float> k_buffer, v_buffer;
+  const size_t words = static_cast<size_t>(panels * panel_words);
+  if (k_buffer.size() < words) k_buffer.resize(words), v_buffer.resize(words);
+  Word* const k_packed = reinterpret_cast<Word*>(k_buffer.data());
+  Word* const v_packed = reinterpret_cast<Word*>(v_buffer.data());
   const TC* k_ptr = reinterpret_cast<const TC*>(k_cache.data_ptr());
   const TC* v_ptr = reinterpret_cast<const TC*>(v_cache.data_ptr());
   const int64_t n_pack = static_cast<int64_t>(seqs.size()) * kv_heads * 2;
@@ -324,7 +283,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
     const int64_t which = item / 2, head = which % kv_heads;
     const Seq& s = seqs[which / kv_heads];
     const bool is_key = item % 2 == 0;
-    Word* dst = (is_key ? k_packed : v_packed).data() +
+    Word* dst = (is_key ? k_packed : v_packed) +
                 (s.panel_offset + head * s.chunks) * panel_words;
     pack<TC, Bf16>(is_key ? k_ptr : v_ptr, is_key ? k_scales : v_scales, s, head, kv_heads,
                    block_size, dim, is_key, dst);
@@ -352,11 +311,14 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
   const int64_t padded_rows = (max_rows + kRowBlock - 1) / kRowBlock * kRowBlock;
   const int64_t n_items = static_cast<int64_t>(items.size());
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr int64_t kValueRows = value_rows<Vectors>();
 
 #pragma omp parallel num_threads(threads)
   {
     std::vector<float> qf(Bf16 ? 0 : padded_rows * dim), o(padded_rows * dim);
-    std::vector<float> scores(padded_rows * kChunk), m(padded_rows), l(padded_rows);
+    std::vector<float> scores(kRowBlock * kChunk), m(padded_rows), l(padded_rows);
+    std::vector<uint32_t> pairs(Bf16 ? kRowBlock * kChunk / 2 : 0);
+    float alpha[kRowBlock];
     std::vector<const void*> rows(padded_rows);
     std::vector<TQ> zeros(dim);
 #pragma omp for schedule(dynamic, 1)
@@ -377,53 +339,74 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
           rows[r] = qf.data() + r * dim;
         }
       }
-      std::fill(o.begin(), o.begin() + n_rows * dim, 0.f);
+      std::fill(o.begin(), o.end(), 0.f);
       std::fill(m.begin(), m.begin() + n_rows, kNegInf);
       std::fill(l.begin(), l.begin() + n_rows, 0.f);
       const int64_t lo = window > 0 ? std::max<int64_t>(0, first - window + 1) : 0;
-      const Word* k_panels = k_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
-      const Word* v_panels = v_packed.data() + (s.panel_offset + item.head * s.chunks) * panel_words;
+      const Word* k_panels = k_packed + (s.panel_offset + item.head * s.chunks) * panel_words;
+      const Word* v_panels = v_packed + (s.panel_offset + item.head * s.chunks) * panel_words;
       for (int64_t c = lo / kChunk; c <= last / kChunk; ++c) {
         const int64_t j0 = c * kChunk;
-        panel_scores<Bf16>(rows.data(), n_rows, k_panels + c * panel_words, dim, scores.data());
         // Keys any row of the tile must not see: past a row's position (or the context),
         // or (sliding window) too far behind it.
         const bool masked = j0 + kChunk - 1 > first || (window > 0 && j0 <= last - window);
-        for (int64_t r = 0; r < n_rows; ++r) {
-          float* sr = scores.data() + r * kChunk;
-          const int64_t pos = offset + item.t0 + r / group;
-          Vec top_v = splat(kNegInf);
-          for (int64_t i = 0; i < kChunkVectors; ++i) {
-            Vec x = mul(load(sr + i * kWidth), splat(scale_f));
-            store(sr + i * kWidth, x);
-          }
-          if (cap > 0.f)
-            for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
-          if (masked)
-            for (int64_t k = 0; k < kChunk; ++k) {
-              const int64_t j = j0 + k;
-              if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
+        for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+          panel_scores<Bf16>(rows.data() + r0, kRowBlock, k_panels + c * panel_words, dim,
+                             scores.data());
+          for (int64_t b = 0; b < kRowBlock; ++b) {
+            const int64_t r = r0 + b;
+            float* sr = scores.data() + b * kChunk;
+            if (r >= n_rows) {  // a padding row: no weights, nothing kept
+              std::fill(sr, sr + kChunk, 0.f);
+              alpha[b] = 0.f;
+              continue;
             }
-          for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
-          const float top = std::max(m[r], max(top_v));
-          if (top == kNegInf) continue;  // nothing seen yet
-          const float alpha = std::exp(m[r] - top);
-          Vec total = zero();
-          for (int64_t i = 0; i < kChunkVectors; ++i) {
-            const Vec e = exp_nonpositive(sub(load(sr + i * kWidth), splat(top)));
-            store(sr + i * kWidth, e);
-            total = add(total, e);
-          }
-          float row_sum = sum(total);
-          if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
-            for (int64_t k = 0; k < kChunk; ++k)
-              if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
-                row_sum -= sr[k];
-                sr[k] = 0.f;
+            const int64_t pos = offset + item.t0 + r / group;
+            for (int64_t i = 0; i < kChunkVectors; ++i)
+              store(sr + i * kWidth, load(sr + i * kWidth) * splat(scale_f));
+            if (cap > 0.f)
+              for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
+            if (masked)
+              for (int64_t k = 0; k < kChunk; ++k) {
+                const int64_t j = j0 + k;
+                if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
               }
-          m[r] = top;
-          l[r] = l[r] * alpha + row_sum;
-          panel_values<Bf16, Vectors>(sr, alpha, v_panels + c * panel_words, o.data() + r * dim);
+            Vec top_v = splat(kNegInf);
+            for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
+            const float top = std::max(m[r], max(top_v));
+            if (top == kNegInf) {  // nothing seen yet: the row stays empty
+              std::fill(sr, sr + kChunk, 0.f);
+              alpha[b] = 1.f;
+              continue;
+            }
+            alpha[b] = std::exp(m[r] - top);
+            Vec total = zero();
+            for (int64_t i = 0; i < kChunkVectors; ++i) {
+              const Vec e = exp_nonpositive(load(sr + i * kWidth) - splat(top));
+              store(sr + i * kWidth, e);
+              total = total + e;
+            }
+            float row_sum = sum(total);
+            if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
+              for (int64_t k = 0; k < kChunk; ++k)
+                if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
+                  row_sum -= sr[k];
+                  sr[k] = 0.f;
+                }
+            m[r] = top;
+            l[r] = l[r] * alpha[b] + row_sum;
+          }
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+          if constexpr (Bf16)  // the weights as bf16 pairs of keys (as the torch path rounds)
+            for (int64_t i = 0; i < kRowBlock * kChunkVectors; ++i)
+              _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs.data() + i * kWidth / 2),
+                                  (__m256i)_mm512_cvtneps_pbh(load(scores.data() + i * kWidth)));
+#endif
+          for (int64_t b = 0; b < kRowBlock; b += kValueRows)
+            values<Bf16, Vectors, kValueRows>(scores.data() + b * kChunk,
+                                              pairs.data() + b * (kChunk / 2), alpha + b,
+                                              v_panels + c * panel_words,
+                                              o.data() + (r0 + b) * dim);
         }
       }
       for (int64_t r = 0; r < n_rows; ++r) {
@@ -468,30 +451,16 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
                    const torch::Tensor& seq_lens, const torch::Tensor& query_start,
                    const torch::Tensor& seqs, double scale, int64_t window, double softcap,
                    torch::Tensor& out) {
-  for (const torch::Tensor* t : {&q, &k_cache, &v_cache, &k_scales, &v_scales, &block_tables,
-                                 &seq_lens, &query_start, &seqs, static_cast<const torch::Tensor*>(&out)})
-    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous(),
-                "paged_prefill: contiguous CPU tensors only");
-  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 4 && k_cache.sizes() == v_cache.sizes() &&
-                  out.sizes() == q.sizes() && out.scalar_type() == q.scalar_type(),
-              "paged_prefill: bad shapes");
-  const bool fp8 = k_cache.scalar_type() == torch::kFloat8_e4m3fn;
-  TORCH_CHECK(k_cache.scalar_type() == v_cache.scalar_type() &&
-                  (fp8 || q.scalar_type() == k_cache.scalar_type()),
-              "paged_prefill: the caches must share q's dtype or be fp8 e4m3");
-  if (fp8) {
-    const auto rows = k_cache.sizes().slice(0, 3);
-    TORCH_CHECK(k_scales.sizes() == rows && v_scales.sizes() == rows &&
-                    k_scales.scalar_type() == torch::kFloat32 &&
-                    v_scales.scalar_type() == torch::kFloat32,
-                "paged_prefill: an fp8 cache needs fp32 scales [blocks, Hkv, block]");
-  }
-  for (const torch::Tensor* t : {&block_tables, &seq_lens, &query_start, &seqs})
-    TORCH_CHECK(t->scalar_type() == torch::kInt32, "paged_prefill: int32 metadata only");
+  const bool fp8 = check_cache("paged_prefill", q, k_cache, v_cache, k_scales, v_scales,
+                               block_tables);
+  for (const torch::Tensor* t : {&seq_lens, &query_start, &seqs})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == torch::kInt32,
+                "paged_prefill: contiguous CPU int32 metadata only");
+  TORCH_CHECK(out.device().is_cpu() && out.is_contiguous() && out.sizes() == q.sizes() &&
+                  out.scalar_type() == q.scalar_type(),
+              "paged_prefill: out must be a contiguous CPU tensor like q");
   const int64_t batch = seq_lens.size(0);
-  TORCH_CHECK(q.size(2) == k_cache.size(3) && q.size(1) % k_cache.size(1) == 0 &&
-                  block_tables.dim() == 2 && block_tables.size(0) == batch &&
-                  query_start.size(0) == batch + 1,
+  TORCH_CHECK(block_tables.size(0) == batch && query_start.size(0) == batch + 1,
               "paged_prefill: shapes disagree");
   const int64_t block_size = k_cache.size(2), blocks = k_cache.size(0);
   const int64_t width = block_tables.size(1);
@@ -504,12 +473,10 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
     const int64_t b = served[i];
     TORCH_CHECK(b >= 0 && b < batch, "paged_prefill: sequence index out of range");
     const int64_t len = lens[b], q_start = starts[b], n_q = starts[b + 1] - starts[b];
-    TORCH_CHECK(len > 0 && len <= width * block_size, "paged_prefill: seq_len out of range");
+    const int32_t* table = tables + b * width;
+    check_sequence("paged_prefill", table, width, len, block_size, blocks);
     TORCH_CHECK(n_q > 0 && n_q <= len && q_start >= 0 && q_start + n_q <= q.size(0),
                 "paged_prefill: query rows out of range");
-    const int32_t* table = tables + b * width;
-    for (int64_t j = 0; j < (len + block_size - 1) / block_size; ++j)
-      TORCH_CHECK(table[j] >= 0 && table[j] < blocks, "paged_prefill: block id out of range");
     list.push_back({q_start, n_q, len, (len + kChunk - 1) / kChunk, table, 0});
   }
   if (list.empty()) return;
@@ -523,7 +490,6 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
       prefill_any<c10::BFloat16, c10::BFloat16, kBf16Dot>(q, k_cache, v_cache, ks, vs, list,
                                                           scale, window, softcap, out);
   } else {
-    TORCH_CHECK(q.scalar_type() == torch::kFloat32, "paged_prefill: bf16 or fp32 queries only");
     if (fp8)
       prefill_any<float, Fp8, false>(q, k_cache, v_cache, ks, vs, list, scale, window, softcap,
                                      out);

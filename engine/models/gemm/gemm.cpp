@@ -19,14 +19,9 @@
 // Prefills run through the same tiles (8 rows at a time against each panel pair in L2).
 // No AMX path: no machine at hand to test one on.
 
-#include <torch/extension.h>
+#include "kvgate_simd.h"
 
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-
-#if defined(__AVX512F__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 #include <algorithm>
 #include <cmath>
@@ -36,22 +31,10 @@
 
 namespace {
 
-using BF16 = c10::BFloat16;
+using namespace kvgate;
 
-// The widest float vector of the build.
 #if defined(__AVX512F__)
-constexpr int64_t kWidth = 16;
 constexpr int kMaxRows = 8;  // 8 rows x 2 panels: 16 of the 32 zmm registers accumulate
-using Vec = __m512;
-inline Vec zero() { return _mm512_setzero_ps(); }
-inline Vec splat(float v) { return _mm512_set1_ps(v); }
-inline Vec load(const float* p) { return _mm512_loadu_ps(p); }
-inline Vec load(const BF16* p) {  // a bf16 is the top half of an fp32
-  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
-inline void store(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 // 2 * kWidth bf16 stored as pairs (column c's k and k+1 side by side) -> (k, k+1) as fp32:
 // a shift and a mask, no shuffle (a bf16 is the top half of an fp32).
 inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
@@ -59,82 +42,19 @@ inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
   even = _mm512_castsi512_ps(_mm512_slli_epi32(bits, 16));
   odd = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(-65536)));
 }
-inline Vec vabs(Vec v) { return _mm512_abs_ps(v); }
-inline Vec vmax(Vec a, Vec b) { return _mm512_max_ps(a, b); }
-inline Vec floor(Vec v) { return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC); }
-inline Vec pow2(Vec n) { return _mm512_scalef_ps(_mm512_set1_ps(1.f), n); }  // n integral
-inline Vec if_nonnegative(Vec x, Vec a, Vec b) {  // a where x >= 0, else b
-  return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ), b, a);
-}
-#define KVGATE_VECTOR_EPILOGUE 1
 #elif defined(__AVX2__) && defined(__FMA__)
-constexpr int64_t kWidth = 8;
 constexpr int kMaxRows = 4;  // 4 x 2 accumulators of the 16 ymm registers
-using Vec = __m256;
-inline Vec zero() { return _mm256_setzero_ps(); }
-inline Vec splat(float v) { return _mm256_set1_ps(v); }
-inline Vec load(const float* p) { return _mm256_loadu_ps(p); }
-inline Vec load(const BF16* p) {
-  const __m128i bits = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(bits), 16));
-}
-inline Vec fma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }
-inline void store(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   even = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
   odd = _mm256_castsi256_ps(_mm256_and_si256(bits, _mm256_set1_epi32(-65536)));
 }
-inline Vec vabs(Vec v) { return _mm256_andnot_ps(_mm256_set1_ps(-0.f), v); }
-inline Vec vmax(Vec a, Vec b) { return _mm256_max_ps(a, b); }
-inline Vec floor(Vec v) { return _mm256_floor_ps(v); }
-inline Vec pow2(Vec n) {  // n integral, within the normal exponents
-  const __m256i bits = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(bits, 23));
-}
-inline Vec if_nonnegative(Vec x, Vec a, Vec b) {
-  return _mm256_blendv_ps(b, a, _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ));
-}
-#define KVGATE_VECTOR_EPILOGUE 1
 #else
-constexpr int64_t kWidth = 8;
 constexpr int kMaxRows = 4;
-struct Vec {
-  float v[kWidth];
-};
-inline Vec zero() { return Vec{}; }
-inline Vec splat(float x) {
-  Vec r;
-  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = x;
-  return r;
-}
-inline Vec load(const float* p) {
-  Vec r;
-  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = p[i];
-  return r;
-}
-inline Vec load(const BF16* p) {
-  Vec r;
-  for (int64_t i = 0; i < kWidth; ++i) r.v[i] = static_cast<float>(p[i]);
-  return r;
-}
-inline Vec fma(Vec a, Vec b, Vec c) {
-  for (int64_t i = 0; i < kWidth; ++i) c.v[i] += a.v[i] * b.v[i];
-  return c;
-}
 inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
-  for (int64_t i = 0; i < kWidth; ++i) {
-    even.v[i] = static_cast<float>(p[2 * i]);
-    odd.v[i] = static_cast<float>(p[2 * i + 1]);
-  }
+  even = static_cast<float>(p[0]);
+  odd = static_cast<float>(p[1]);
 }
-inline void store(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
-#endif
-
-#if defined(__AVX512BF16__) && defined(__AVX512F__)
-constexpr bool kDotBf16 = true;  // vdpbf16ps: bf16 rows times bf16 pairs, no widening
-#else
-constexpr bool kDotBf16 = false;
 #endif
 
 // How far ahead of its reads a panel stream is prefetched: at one row on a Zen 4 core, 1 KiB
@@ -148,9 +68,6 @@ inline void prefetch(const void* p) {
   (void)p;
 #endif
 }
-
-inline float widen(float v) { return v; }
-inline float widen(BF16 v) { return static_cast<float>(v); }
 
 // acc[R][P] over k of x[r][k] * w_p[k][:], the panels `panel` elements apart; the tile goes to
 // out[r][p * kWidth + c]. fp32 weights, [K][kWidth] panels.
@@ -282,24 +199,6 @@ void tile_rows(int rows, const X* x, int64_t ldx, const T* w, int64_t panel, int
 enum Mode : int64_t { kLinear = 0, kSiluMul = 1, kGeluMul = 2 };
 
 // act(gate) * up over one panel's kWidth columns, in fp32.
-#if defined(KVGATE_VECTOR_EPILOGUE)
-// e^x for x <= 0, Cephes' expf: 2^n * p(r), r = x - n ln 2, |r| <= ln2/2; within 2 ulp of
-// expf (as engine/attention/cpu/paged_decode.cpp). Below -87 it gives ~e^-87.
-inline Vec exp_nonpositive(Vec x) {
-  x = vmax(x, splat(-87.f));
-  const Vec n = floor(fma(x, splat(1.44269504088896341f), splat(0.5f)));
-  Vec r = fma(n, splat(-0.693359375f), x);
-  r = fma(n, splat(2.12194440e-4f), r);
-  Vec p = splat(1.9875691500e-4f);
-  p = fma(p, r, splat(1.3981999507e-3f));
-  p = fma(p, r, splat(8.3334519073e-3f));
-  p = fma(p, r, splat(4.1665795894e-2f));
-  p = fma(p, r, splat(1.6666665459e-1f));
-  p = fma(p, r, splat(5.0000001201e-1f));
-  p = fma(p * r, r, r + splat(1.f));
-  return p * pow2(n);
-}
-
 // sigmoid(x) from e = e^-|x| (never overflows): 1 / (1 + e) for x >= 0, e / (1 + e) below.
 inline Vec sigmoid(Vec x) {
   const Vec e = exp_nonpositive(splat(0.f) - vabs(x));
@@ -307,7 +206,7 @@ inline Vec sigmoid(Vec x) {
   return if_nonnegative(x, s, e * s);
 }
 
-inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
+inline Vec gated(int64_t mode, const float* gate, const float* up) {
   const Vec g = load(gate);
   Vec act;
   if (mode == kSiluMul) {
@@ -316,18 +215,8 @@ inline void gated(int64_t mode, const float* gate, const float* up, float* out) 
     const Vec y = splat(0.7978845608028654f) * fma(splat(0.044715f) * g, g * g, g);
     act = g * sigmoid(y + y);
   }
-  store(out, act * load(up));
+  return act * load(up);
 }
-#else
-inline void gated(int64_t mode, const float* gate, const float* up, float* out) {
-  for (int64_t c = 0; c < kWidth; ++c) {
-    const float g = gate[c];
-    const float y = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-    const float act = mode == kSiluMul ? g / (1.f + std::exp(-g)) : g / (1.f + std::exp(-2.f * y));
-    out[c] = act * up[c];
-  }
-}
-#endif
 
 struct Problem {
   int64_t rows, K, panels, panel;  // panel: elements from one panel to the next
@@ -335,10 +224,10 @@ struct Problem {
   int64_t mode;
 };
 
-// One unit (panels 2u and 2u+1, or the last odd one) for every row, written to y.
+// One unit (panels 2u and 2u+1, or the last odd one) for rows [first, last), written to y.
 template <typename X, typename T>
-void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, const T* residual,
-          T* y) {
+void unit(const Problem& pr, int64_t u, int64_t first, int64_t last, const X* x, const T* w,
+          const T* bias, const T* residual, T* y) {
   const int P = (2 * u + 1 < pr.panels) ? 2 : 1;
   alignas(64) float acc[kMaxRows * 2 * kWidth];
   const int64_t ldy = pr.mode == kLinear ? pr.n : pr.half;
@@ -356,8 +245,8 @@ void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, c
     }
   }
   const T* panels = w + 2 * u * pr.panel;
-  for (int64_t m0 = 0; m0 < pr.rows; m0 += kMaxRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, pr.rows - m0));
+  for (int64_t m0 = first; m0 < last; m0 += kMaxRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, last - m0));
     if (P == 2)
       tile_rows<2>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
     else
@@ -366,15 +255,26 @@ void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, c
       const int64_t m = m0 + r;
       const float* a = acc + r * P * kWidth;
       if (pr.mode != kLinear) {  // act(gate) * up into the gate's columns of a [rows, half] y
-        alignas(64) float h[kWidth];
-        gated(pr.mode, a, a + kWidth, h);
         T* out = y + m * ldy + col[0];
+        if (valid[0] == kWidth) {
+          store(out, gated(pr.mode, a, a + kWidth));
+          continue;
+        }
+        alignas(64) float h[kWidth];
+        store(h, gated(pr.mode, a, a + kWidth));
         for (int64_t c = 0; c < valid[0]; ++c) out[c] = static_cast<T>(h[c]);
         continue;
       }
       for (int p = 0; p < P; ++p) {
         T* out = y + m * ldy + col[p];
         const float* ap = a + p * kWidth;
+        if (valid[p] == kWidth) {  // a whole panel: in vectors, rounded as below
+          Vec v = load(ap);
+          if (bias) v = v + load(bias + col[p]);
+          if (residual) v = v + load(residual + m * ldy + col[p]);
+          store(out, v);
+          continue;
+        }
         for (int64_t c = 0; c < valid[p]; ++c) {
           float v = ap[c];
           if (bias) v += widen(bias[col[p] + c]);
@@ -388,6 +288,8 @@ void unit(const Problem& pr, int64_t u, const X* x, const T* w, const T* bias, c
 
 // Below this many weight bytes a call runs on the calling thread: waking the pool costs more.
 constexpr int64_t kBytesPerTask = 96 * 1024;
+// Rows of x a thread keeps in its L2 (1 MB a core on the Zen 4) while its panels stream by.
+constexpr int64_t kRowBlockBytes = 512 * 1024;
 
 template <typename T>
 void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
@@ -395,8 +297,8 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
          at::Tensor& y) {
   // bf16 rows without vdpbf16ps: widened once here, not once per panel pair in the tiles.
   at::Tensor widened;
-  if constexpr (std::is_same_v<T, BF16> && !kDotBf16) widened = x.to(at::kFloat);
-  using X = std::conditional_t<std::is_same_v<T, BF16> && !kDotBf16, float, T>;
+  if constexpr (std::is_same_v<T, BF16> && !kBf16Dot) widened = x.to(at::kFloat);
+  using X = std::conditional_t<std::is_same_v<T, BF16> && !kBf16Dot, float, T>;
   const X* xp = (std::is_same_v<X, T> ? x : widened).template data_ptr<X>();
   const T* wp = w.data_ptr<T>();
   const T* bp = bias ? bias->data_ptr<T>() : nullptr;
@@ -405,8 +307,17 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
   const int64_t units = (pr.panels + 1) / 2;
   const int64_t unit_bytes = 2 * pr.panel * static_cast<int64_t>(sizeof(T));
   const int64_t grain = std::max<int64_t>(1, kBytesPerTask / std::max<int64_t>(1, unit_bytes));
+  // Prefills: rows a block at a time, each block's rows (kRowBlockBytes of x) kept in L2
+  // while the thread's units stream past them, instead of every unit re-reading all of x
+  // (2 MB at 2,000 x 512 bf16 rows, 13 MB for the down projection's K).
+  const int64_t row_bytes = pr.K * static_cast<int64_t>(sizeof(X));
+  const int64_t block_rows =
+      std::max<int64_t>(kMaxRows, kRowBlockBytes / std::max<int64_t>(1, row_bytes) / kMaxRows * kMaxRows);
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
-    for (int64_t u = begin; u < end; ++u) unit(pr, u, xp, wp, bp, rp, yp);
+    for (int64_t m0 = 0; m0 < pr.rows; m0 += block_rows) {
+      const int64_t m1 = std::min(pr.rows, m0 + block_rows);
+      for (int64_t u = begin; u < end; ++u) unit(pr, u, m0, m1, xp, wp, bp, rp, yp);
+    }
   });
 }
 
