@@ -21,7 +21,7 @@ from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
 from engine.models.lora_layers import Stacks, StepLoRA
 from engine.request import Request
-from engine.sampler import sample
+from engine.sampler import argmax, plain_greedy, sample
 from engine.scheduler import ScheduledBatch
 
 SampledToken = tuple[int, dict[int, float] | None]
@@ -64,9 +64,14 @@ class ModelRunner:
                 rows = torch.tensor(last_rows(batch, pooling), device=self.device)
                 pooled = F.normalize(hidden.index_select(0, rows).float(), dim=-1).tolist()
             if sampling:
-                logits = self.model.compute_logits(hidden.index_select(0, metadata.logits_indices))
-                result = sample(logits, sampling)
-                sampled = list(zip(result.token_ids, result.logprobs, strict=True))
+                rows = hidden.index_select(0, metadata.logits_indices)
+                if self.model.config.final_softcap is None and plain_greedy(sampling):
+                    # The argmax of the lm_head's own output: no fp32 copy of the logits.
+                    tokens = argmax(self.model.compute_logits(rows, raw=True)).tolist()
+                    sampled = [(token, None) for token in tokens]
+                else:
+                    result = sample(self.model.compute_logits(rows), sampling)
+                    sampled = list(zip(result.token_ids, result.logprobs, strict=True))
         return StepResult(sampled, pooled)
 
     def prepare(

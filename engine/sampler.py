@@ -21,6 +21,7 @@ from typing import Protocol
 
 import torch
 
+import engine.cpu_ops as cpu_ops
 from engine.sampling_params import GREEDY_BELOW, SamplingParams
 from engine.structured import GrammarState, apply_bitmask, fill_bitmask
 
@@ -56,7 +57,7 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         raise ValueError("logits and rows must have one entry per row")
     params = [r.params for r in rows]
     processed = processed_logits(logits, rows)
-    chosen = processed.argmax(dim=-1)
+    chosen = argmax(processed)
     random_rows = [i for i, p in enumerate(params) if not p.greedy]
     if random_rows:
         index = torch.tensor(random_rows, device=logits.device)
@@ -77,6 +78,34 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     return SampleResult(token_ids, _logprobs(logits, params, token_ids))
 
 
+def plain_greedy(rows: Sequence[SamplingRow]) -> bool:
+    """Whether every row takes the argmax of its raw logits: greedy, no logprobs, and nothing
+    that changes the logits (`processed_logits` would return them as they are). Then `argmax`
+    of the logits in the model's dtype is the whole step's sampling."""
+    return all(
+        row.params.greedy
+        and row.params.logprobs is None
+        and not row.params.logit_bias
+        and not row.params.penalized
+        and row.grammar is None
+        and not _bans_stops(row)
+        for row in rows
+    )
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """``logits.argmax(dim=-1)`` on the caller's thread where the native kernel serves (torch's
+    opens an OpenMP region for a batch's logits)."""
+    chosen = cpu_ops.argmax(logits)
+    return logits.argmax(dim=-1) if chosen is None else chosen
+
+
+def _bans_stops(row: SamplingRow) -> bool:
+    """Whether ``min_tokens`` still bans the row's stop tokens."""
+    p = row.params
+    return bool(p.min_tokens) and len(row.token_ids) - row.num_prompt_tokens < p.min_tokens
+
+
 def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch.Tensor:
     """The logits after min_tokens bans, logit_bias, the penalties and the grammar masks (one
     bitmask for the batch); ``logits`` itself (no copy) when no row asks for any."""
@@ -86,7 +115,7 @@ def processed_logits(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> torch
     biased = [i for i, row in enumerate(rows) if row.params.logit_bias]
     for i, row in enumerate(rows):
         p = row.params
-        if p.min_tokens and len(row.token_ids) - row.num_prompt_tokens < p.min_tokens:
+        if _bans_stops(row):
             stops = (
                 set(p.stop_token_ids) if p.ignore_eos else row.eos_token_ids.union(p.stop_token_ids)
             )

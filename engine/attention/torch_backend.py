@@ -26,6 +26,7 @@ native kernel that never materializes the scores (SDPA keeps the bf16 prefills w
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Protocol
@@ -33,6 +34,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
+import engine.cpu_ops as cpu_ops
 from engine.attention.kv_cache import FP8_DTYPE, KVCache, quantize_fp8
 from engine.attention.metadata import AttentionMetadata
 
@@ -42,7 +44,10 @@ _MAX_TILE_SCORES = 1 << 22
 
 
 def write_kv(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: torch.Tensor) -> None:
-    """Scatter ``k``/``v`` ``[T, Hkv, D]`` into their slots (quantizing for fp8); slots < 0 skipped."""
+    """Scatter ``k``/``v`` ``[T, Hkv, D]`` into their slots (quantizing for fp8); slots < 0 skipped.
+    A bf16/fp32 cache on CPU takes one native call (no mask, no ``.item()`` sync, no index ops)."""
+    if cache.k_scale is None and cpu_ops.write_kv(cache.k, cache.v, k, v, slot_mapping):
+        return
     valid = slot_mapping >= 0
     if not bool(valid.all()):
         slot_mapping, k, v = slot_mapping[valid], k[valid], v[valid]
@@ -97,20 +102,35 @@ class _Prefill:
 
 @dataclass
 class _StepPlan:
-    """Index tensors shared by all layers of one step."""
+    """Index tensors shared by all layers of one step. The gather rows and the padding bias
+    are built on first use: a step whose decodes all go to the native kernel never needs them."""
 
     decode_seqs: torch.Tensor  # [Bd] int64 indices of the sequences with one query
     decode_query_rows: torch.Tensor | None  # [Bd] query rows; None when every row is a decode
-    decode_cache_rows: torch.Tensor  # [Bd * Hkv * nblk], see _cache_rows
     decode_tables: torch.Tensor  # [Bd, nblk] int32: the decoding sequences' block tables
     decode_lens: torch.Tensor  # [Bd] int32: their context lengths
-    decode_bias: torch.Tensor  # [Bd, 1, 1, nblk * block_size] fp32: 0 = attend, -inf = padding
     prefills: list[_Prefill]
     prefill_seqs: torch.Tensor  # [Bp] int32 indices of the sequences with several queries
+    block_size: int
+    kv_heads: int
 
     @property
     def num_decodes(self) -> int:
         return self.decode_seqs.shape[0]
+
+    @functools.cached_property
+    def decode_cache_rows(self) -> torch.Tensor:
+        """[Bd * Hkv * nblk], see _cache_rows."""
+        return _cache_rows(self.decode_tables, self.kv_heads)
+
+    @functools.cached_property
+    def decode_bias(self) -> torch.Tensor:
+        """[Bd, 1, 1, nblk * block_size] fp32: 0 = attend, -inf = padding."""
+        tables, lens = self.decode_tables, self.decode_lens
+        keys = torch.arange(tables.shape[1] * self.block_size, device=tables.device)
+        padding = keys[None, :] >= lens[:, None]
+        bias = torch.zeros(padding.shape, device=tables.device)
+        return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]
 
 
 def _step_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
@@ -145,15 +165,12 @@ def _build_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepP
     seqs = torch.tensor(decode_seqs, dtype=torch.int64, device=device)
     tables = md.block_tables.index_select(0, seqs)[:, :nblk].contiguous()
     lens = md.seq_lens.index_select(0, seqs)
-    keys = torch.arange(nblk * block_size, device=device)
-    padding = keys[None, :] >= lens[:, None]
-    bias = torch.zeros(padding.shape, device=device).masked_fill_(padding, float("-inf"))
     query_rows = None
     if len(decode_seqs) != len(seq_lens):
         query_rows = md.query_start_loc.index_select(0, seqs).long()
     return _StepPlan(
-        seqs, query_rows, _cache_rows(tables, kv_heads), tables, lens, bias[:, None, None, :],
-        prefills, torch.tensor(prefill_seqs, dtype=torch.int32, device=device),
+        seqs, query_rows, tables, lens, prefills,
+        torch.tensor(prefill_seqs, dtype=torch.int32, device=device), block_size, kv_heads,
     )  # fmt: skip
 
 

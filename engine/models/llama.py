@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+import engine.cpu_ops as cpu_ops
 import engine.models.gemm as gemm
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
@@ -57,6 +58,8 @@ class RMSNorm(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         size = x.shape[-1]
         if x.numel() <= 64 * size:
+            if x.dim() == 2 and (out := cpu_ops.rms_norm(x, self.weight, self.eps)) is not None:
+                return out
             both = torch.cat((x, -x), dim=-1)
             return F.layer_norm(both, (2 * size,), eps=self.eps)[..., :size] * self.weight
         xf = x.float()
@@ -130,8 +133,11 @@ class Attention(nn.Module):
         qk = qkv[:, : q_size + kv_size].view(tokens, heads + self.num_kv_heads, -1)
         if self.q_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
-        qk = rotate(qk, cos, sin)  # q and k heads rotated together
-        q, k = qk[:, :heads], qk[:, heads:]
+        rotated = cpu_ops.rope(qk, heads, cos[:, 0], sin[:, 0])  # one call: q and k contiguous
+        if rotated is None:
+            qk = rotate(qk, cos, sin)  # q and k heads rotated together
+            rotated = qk[:, :heads], qk[:, heads:]
+        q, k = rotated
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         backend.write_kv(kv_cache, k, v, metadata.slot_mapping)
         out = backend.paged_attention(
@@ -340,13 +346,21 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora)
         return self.norm(x)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+    def compute_logits(self, hidden: torch.Tensor, raw: bool = False) -> torch.Tensor:
+        """fp32 logits of ``hidden``'s rows, soft-capped where the model caps them. ``raw``:
+        as the lm_head gives them (the model dtype, no fp32 copy) and never capped, for a
+        plain argmax (where the model soft-caps, ``raw`` is refused: tanh may tie the top)."""
+        if raw and self.config.final_softcap is not None:
+            raise ValueError("raw logits of a soft-capped model would not give its argmax")
         if self.lm_head_quantized is not None:
             logits = self.lm_head_quantized.linear(hidden, float_out=True)
         elif self.lm_head_packed is not None:
-            logits = self.lm_head_packed.linear(hidden).float()
+            logits = self.lm_head_packed.linear(hidden)
         else:
-            logits = F.linear(hidden, self._lm_head_weight()).float()
+            logits = F.linear(hidden, self._lm_head_weight())
+        if raw:
+            return logits
+        logits = logits.float()
         cap = self.config.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
 

@@ -123,6 +123,17 @@ def test_compute_logits_uses_tied_embeddings(hf_checkpoint) -> None:
     torch.testing.assert_close(lm.model.compute_logits(hidden), expected)
 
 
+def test_raw_logits_are_the_lm_heads_output_and_refused_when_soft_capped(hf_checkpoint) -> None:
+    lm = load_model(hf_checkpoint("qwen2"), dtype="bfloat16")
+    hidden = torch.randn(3, lm.config.hidden_size, dtype=torch.bfloat16)
+    raw = lm.model.compute_logits(hidden, raw=True)
+    assert raw.dtype == torch.bfloat16
+    assert torch.equal(raw.float(), lm.model.compute_logits(hidden))
+    capped = load_model(hf_checkpoint("gemma2"), dtype="float32")
+    with pytest.raises(ValueError, match="soft-capped"):
+        capped.model.compute_logits(torch.randn(1, capped.config.hidden_size), raw=True)
+
+
 def test_greedy_decoding_matches_transformers_generate(tiny_model_dir: Path) -> None:
     lm = load_model(tiny_model_dir, dtype="float32")
     ids = lm.tokenizer.encode(PROMPTS[1])

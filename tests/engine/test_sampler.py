@@ -17,7 +17,7 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from engine.sampler import filtered_probs, processed_logits, sample
+from engine.sampler import argmax, filtered_probs, plain_greedy, processed_logits, sample
 from engine.sampling_params import MAX_SEED, SamplingParams
 
 VOCAB = 50
@@ -338,3 +338,31 @@ def test_logit_bias_is_added_before_temperature_and_leaves_bans_and_logprobs() -
     flat = torch.zeros(1, VOCAB)
     probs = filtered_probs(processed_logits(flat, [Row(warm)]), [warm])
     assert probs[0, 0] / probs[0, 1] == pytest.approx(math.e**2)
+
+
+@pytest.mark.parametrize(
+    "params, history, plain",
+    [
+        (GREEDY, [], True),
+        (SamplingParams(temperature=0, min_tokens=2), [5], False),  # stops still banned
+        (SamplingParams(temperature=0, min_tokens=1), [5], True),  # the ban is over
+        (SamplingParams(temperature=0, logprobs=0), [], False),
+        (SamplingParams(temperature=0, repetition_penalty=1.2), [], False),
+        (SamplingParams(temperature=0, logit_bias={3: 1.0}), [], False),
+        (SamplingParams(temperature=0.8), [], False),
+    ],
+)
+def test_plain_greedy_only_where_sample_would_take_the_raw_argmax(
+    params: SamplingParams, history: list[int], plain: bool
+) -> None:
+    row = Row(params, token_ids=history, num_prompt_tokens=0)
+    assert plain_greedy([Row(GREEDY), row]) is plain
+    if plain:  # then the raw argmax, in the model dtype too, is what sample picks
+        logits = _logits(2)
+        want = sample(logits, [Row(GREEDY), row]).token_ids
+        assert argmax(logits).tolist() == want
+        assert argmax(logits.bfloat16()).tolist() == logits.bfloat16().argmax(-1).tolist()
+
+
+def test_plain_greedy_excludes_a_grammar_row() -> None:
+    assert not plain_greedy([Row(GREEDY, grammar=object())])
