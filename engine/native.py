@@ -18,6 +18,7 @@ import hashlib
 import logging
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,9 @@ from engine.config import cache_dir, cpu_flags
 log = logging.getLogger(__name__)
 DISABLE_ENV = "KVGATE_CPU_KERNELS"
 ISA_ENV = "KVGATE_CPU_ISA"
+# An earlier build unused this long is removed. Not sooner: two kvgate versions sharing a cache
+# (a rolling upgrade, a second checkout) would otherwise remove each other's build mid-load.
+STALE_AFTER_S = 7 * 24 * 3600
 _ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=haswell", "-mtune=native"]}
 
 
@@ -89,6 +93,7 @@ def build(family: str, sources: list[Path]) -> ModuleType | None:
     except Exception as exc:  # noqa: BLE001 - any build failure: the torch path serves
         log.warning("CPU kernels %s unavailable (%s); using the torch path", family, exc)
         return None
+    os.utime(directory)  # in use: not stale
     _remove_stale_builds(family, directory)
     return module
 
@@ -109,9 +114,10 @@ def _building(directory: Path) -> Iterator[None]:
 
 
 def _remove_stale_builds(family: str, current: Path) -> None:
-    """This CPU kind's and ISA's earlier builds (another source or torch) are never loaded
-    again: drop them. A process still running one keeps its mapped copy."""
+    """This CPU kind's and ISA's other builds (another source or torch) that no process has
+    loaded for ``STALE_AFTER_S``: drop them. A process still running one keeps its mapped copy."""
+    cutoff = time.time() - STALE_AFTER_S
     for other in current.parent.glob(f"kvgate_{family}_{_cpu_kind()}_{isa()}_*"):
-        if other != current and other.is_dir():
+        if other != current and other.is_dir() and other.stat().st_mtime < cutoff:
             shutil.rmtree(other, ignore_errors=True)
             other.with_name(f"{other.name}.lock").unlink(missing_ok=True)

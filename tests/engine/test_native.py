@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -10,18 +11,23 @@ import pytest
 from engine import native
 
 
-def test_a_new_build_removes_this_cpu_kinds_and_isas_older_ones_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_new_build_removes_this_cpu_kinds_and_isas_long_unused_ones_only(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A build another kvgate version loaded recently stays (it may be loading it now)."""
     kind = native._cpu_kind()
     current = tmp_path / f"kvgate_gemm_{kind}_native_111111111111"
     older = tmp_path / f"kvgate_gemm_{kind}_native_000000000000"
+    recent = tmp_path / f"kvgate_gemm_{kind}_native_222222222222"
     other_isa = tmp_path / f"kvgate_gemm_{kind}_avx2_000000000000"
     other_family = tmp_path / f"kvgate_cpu_attention_{kind}_native_000000000000"
     other_machine = tmp_path / "kvgate_gemm_ffffffff_native_000000000000"
-    for folder in (current, older, other_isa, other_family, other_machine):
+    for folder in (current, older, recent, other_isa, other_family, other_machine):
         folder.mkdir()
+        if folder is not recent and folder is not current:
+            long_ago = time.time() - native.STALE_AFTER_S - 60
+            os.utime(folder, (long_ago, long_ago))
     native._remove_stale_builds("gemm", current)
     assert not older.exists()
-    assert all(f.is_dir() for f in (current, other_isa, other_family, other_machine))
+    assert all(f.is_dir() for f in (current, recent, other_isa, other_family, other_machine))
 
 
 def test_the_isa_is_named_in_the_build_and_an_unknown_one_refused(monkeypatch) -> None:  # type: ignore[no-untyped-def]
