@@ -3,10 +3,11 @@
 A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
 memory. `QuantizedLinear` keeps a ``[out, in]`` weight as the file's own blocks (one row of
-blocks per output feature, as llama.cpp lays them out) and computes with `quant/qgemm.cpp`:
-activations quantized to int8 per 32-block once per call and integer dot products, as
-llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
-rounded once after the fused epilogue (SwiGLU, a residual add).
+blocks per output feature, as llama.cpp holds them, each row's values, scales and minimums
+rearranged apart at load) and computes with `quant/qgemm.cpp`: activations quantized to
+int16 per 32-block once per call and integer dot products (see the source for the
+arithmetic). The output is in the activations' dtype, rounded once after the fused epilogue
+(SwiGLU, a residual add). It serves the model as a `gemm.LinearWeight`.
 
 That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
 rows), and loses to a dense bf16 GEMM on prefill-sized batches. From `DENSE_ROWS` rows on, the
