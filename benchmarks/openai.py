@@ -238,6 +238,7 @@ def main() -> None:
         "--kvgate-env", nargs="*", default=[], metavar="NAME=VALUE", help="for kvgate alone"
     )
     parser.add_argument("--vllm-bench", action="store_true", help="vLLM's own client measures")
+    parser.add_argument("--only", choices=["kvgate", "vllm"], help="measure one server alone")
     parser.add_argument("--random-input-len", type=int, default=256)
     parser.add_argument("--random-output-len", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=64)
@@ -264,6 +265,8 @@ def main() -> None:
         vllm += [dtype, "--max-model-len", "2048", "--served-model-name", name]
         vllm += ["--enable-prompt-tokens-details"]
         servers["vllm"] = (vllm, peer_environment(args.vllm_python, 2), vllm_base, 600.0)
+    if args.only:
+        servers = {args.only: servers[args.only]}
     else:
         print("vllm: skipped (no --vllm-python)")
 
@@ -292,7 +295,7 @@ def main() -> None:
     for (who, c), figures in sorted(best.items()):
         print(f"{who:6s} c={c:<3d} {figures.line()}")
     for c in levels:
-        if ("vllm", c) in best:
+        if ("vllm", c) in best and ("kvgate", c) in best:
             k, v = best["kvgate", c], best["vllm", c]
             print(
                 f"c={c}: throughput {k.tokens_per_s / v.tokens_per_s:.2f}x vLLM, "
