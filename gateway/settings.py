@@ -162,8 +162,11 @@ class Settings:
         shown="usable cores (less one for the HTTP loop when the engine shares its process)",
     )
     max_num_seqs: int = flag(64, "running requests per replica")
+    # 1,024, not vLLM's 2,048: a burst of prompts gets its first tokens in more, shorter
+    # steps. vllm bench serve, 16 x 256-token prompts at once (bench55m, 2 cores), same run:
+    # TTFT p50 537 vs 712 ms at the same output rate (619 vs 622 tok/s).
     max_num_batched_tokens: int = flag(
-        2048,
+        1024,
         "tokens computed per replica step",
         doc="tokens computed per replica step (the prefill chunk budget)",
     )
