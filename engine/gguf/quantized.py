@@ -78,7 +78,7 @@ def attach(
         if attention[0] in blocks:
             attn = layer.attn
             assert isinstance(attn, Attention)
-            attn.packed = {
+            attn.quantized = {
                 "qkv": linear(attention[:3], hidden),
                 "o": linear(attention[3:], model.config.q_size),
             }
@@ -87,15 +87,15 @@ def attach(
         if mlp[0] in blocks and isinstance(layer.mlp, MLP):
             dense = layer.mlp
             size = model.config.intermediate_size
-            dense.packed = {"gate_up": linear(mlp[:2], hidden), "down": linear(mlp[2:], size)}
+            dense.quantized = {"gate_up": linear(mlp[:2], hidden), "down": linear(mlp[2:], size)}
             dense.gate_up_weight = dense.down_weight = None
     if "token_embd.weight" in blocks:
         model.embed_quantized = linear(["token_embd.weight"], hidden)
         model.embed_weight = None  # type: ignore[assignment]
         if model.config.tie_word_embeddings:
-            model.lm_head_packed = model.embed_quantized
+            model.lm_head_quantized = model.embed_quantized
     if "output.weight" in blocks:
-        model.lm_head_packed = linear(["output.weight"], hidden)
+        model.lm_head_quantized = linear(["output.weight"], hidden)
         model.lm_head_weight = None
     if blocks:
         raise RuntimeError(f"quantized GGUF tensors left unplaced: {sorted(blocks)}")

@@ -16,9 +16,8 @@ LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs o
 an MLP whose gate/up an adapter in the step targets runs unfused that step.
 
 A GGUF model served quantized (`engine.gguf.quantized`) gives whole modules quantized weights
-instead: `quantized_linear.QuantizedLinear` handles in the same `packed` dicts (qkv and o,
-gate_up and down; the lm_head), which `pack_weights` then leaves alone, and the embedding
-(`embed_quantized`, looked up row by row).
+instead (`quantized`: qkv and o, gate_up and down; the embedding, the lm_head): their
+forwards call `quantized_linear.QuantizedLinear`, and `pack_weights` leaves them alone.
 """
 
 from __future__ import annotations
@@ -98,11 +97,12 @@ class Attention(nn.Module):
         if config.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
-        self.packed: dict[str, gemm.LinearWeight] = {}  # "qkv" and "o", once packed
+        self.packed: dict[str, gemm.LinearWeight] = {}
+        self.quantized: dict[str, QuantizedLinear] = {}  # "qkv" and "o", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
-        if self.packed:  # quantized GGUF weights
+        if self.quantized:
             return
         self.packed = {"qkv": gemm.pack(self.qkv_weight), "o": gemm.pack(self.o_weight)}
         self.qkv_weight = self.o_weight = None
@@ -120,8 +120,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``residual`` plus the attention output (the output alone when it is None)."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
-        packed = self.packed
-        if packed:
+        packed, quantized = self.packed, self.quantized
+        if quantized:
+            qkv = quantized["qkv"].linear(x, self.qkv_bias)
+        elif packed:
             qkv = packed["qkv"].linear(x, self.qkv_bias)
         else:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -142,7 +144,10 @@ class Attention(nn.Module):
             q.contiguous(), kv_cache, metadata, self.scale, window=self.window, softcap=self.softcap
         )
         out = out.reshape(tokens, -1)
-        if residual is None:
+        if quantized:
+            o = quantized["o"]
+            y = o.linear(out) if residual is None else o.linear_add(out, residual)
+        elif residual is None:
             y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:
             y = packed["o"].linear_add(out, residual)
@@ -162,11 +167,12 @@ class MLP(nn.Module):
             2 * size, hidden, dtype=dtype, device=device
         )
         self.down_weight: nn.Parameter | None = new_param(hidden, size, dtype=dtype, device=device)
-        self.packed: dict[str, gemm.LinearWeight] = {}  # "gate_up" and "down", once packed
+        self.packed: dict[str, gemm.LinearWeight] = {}
+        self.quantized: dict[str, QuantizedLinear] = {}  # "gate_up" and "down", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
-        if self.packed:  # quantized GGUF weights
+        if self.quantized:
             return
         # Gate and up as one pair: act(gate) * up runs in the matmul's epilogue.
         self.packed = {
@@ -179,9 +185,12 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None = None
     ) -> torch.Tensor:
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
-        packed = self.packed
-        if not packed or (lora is not None and lora.touches("gate_up", "down")):
+        packed, quantized = self.packed, self.quantized
+        if not (packed or quantized) or (lora is not None and lora.touches("gate_up", "down")):
             return self._unfused(x, residual, lora)
+        if quantized:
+            hidden, down = quantized["gate_up"].swiglu(x), quantized["down"]
+            return down.linear(hidden) if residual is None else down.linear_add(hidden, residual)
         hidden = packed["gate_up"].linear_gated(x, "gelu" if self.gelu else "silu")
         if residual is None:
             return packed["down"].linear(hidden)
@@ -191,8 +200,10 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
     ) -> torch.Tensor:
         """Gate and up as one output (each adapter's delta added before the activation)."""
-        packed = self.packed
-        if packed:
+        packed, quantized = self.packed, self.quantized
+        if quantized:
+            gate_up = quantized["gate_up"].linear(x)
+        elif packed:
             gate_up = packed["gate_up"].linear(x)
         else:
             gate_up = F.linear(x, self.gate_up_weight)
@@ -201,7 +212,9 @@ class MLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         hidden = gate * up
-        if packed:
+        if quantized:
+            out = quantized["down"].linear(hidden)
+        elif packed:
             out = packed["down"].linear(hidden)
         else:
             out = F.linear(hidden, self.down_weight)
@@ -282,6 +295,7 @@ class LlamaForCausalLM(nn.Module):
         ]
         self.lm_head_packed: gemm.LinearWeight | None = None
         self.embed_quantized: QuantizedLinear | None = None  # then embed_weight is None
+        self.lm_head_quantized: QuantizedLinear | None = None
 
     def pack_weights(self) -> None:
         """Prepack the matmul weights where that helps (bf16 and fp32 on CPU), after loading.
@@ -294,7 +308,7 @@ class LlamaForCausalLM(nn.Module):
         for layer in self.layers:
             layer.attn.pack_weights()
             layer.mlp.pack_weights()
-        if self.lm_head_packed is not None:  # quantized
+        if self.lm_head_quantized is not None:
             return
         self.lm_head_packed = gemm.pack(self._lm_head_weight())
         self.lm_head_weight = None
@@ -338,11 +352,10 @@ class LlamaForCausalLM(nn.Module):
         plain argmax (where the model soft-caps, ``raw`` is refused: tanh may tie the top)."""
         if raw and self.config.final_softcap is not None:
             raise ValueError("raw logits of a soft-capped model would not give its argmax")
-        head = self.lm_head_packed
-        if isinstance(head, QuantizedLinear):  # fp32 logits, rounded once
-            logits = head.linear(hidden, float_out=True)
-        elif head is not None:
-            logits = head.linear(hidden)
+        if self.lm_head_quantized is not None:
+            logits = self.lm_head_quantized.linear(hidden, float_out=True)
+        elif self.lm_head_packed is not None:
+            logits = self.lm_head_packed.linear(hidden)
         else:
             logits = F.linear(hidden, self._lm_head_weight())
         if raw:

@@ -3,11 +3,10 @@
 A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
 memory. `QuantizedLinear` keeps a ``[out, in]`` weight as the file's own blocks (one row of
-blocks per output feature, as llama.cpp holds them, each row's values, scales and minimums
-rearranged apart at load) and computes with `quant/qgemm.cpp`: activations quantized to
-int16 per 32-block once per call and integer dot products (see the source for the
-arithmetic). The output is in the activations' dtype, rounded once after the fused epilogue
-(SwiGLU, a residual add). It serves the model as a `gemm.LinearWeight`.
+blocks per output feature, as llama.cpp lays them out) and computes with `quant/qgemm.cpp`:
+activations quantized to int8 per 32-block once per call and integer dot products, as
+llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
+rounded once after the fused epilogue (SwiGLU, a residual add).
 
 That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
 rows), and loses to a dense bf16 GEMM on prefill-sized batches. From `DENSE_ROWS` rows on, the
@@ -27,7 +26,6 @@ from types import ModuleType
 import torch
 import torch.nn.functional as F
 
-import engine.models.gemm as gemm
 import engine.native as native
 
 SOURCES = [Path(__file__).with_name("quant") / "qgemm.cpp"]
@@ -45,18 +43,10 @@ def load() -> ModuleType | None:
 
 
 class QuantizedLinear:
-    """`gemm.LinearWeight` over a ``[out_features, in_features]`` weight as GGUF blocks (``uint8 [out, in/32 * bytes]``)
-    of ggml type `qtype`, and the products the model takes of it. The blocks are taken over:
-    rearranged in place into the kernels' layout (``repacked``: already in it)."""
+    """A ``[out_features, in_features]`` weight as GGUF blocks (``uint8 [out, in/32 * bytes]``)
+    of ggml type `qtype`, and the products the model takes of it."""
 
-    def __init__(
-        self,
-        blocks: torch.Tensor,
-        qtype: int,
-        in_features: int,
-        module: ModuleType,
-        repacked: bool = False,
-    ):
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, module: ModuleType):
         if qtype not in BLOCK_BYTES:
             raise ValueError(f"ggml type {qtype} is not one the quantized kernels compute")
         if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[qtype]:
@@ -64,8 +54,6 @@ class QuantizedLinear:
                 f"{TYPE_NAMES[qtype]} blocks {list(blocks.shape)} do not hold {in_features} inputs"
             )
         self.blocks = blocks.contiguous()
-        if not repacked:
-            module.repack(self.blocks, qtype, in_features)
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = int(blocks.shape[0])
@@ -94,12 +82,11 @@ class QuantizedLinear:
             x.contiguous(), self.blocks, self.qtype, None, residual, False
         )
 
-    def linear_gated(self, x: torch.Tensor, act: gemm.Activation) -> torch.Tensor:
-        """``act(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's (SiLU fused in
-        the kernel's epilogue; GELU, which no GGUF served quantized uses, after it)."""
-        if x.shape[0] >= DENSE_ROWS or act != "silu":
-            gate, up = self.linear(x).chunk(2, dim=-1)
-            return gemm.ACTIVATIONS[act](gate).mul_(up)
+    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's."""
+        if x.shape[0] >= DENSE_ROWS:
+            gate, up = F.linear(x, self.dense(x.dtype)).chunk(2, dim=-1)
+            return F.silu(gate).mul_(up)
         return self._kernels.qlinear_swiglu(  # type: ignore[no-any-return]
             x.contiguous(), self.blocks, self.qtype
         )
@@ -125,4 +112,4 @@ def concat(parts: list[QuantizedLinear]) -> QuantizedLinear:
     if any(p.qtype != first.qtype or p.in_features != first.in_features for p in parts):
         raise ValueError("only weights of one type and input size are concatenated")
     blocks = torch.cat([p.blocks for p in parts])
-    return QuantizedLinear(blocks, first.qtype, first.in_features, first._kernels, repacked=True)
+    return QuantizedLinear(blocks, first.qtype, first.in_features, first._kernels)

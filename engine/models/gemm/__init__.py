@@ -33,7 +33,7 @@ import engine.native as native
 SOURCES = [Path(__file__).with_name("gemm.cpp")]
 Activation = Literal["silu", "gelu"]
 _MODES = {"silu": 1, "gelu": 2}
-ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+_ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": functools.partial(F.gelu, approximate="tanh"),
 }
@@ -154,7 +154,7 @@ class PlainLinear:
         if not self.half:
             raise ValueError("linear_gated needs a gate/up pair")
         gate, up = F.linear(x, self.weight).chunk(2, dim=-1)
-        return ACTIVATIONS[act](gate) * up
+        return _ACT[act](gate) * up
 
 
 def packs(weight: torch.Tensor) -> bool:

@@ -1,21 +1,18 @@
 // Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1), kept as the file's blocks.
 //
-// The weight keeps the file's blocks of 32 weights (4- or 8-bit values, an fp16 scale d, Q4_1's
-// fp16 minimum m), one row of blocks per output feature, rearranged at load so that each row
-// holds its values, then its scales, then its minimums (`repack`). Each call quantizes its
-// activation rows once to int16 per 32-block (a float scale dx each), then every (output
-// row, block) pair is an integer dot product, scaled in fp32 by d*dx:
+// The weight stays in the file's own blocks, one row of blocks per output feature: 32 weights
+// each, with an fp16 scale d (and Q4_1's fp16 minimum m) before the 4- or 8-bit values. Each
+// call quantizes its activation rows once to int16 per 32-block (a float scale dx each), then
+// every (output row, block) pair is an integer dot product of 32 int16 pairs (`madd_epi16`:
+// AVX-512BW 32 pairs, AVX2 16 per instruction), scaled in fp32 by d*dx:
 //   Q8_0:  w = d*q        (q in -127..127)  dot = d*dx*sum(q*xq)
-//   Q4_0:  w = d*(q - 8)  (q in 0..15)      dot = d*dx*sum(q*xq) - 8*d*dx*sum(xq)
+//   Q4_0:  w = d*(q - 8)  (q in 0..15)      dot = d*dx*sum((q-8)*xq)
 //   Q4_1:  w = d*q + m    (q in 0..15)      dot = d*dx*sum(q*xq) + m*dx*sum(xq)
-// With AVX-512 VNNI the 4-bit types take 4 blocks a step: xq split into its high (signed) and
-// low (unsigned) bytes, two `vpdpbusd` per 64 weights (see `dot_rows_split`); otherwise, and
-// for Q8_0, 32 int16 pairs per block (`madd_epi16`: AVX-512BW 32 pairs, AVX2 16).
 // llama.cpp quantizes the activations to int8 instead (Q8_0/Q8_1); on SmolLM2-135M Q4_1 that
 // alone turns "The capital of France is Paris." into "L'Étoile, la Marseillaise, ..." (the
 // dequantized model with its activations fake-quantized to int8 per block answers the same).
 // int16 activations err by at most amax/65534 per block, below bf16's own rounding, so this
-// computes what the dequantized weights compute.
+// computes what the dequantized weights compute; the dot costs the same instructions per block.
 // Products never overflow: |q*xq| <= 128*32767, two summed per int32 lane per block.
 // Sums accumulate in fp32; the output is rounded once to the activations' dtype (bf16 or fp32),
 // after the fused epilogue (SwiGLU over the two halves of the rows, or a residual add).
@@ -58,24 +55,9 @@ int64_t block_bytes(int64_t type) {
   return 0;
 }
 
-// A row in the kernels' layout: the blocks' values, then their fp16 scales d, then (Q4_1)
-// their fp16 minimums m; the same bytes as the file's interleaved blocks, rearranged at load
-// (`repack`) so that four blocks' values are one aligned-free 64-byte load and four scales
-// one 8-byte load.
-template <int64_t TYPE>
-struct Row {
-  static constexpr int64_t kValueBytes = TYPE == kQ8_0 ? 32 : 16;
-  const uint8_t* qs;
-  const uint16_t* d;
-  const uint16_t* m;
-  Row(const uint8_t* row, int64_t nb)
-      : qs(row),
-        d(reinterpret_cast<const uint16_t*>(row + nb * kValueBytes)),
-        m(d + nb) {}
-  const uint8_t* values(int64_t b) const { return qs + b * kValueBytes; }
-};
-
-inline float half_value(uint16_t bits) {
+inline float half_at(const uint8_t* p) {
+  uint16_t bits;
+  std::memcpy(&bits, p, 2);
 #if defined(__F16C__)
   return _cvtsh_ss(bits);  // one instruction; c10::Half's conversion is a dozen
 #else
@@ -83,46 +65,23 @@ inline float half_value(uint16_t bits) {
 #endif
 }
 
-// The VNNI path (Q4_0/Q4_1): each int16 activation xq = 256*hi + lo, hi signed and lo
-// unsigned bytes, so a 4-bit weight's dot is two `vpdpbusd` byte dots (u8 x s8, 4 products
-// per int32 lane), 64 weights per instruction instead of `madd_epi16`'s 32.
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-constexpr bool kSplit = true;
-#else
-constexpr bool kSplit = false;
-#endif
-constexpr int64_t kGroup = 4;  // blocks per step of the VNNI path: 64 bytes of 4-bit values
-
 // The activations quantized: per row, int16 values, and per 32-block the scale dx and
-// dx * sum(xq) (Q4_1's minimum multiplies it; Q4_0's offset of -8 too on the VNNI path).
-// With `split`, also the values' high and low bytes, per group of 4 blocks in the order the
-// weights' nibbles unpack to (the 4 blocks' values 0..15, then their values 16..31), and dx
-// repeated for each of a block's 4 int32 lanes; blocks padded to whole groups with zeros.
+// dx * sum(xq) (Q4_1's minimum multiplies it).
 struct Activations {
-  int64_t rows, blocks, padded;
+  int64_t rows, blocks;
   std::vector<int16_t> q;
   std::vector<float> d, ds;
-  std::vector<int8_t> hi;
-  std::vector<uint8_t> lo;
-  std::vector<float> d4;
 };
 
 constexpr float kLevels = 32767.0f;
 
 template <typename T>
-Activations quantize_rows(const T* x, int64_t rows, int64_t k, bool split) {
-  const int64_t nb = k / kBlock;
-  const int64_t padded = split ? (nb + kGroup - 1) / kGroup * kGroup : nb;
-  Activations a{rows, nb, padded, std::vector<int16_t>(rows * k),
-                std::vector<float>(rows * padded), std::vector<float>(rows * padded), {}, {}, {}};
-  if (split) {
-    a.hi.assign(rows * padded * kBlock, 0);
-    a.lo.assign(rows * padded * kBlock, 0);
-    a.d4.assign(rows * padded * 4, 0.0f);
-  }
+Activations quantize_rows(const T* x, int64_t rows, int64_t k) {
+  Activations a{rows, k / kBlock, std::vector<int16_t>(rows * k),
+                std::vector<float>(rows * (k / kBlock)), std::vector<float>(rows * (k / kBlock))};
   float values[kBlock];
   for (int64_t r = 0; r < rows; ++r) {
-    for (int64_t b = 0; b < nb; ++b) {
+    for (int64_t b = 0; b < a.blocks; ++b) {
       const T* src = x + r * k + b * kBlock;
       float amax = 0.0f;
       for (int64_t i = 0; i < kBlock; ++i) {
@@ -138,17 +97,8 @@ Activations quantize_rows(const T* x, int64_t rows, int64_t k, bool split) {
         q[i] = static_cast<int16_t>(v);
         sum += v;
       }
-      a.d[r * padded + b] = d;
-      a.ds[r * padded + b] = d * static_cast<float>(sum);
-      if (!split) continue;
-      // Group g's 128 bytes: [low nibbles' partners (4 x 16)][high nibbles' (4 x 16)].
-      const int64_t group = (r * padded + b / kGroup * kGroup) * kBlock, at = b % kGroup * 16;
-      for (int64_t i = 0; i < kBlock; ++i) {
-        const int64_t to = group + (i / 16) * 64 + at + i % 16;
-        a.hi[to] = static_cast<int8_t>(q[i] >> 8);  // arithmetic: q = 256 * hi + lo
-        a.lo[to] = static_cast<uint8_t>(q[i] & 0xFF);
-      }
-      for (int64_t j = 0; j < 4; ++j) a.d4[(r * padded + b) * 4 + j] = d;
+      a.d[r * a.blocks + b] = d;
+      a.ds[r * a.blocks + b] = d * static_cast<float>(sum);
     }
   }
   return a;
@@ -163,12 +113,13 @@ inline float hsum(__m256 v) {
 
 // A block's 32 weights as bytes in order: Q8_0's signed values, or the 4-bit ones (0..15).
 template <int64_t TYPE>
-inline __m256i weight_bytes(const uint8_t* qs) {
+inline __m256i weight_bytes(const uint8_t* blk) {
   if constexpr (TYPE == kQ8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 2));
   } else {
     const __m128i low4 = _mm_set1_epi8(0x0F);
-    const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+    const __m128i packed =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (TYPE == kQ4_0 ? 2 : 4)));
     const __m128i lo = _mm_and_si128(packed, low4);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4);
     return _mm256_set_m128i(hi, lo);  // values 0..15 then 16..31
@@ -182,8 +133,8 @@ inline Acc acc_zero() { return _mm512_setzero_ps(); }
 inline float acc_sum(Acc v) { return _mm512_reduce_add_ps(v); }
 // The block's weights as 32 int16 (Q4_0's offset of 8 taken off).
 template <int64_t TYPE>
-inline __m512i weight_words(const uint8_t* qs) {
-  const __m256i bytes = weight_bytes<TYPE>(qs);
+inline __m512i weight_words(const uint8_t* blk) {
+  const __m256i bytes = weight_bytes<TYPE>(blk);
   if constexpr (TYPE == kQ8_0) return _mm512_cvtepi8_epi16(bytes);
   const __m512i words = _mm512_cvtepu8_epi16(bytes);
   if constexpr (TYPE == kQ4_0) return _mm512_sub_epi16(words, _mm512_set1_epi16(8));
@@ -202,8 +153,8 @@ struct Words {
   __m256i lo, hi;
 };
 template <int64_t TYPE>
-inline Words weight_words(const uint8_t* qs) {
-  const __m256i bytes = weight_bytes<TYPE>(qs);
+inline Words weight_words(const uint8_t* blk) {
+  const __m256i bytes = weight_bytes<TYPE>(blk);
   const __m128i b0 = _mm256_castsi256_si128(bytes), b1 = _mm256_extracti128_si256(bytes, 1);
   Words w;
   if constexpr (TYPE == kQ8_0) {
@@ -225,138 +176,54 @@ inline Acc block_dot(Acc acc, Words w, const int16_t* xq, float scale) {
 }
 #endif
 
-// y[m] = row n of W . activation row r0 + m, for m < MT: one block's weights decoded once.
+// y[r] = row n of W . activation row r, for the MT rows r0..r0+MT-1.
 template <int64_t TYPE, int MT>
 void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, float* y) {
-  const int64_t nb = a.blocks, stride = a.padded;
-  const Row<TYPE> w(wrow, nb);
+  constexpr int64_t bytes = TYPE == kQ4_0 ? 18 : TYPE == kQ4_1 ? 20 : 34;
+  const int64_t nb = a.blocks;
   float corr[MT] = {};
 #if defined(__AVX2__)
   Acc acc[MT];
   for (int m = 0; m < MT; ++m) acc[m] = acc_zero();
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = half_value(w.d[b]);
-    const float min = TYPE == kQ4_1 ? half_value(w.m[b]) : 0.0f;
-    const auto words = weight_words<TYPE>(w.values(b));
+    const uint8_t* blk = wrow + b * bytes;
+    const float d = half_at(blk);
+    const float min = TYPE == kQ4_1 ? half_at(blk + 2) : 0.0f;
+    const auto w = weight_words<TYPE>(blk);
     for (int m = 0; m < MT; ++m) {
-      const int64_t ab = (r0 + m) * stride + b;
-      acc[m] = block_dot(acc[m], words, a.q.data() + (r0 + m) * k + b * kBlock, d * a.d[ab]);
+      const int64_t ab = (r0 + m) * nb + b;
+      acc[m] = block_dot(acc[m], w, a.q.data() + (r0 + m) * k + b * kBlock, d * a.d[ab]);
       if constexpr (TYPE == kQ4_1) corr[m] += min * a.ds[ab];
     }
   }
   for (int m = 0; m < MT; ++m) y[m] = acc_sum(acc[m]) + corr[m];
 #else
   float acc[MT] = {};
-  int32_t v[kBlock];
+  int32_t w[kBlock];
   for (int64_t b = 0; b < nb; ++b) {
-    const float d = half_value(w.d[b]);
-    const uint8_t* qs = w.values(b);
+    const uint8_t* blk = wrow + b * bytes;
+    const float d = half_at(blk);
     if constexpr (TYPE == kQ8_0) {
-      for (int64_t i = 0; i < kBlock; ++i) v[i] = static_cast<int8_t>(qs[i]);
+      for (int64_t i = 0; i < kBlock; ++i) w[i] = static_cast<int8_t>(blk[2 + i]);
     } else {
       const int32_t offset = TYPE == kQ4_0 ? 8 : 0;
+      const uint8_t* qs = blk + (TYPE == kQ4_0 ? 2 : 4);
       for (int64_t i = 0; i < 16; ++i) {
-        v[i] = (qs[i] & 0x0F) - offset;
-        v[i + 16] = (qs[i] >> 4) - offset;
+        w[i] = (qs[i] & 0x0F) - offset;
+        w[i + 16] = (qs[i] >> 4) - offset;
       }
     }
     for (int m = 0; m < MT; ++m) {
       const int64_t at = (r0 + m) * k + b * kBlock;
       int32_t dot = 0;
-      for (int64_t i = 0; i < kBlock; ++i) dot += v[i] * a.q[at + i];
-      const int64_t ab = (r0 + m) * stride + b;
+      for (int64_t i = 0; i < kBlock; ++i) dot += w[i] * a.q[at + i];
+      const int64_t ab = (r0 + m) * nb + b;
       acc[m] += d * a.d[ab] * static_cast<float>(dot);
-      if constexpr (TYPE == kQ4_1) corr[m] += half_value(w.m[b]) * a.ds[ab];
+      if constexpr (TYPE == kQ4_1) corr[m] += half_at(blk + 2) * a.ds[ab];
     }
   }
   for (int m = 0; m < MT; ++m) y[m] = acc[m] + corr[m];
 #endif
-}
-
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-inline float hsum128(__m128 v) {
-  const __m128 t = _mm_add_ps(v, _mm_movehl_ps(v, v));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
-}
-
-// The VNNI path of `dot_rows` for Q4_0/Q4_1, 4 blocks a step: per block q in 0..15,
-//   sum(w*xq) = d*sum(q*xq) + m*sum(xq)   (Q4_0: m = -8d),
-// the first term's integer dot as 256*sum(q*hi) + sum(q*lo), exact in int32 (|.| < 2^22 per
-// lane), scaled per block in fp32; the second term from the activations' per-block sums.
-template <int64_t TYPE, int MT>
-void dot_rows_split(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t, float* y) {
-  const int64_t nb = a.blocks, stride = a.padded;
-  const Row<TYPE> w(wrow, nb);
-  const __m512i low4 = _mm512_set1_epi8(0x0F);
-  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-  const __m512i zero = _mm512_setzero_si512();
-  // A 64-byte read from the last group stays inside the row (its scales, minimums).
-  const bool spill_ok = (kGroup - nb % kGroup) * 16 <= nb * (TYPE == kQ4_1 ? 4 : 2);
-  __m512 acc[MT];
-  __m128 corr[MT];
-  for (int m = 0; m < MT; ++m) {
-    acc[m] = _mm512_setzero_ps();
-    corr[m] = _mm_setzero_ps();
-  }
-  for (int64_t b = 0; b < nb; b += kGroup) {
-    // Plain loads: a masked load that misses the caches stalls on Zen 4 (7x slower from
-    // memory, measured); a row's last, partial group is copied out first.
-    const int64_t left = std::min<int64_t>(kGroup, nb - b);
-    __m512i packed;
-    __m128i dbits, mbits = _mm_setzero_si128();
-    if (left == kGroup) {
-      packed = _mm512_loadu_si512(w.values(b));
-      dbits = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.d + b));
-      if constexpr (TYPE == kQ4_1) mbits = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(w.m + b));
-    } else {
-      // The last, partial group. Its values' line is cold: read 64 bytes unmasked where the
-      // row's scales follow them far enough (the garbage zeroed in a register), else copied
-      // out. Its scales' line was just read: masked loads hit there.
-      const __mmask64 valid = (__mmask64{1} << (16 * left)) - 1;
-      if (spill_ok) {
-        packed = _mm512_maskz_mov_epi8(valid, _mm512_loadu_si512(w.values(b)));
-      } else {
-        alignas(64) uint8_t values[64] = {};
-        std::memcpy(values, w.values(b), 16 * left);
-        packed = _mm512_load_si512(values);
-      }
-      const __mmask8 blocks = static_cast<__mmask8>((1u << left) - 1);
-      dbits = _mm_maskz_loadu_epi16(blocks, w.d + b);
-      if constexpr (TYPE == kQ4_1) mbits = _mm_maskz_loadu_epi16(blocks, w.m + b);
-    }
-    const __m512i lo = _mm512_and_si512(packed, low4);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low4);
-    const __m128 d = _mm_cvtph_ps(dbits);
-    const __m512 d16 = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(d));
-    const __m128 min = TYPE == kQ4_1 ? _mm_cvtph_ps(mbits) : _mm_mul_ps(d, _mm_set1_ps(-8.0f));
-    for (int m = 0; m < MT; ++m) {
-      const int64_t ab = (r0 + m) * stride + b;
-      const int8_t* xh = a.hi.data() + ab * kBlock;
-      const uint8_t* xl = a.lo.data() + ab * kBlock;
-      __m512i high = _mm512_dpbusd_epi32(zero, lo, _mm512_loadu_si512(xh));
-      high = _mm512_dpbusd_epi32(high, hi, _mm512_loadu_si512(xh + 64));
-      __m512i low = _mm512_dpbusd_epi32(zero, _mm512_loadu_si512(xl), lo);
-      low = _mm512_dpbusd_epi32(low, _mm512_loadu_si512(xl + 64), hi);
-      const __m512i dot = _mm512_add_epi32(_mm512_slli_epi32(high, 8), low);
-      const __m512 scale = _mm512_mul_ps(d16, _mm512_loadu_ps(a.d4.data() + ab * 4));
-      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), scale, acc[m]);
-      corr[m] = _mm_fmadd_ps(min, _mm_loadu_ps(a.ds.data() + ab), corr[m]);
-    }
-  }
-  for (int m = 0; m < MT; ++m) y[m] = _mm512_reduce_add_ps(acc[m]) + hsum128(corr[m]);
-}
-#endif
-
-// The rows' kernel: the VNNI one for 4-bit weights where built, else `dot_rows`.
-template <int64_t TYPE, int MT>
-void dot_tile(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, float* y) {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  if constexpr (TYPE != kQ8_0) {
-    dot_rows_split<TYPE, MT>(wrow, a, r0, k, y);
-    return;
-  }
-#endif
-  dot_rows<TYPE, MT>(wrow, a, r0, k, y);
 }
 
 // y[r, n] for every activation row r of one output row n (tiles of 4 rows).
@@ -365,13 +232,13 @@ void dot_all_rows(const uint8_t* wrow, const Activations& a, int64_t k, float* y
   float tile[4];
   int64_t r = 0;
   for (; r + 4 <= a.rows; r += 4) {
-    dot_tile<TYPE, 4>(wrow, a, r, k, tile);
+    dot_rows<TYPE, 4>(wrow, a, r, k, tile);
     for (int m = 0; m < 4; ++m) y[(r + m) * ystride] = tile[m];
   }
   const int64_t left = a.rows - r;
-  if (left == 3) dot_tile<TYPE, 3>(wrow, a, r, k, tile);
-  if (left == 2) dot_tile<TYPE, 2>(wrow, a, r, k, tile);
-  if (left == 1) dot_tile<TYPE, 1>(wrow, a, r, k, tile);
+  if (left == 3) dot_rows<TYPE, 3>(wrow, a, r, k, tile);
+  if (left == 2) dot_rows<TYPE, 2>(wrow, a, r, k, tile);
+  if (left == 1) dot_rows<TYPE, 1>(wrow, a, r, k, tile);
   for (int64_t m = 0; m < left; ++m) y[(r + m) * ystride] = tile[m];
 }
 
@@ -387,13 +254,12 @@ RowFn row_fn(int64_t type) {
   return nullptr;
 }
 
-Activations quantize(const torch::Tensor& x, int64_t type) {
+Activations quantize(const torch::Tensor& x) {
   const int64_t rows = x.size(0), k = x.size(1);
-  const bool split = kSplit && type != kQ8_0;
   if (x.scalar_type() == at::kBFloat16) {
-    return quantize_rows(x.data_ptr<at::BFloat16>(), rows, k, split);
+    return quantize_rows(x.data_ptr<at::BFloat16>(), rows, k);
   }
-  return quantize_rows(x.data_ptr<float>(), rows, k, split);
+  return quantize_rows(x.data_ptr<float>(), rows, k);
 }
 
 // Where results go: bf16 or fp32, rounded once.
@@ -429,7 +295,7 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, int64_t ty
                       const c10::optional<torch::Tensor>& residual, bool float_out) {
   check(x, w, type);
   const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0);
-  const Activations a = quantize(x, type);
+  const Activations a = quantize(x);
   const RowFn fn = row_fn(type);
   torch::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : torch::Tensor();
   torch::Tensor res = residual.has_value() ? residual->contiguous() : torch::Tensor();
@@ -463,7 +329,7 @@ torch::Tensor qlinear_swiglu(const torch::Tensor& x, const torch::Tensor& w, int
   check(x, w, type);
   TORCH_CHECK(w.size(0) % 2 == 0, "qgemm: swiglu needs gate and up rows");
   const int64_t rows = x.size(0), k = x.size(1), half = w.size(0) / 2;
-  const Activations a = quantize(x, type);
+  const Activations a = quantize(x);
   const RowFn fn = row_fn(type);
   torch::Tensor out = torch::empty({rows, half}, x.options());
   const Output o{out.data_ptr(), out.scalar_type() == at::kBFloat16};
@@ -485,20 +351,19 @@ torch::Tensor qlinear_swiglu(const torch::Tensor& x, const torch::Tensor& w, int
 
 namespace {
 
-// One row (the kernels' layout) dequantized into `out` (bf16 or fp32) from `at`.
-template <int64_t TYPE>
-void dequantize_row(const uint8_t* row, int64_t k, const Output& out, int64_t at) {
-  const int64_t nb = k / kBlock;
-  const Row<TYPE> w(row, nb);
+// One row of blocks dequantized into `out` (bf16 or fp32) from column 0.
+void dequantize_row(const uint8_t* row, int64_t type, int64_t k, const Output& out, int64_t at) {
+  const int64_t bytes = block_bytes(type);
   float o[kBlock];
-  for (int64_t b = 0; b < nb; ++b) {
-    const float d = half_value(w.d[b]);
-    const uint8_t* qs = w.values(b);
-    if constexpr (TYPE == kQ8_0) {
-      for (int64_t j = 0; j < kBlock; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(qs[j]));
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const uint8_t* blk = row + b * bytes;
+    const float d = half_at(blk);
+    if (type == kQ8_0) {
+      for (int64_t j = 0; j < kBlock; ++j) o[j] = d * static_cast<float>(static_cast<int8_t>(blk[2 + j]));
     } else {
-      const int32_t offset = TYPE == kQ4_0 ? 8 : 0;
-      const float m = TYPE == kQ4_0 ? 0.0f : half_value(w.m[b]);
+      const int32_t offset = type == kQ4_0 ? 8 : 0;
+      const float m = type == kQ4_0 ? 0.0f : half_at(blk + 2);
+      const uint8_t* qs = blk + (type == kQ4_0 ? 2 : 4);
       for (int64_t j = 0; j < 16; ++j) {
         o[j] = d * static_cast<float>((qs[j] & 0x0F) - offset) + m;
         o[j + 16] = d * static_cast<float>((qs[j] >> 4) - offset) + m;
@@ -506,18 +371,6 @@ void dequantize_row(const uint8_t* row, int64_t k, const Output& out, int64_t at
     }
     for (int64_t j = 0; j < kBlock; ++j) out.put(at + b * kBlock + j, o[j]);
   }
-}
-
-using DequantizeFn = void (*)(const uint8_t*, int64_t, const Output&, int64_t);
-
-DequantizeFn dequantize_fn(int64_t type) {
-  switch (type) {
-    case kQ4_0: return dequantize_row<kQ4_0>;
-    case kQ4_1: return dequantize_row<kQ4_1>;
-    case kQ8_0: return dequantize_row<kQ8_0>;
-    default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
-  }
-  return nullptr;
 }
 
 void check_blocks(const torch::Tensor& w, int64_t type, int64_t k) {
@@ -542,9 +395,8 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t k,
   torch::Tensor out = torch::empty({count, k}, torch::dtype(bf16 ? at::kBFloat16 : at::kFloat));
   const Output o{out.data_ptr(), bf16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const DequantizeFn fn = dequantize_fn(type);
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(wp + ip[i] * w.size(1), k, o, i * k);
+    for (int64_t i = begin; i < end; ++i) dequantize_row(wp + ip[i] * w.size(1), type, k, o, i * k);
   });
   std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
   shape.push_back(k);
@@ -558,41 +410,15 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t type, int64_t k, bool b
   torch::Tensor out = torch::empty({rows, k}, torch::dtype(bf16 ? at::kBFloat16 : at::kFloat));
   const Output o{out.data_ptr(), bf16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const DequantizeFn fn = dequantize_fn(type);
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(wp + i * w.size(1), k, o, i * k);
+    for (int64_t i = begin; i < end; ++i) dequantize_row(wp + i * w.size(1), type, k, o, i * k);
   });
   return out;
 }
 
-// The file's blocks (d, [m,] values; one row of blocks per output) rearranged in place into
-// the kernels' layout (every other function here reads that one): per row, the values, then
-// the scales, then the minimums.
-void repack(torch::Tensor w, int64_t type, int64_t k) {
-  check_blocks(w, type, k);
-  const int64_t nb = k / kBlock, bytes = block_bytes(type), row_bytes = w.size(1);
-  const int64_t header = type == kQ4_1 ? 4 : 2, values = bytes - header;
-  uint8_t* wp = w.data_ptr<uint8_t>();
-  at::parallel_for(0, w.size(0), kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<uint8_t> file(row_bytes);
-    for (int64_t n = begin; n < end; ++n) {
-      uint8_t* row = wp + n * row_bytes;
-      std::memcpy(file.data(), row, row_bytes);
-      for (int64_t b = 0; b < nb; ++b) {
-        const uint8_t* blk = file.data() + b * bytes;
-        std::memcpy(row + b * values, blk + header, values);
-        std::memcpy(row + nb * values + 2 * b, blk, 2);
-        if (type == kQ4_1) std::memcpy(row + nb * (values + 2) + 2 * b, blk + 2, 2);
-      }
-    }
-  });
-}
-
 // The instruction set the integer dot products use in this build (for the tests and logs).
 std::string isa() {
-#if defined(__AVX512VNNI__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-  return "avx512vnni";
-#elif defined(__AVX512BW__)
+#if defined(__AVX512BW__)
   return "avx512bw";
 #elif defined(__AVX2__)
   return "avx2";
@@ -606,6 +432,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("qlinear_swiglu", &qlinear_swiglu, "silu(x @ gate.T) * (x @ up.T)");
   m.def("dequantize_rows", &dequantize_rows, "rows of dequant(w): an embedding lookup");
   m.def("dequantize", &dequantize, "all of dequant(w)");
-  m.def("repack", &repack, "the file's blocks into the kernels' layout, in place");
   m.def("isa", &isa, "the dot-product instructions of this build");
 }

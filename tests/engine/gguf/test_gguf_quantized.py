@@ -24,7 +24,6 @@ from engine.gguf.loader import load_gguf
 from engine.lora import LoRARequest
 from engine.models import quantized_linear
 from engine.models.llama import LlamaForCausalLM
-from engine.models.quantized_linear import QuantizedLinear
 
 PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7, 100, 513, 2, 900, 41, 8, 8, 3]]
 
@@ -50,14 +49,12 @@ def _model(path: Path, dequantize: bool) -> LlamaForCausalLM:
 def test_the_blocks_replace_the_dense_weights(quantized_file: Path) -> None:
     model = _model(quantized_file, dequantize=False)
     for layer in model.layers:
-        assert set(layer.attn.packed) == {"qkv", "o"}
-        assert all(isinstance(w, QuantizedLinear) for w in layer.attn.packed.values())
+        assert set(layer.attn.quantized) == {"qkv", "o"} and not layer.attn.packed
         assert layer.attn.qkv_weight is None and layer.attn.o_weight is None
-        assert set(layer.mlp.packed) == {"gate_up", "down"}
-        assert all(isinstance(w, QuantizedLinear) for w in layer.mlp.packed.values())
+        assert set(layer.mlp.quantized) == {"gate_up", "down"} and not layer.mlp.packed
         assert layer.mlp.gate_up_weight is None and layer.mlp.down_weight is None
     assert model.embed_quantized is not None and model.embed_weight is None
-    assert isinstance(model.lm_head_packed, QuantizedLinear)
+    assert model.lm_head_quantized is not None and model.lm_head_packed is None
     dense = sum(p.numel() for p in model.parameters())  # the norms are all that is left
     assert dense == model.config.hidden_size * (2 * model.config.num_layers + 1)
 
@@ -83,16 +80,14 @@ def test_greedy_tokens_equal_the_dequantized_model(quantized_file: Path) -> None
 def test_dequantize_and_disabled_kernels_both_load_dense(
     quantized_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    dense = _model(quantized_file, dequantize=True).layers[0].attn.packed.values()
-    assert not any(isinstance(w, QuantizedLinear) for w in dense)
+    assert not _model(quantized_file, dequantize=True).layers[0].attn.quantized
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     quantized_linear.load.cache_clear()
     try:
         model = _model(quantized_file, dequantize=False)
     finally:
         quantized_linear.load.cache_clear()
-    assert not any(isinstance(w, QuantizedLinear) for w in model.layers[0].attn.packed.values())
-    assert model.embed_quantized is None
+    assert not model.layers[0].attn.quantized and model.embed_quantized is None
 
 
 def test_the_two_paths_are_two_model_identities(quantized_file: Path) -> None:
