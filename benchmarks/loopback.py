@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import signal
 import socket
+import subprocess
 
 
 def free_port() -> int:
@@ -10,3 +12,14 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def stop(process: subprocess.Popen[bytes] | subprocess.Popen[str], timeout_s: float) -> None:
+    """Stop a server the benchmark started as Ctrl-C would (its own shutdown runs), killing it
+    if it has not exited within ``timeout_s``."""
+    process.send_signal(signal.SIGINT)
+    try:
+        process.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

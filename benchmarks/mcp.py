@@ -17,7 +17,6 @@ import argparse
 import http.client
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -34,7 +33,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[0] = str(ROOT)
 
-from benchmarks.loopback import free_port  # noqa: E402
+from benchmarks.loopback import free_port, stop  # noqa: E402
 
 VERSION = "2026-07-28"
 METHODS = ("server/discover", "tools/list")
@@ -112,12 +111,7 @@ def serving(command: list[str], port: int, startup_s: float) -> Iterator[subproc
             time.sleep(0.2)
         yield server
     finally:
-        server.send_signal(signal.SIGINT)
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
+        stop(server, timeout_s=10)
         log.close()
 
 

@@ -26,7 +26,6 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,7 +41,7 @@ import httpx
 # `openai` package): the repository root takes its place.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.loopback import free_port  # noqa: E402
+from benchmarks.loopback import free_port, stop  # noqa: E402
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
 from engine.config import native_bf16_flags  # noqa: E402
 from engine.tiny_model import default_model_dir  # noqa: E402
@@ -216,11 +215,7 @@ def server(
                 time.sleep(0.5)
             yield process.pid
         finally:
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process, timeout_s=30)
 
 
 def main() -> None:
