@@ -4,7 +4,8 @@
 // sharing a KV head walk that head's blocks once for the scores and once for the values,
 // in fp32 throughout (a bf16 or fp8 cache is widened as it is read, fp8's per-token scales
 // applied to the scores and the weights), so nothing is gathered or padded and each K/V byte
-// is read once. Built at first use by engine/attention/cpu/__init__.py
+// is read from memory once. Block by block: a block's rows are contiguous, so no key costs
+// an index division, and kWidth keys' dot products are reduced in one shuffle tree. Built at first use by engine/attention/cpu/__init__.py
 // with -O3 -march=native, which picks the AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
 
 #include "kvgate_simd.h"
@@ -44,8 +45,8 @@ inline void softmax(float* s, int64_t n) {
   for (int64_t i = whole; i < n; ++i) s[i] *= 1.f / total;
 }
 
-// The K or V rows of one sequence's KV head, by key index (keys from position ``first``),
-// and each row's scale (fp8 caches: per token and head; 1 otherwise).
+// The K or V rows of one sequence's KV head (keys from position ``first``), walked a block at
+// a time: within a block a head's rows are contiguous, and so are fp8's per-token scales.
 template <typename T>
 struct Rows {
   const T* cache;
@@ -53,27 +54,29 @@ struct Rows {
   const int32_t* table;
   int64_t first, keys, kv_heads, head, block_size, dim;
 
-  int64_t slot(int64_t key) const {
-    return cache_slot(table, first + key, kv_heads, head, block_size);
+  // fn(key, rows, scales, n) for each run of n keys sharing a block: rows [n, dim] from key
+  // ``key`` on, scales [n] (nullptr: all 1). The block after next is prefetched first (the
+  // blocks lie anywhere in the cache: the hardware prefetcher cannot guess the jump).
+  template <typename Fn>
+  void for_each_block(Fn&& fn) const {
+    for (int64_t key = 0; key < keys;) {
+      const int64_t pos = first + key, block = pos / block_size, offset = pos % block_size;
+      const int64_t n = std::min(block_size - offset, keys - key);
+      if (key == 0) prefetch(block + 1);
+      prefetch(block + 2);
+      const int64_t slot = (static_cast<int64_t>(table[block]) * kv_heads + head) * block_size + offset;
+      fn(key, cache + slot * dim, scales == nullptr ? nullptr : scales + slot, n);
+      key += n;
+    }
   }
 
-  const T* operator()(int64_t key) const { return cache + slot(key) * dim; }
-
-  float scale(int64_t key) const { return scales == nullptr ? 1.f : scales[slot(key)]; }
-
-  // At a block's first key, ask for the next block's rows (contiguous, but anywhere in the
-  // cache: the hardware prefetcher cannot guess the jump).
-  void prefetch_next_block(int64_t key) const {
-    if ((first + key) % block_size != 0) return;
-    if (key == 0) prefetch(key + block_size);
-    prefetch(key + 2 * block_size);
-  }
-
-  void prefetch(int64_t key) const {
-    if (key >= keys) return;
-    const char* rows = reinterpret_cast<const char*>((*this)(key - (first + key) % block_size));
+  void prefetch(int64_t block) const {
+    if (block * block_size >= first + keys) return;
+    const int64_t slot = (static_cast<int64_t>(table[block]) * kv_heads + head) * block_size;
+    const char* rows = reinterpret_cast<const char*>(cache + slot * dim);
     const int64_t bytes = block_size * dim * static_cast<int64_t>(sizeof(T));
     for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(rows + offset);
+    if (scales != nullptr) __builtin_prefetch(scales + slot);
   }
 };
 
@@ -81,30 +84,70 @@ struct Rows {
 // of a head stay in registers.
 template <typename T, int64_t Vectors>
 struct Head {
-  static float dot(const float* q, const T* k) {
+  // q . k as kWidth partial sums (their total is the dot product).
+  static Vec dot_lanes(const float* q, const T* k) {
     Vec partial[Vectors];
 #pragma GCC unroll 32
     for (int64_t i = 0; i < Vectors; ++i) partial[i] = load(q + i * kWidth) * load(k + i * kWidth);
 #pragma GCC unroll 32
     for (int64_t live = Vectors; live > 1; live = (live + 1) / 2)  // pairwise, any count
       for (int64_t i = 0; i < live / 2; ++i) partial[i] = partial[i] + partial[i + (live + 1) / 2];
-    return sum(partial[0]);
+    return partial[0];
   }
 
-  // out = sum over keys of weights[i] * rows(i), rows(i) a value row.
-  static void weighted_sum(const float* weights, int64_t keys, const Rows<T>& rows, float* out) {
-    Vec acc[Vectors];
+  // scores[g * stride + i] = q_g . rows[i] * scales[i] for the n rows of one block and each of
+  // the group's queries: kWidth keys' partial sums reduced together (`transpose_sum`), the
+  // rows read from L1 for every query after the first.
+  static void score(const float* q, int64_t group, const T* rows, const float* scales, int64_t n,
+                    float* scores, int64_t stride) {
+    int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth)
+      for (int64_t g = 0; g < group; ++g) {
+        Vec partial[kWidth];
+        for (int64_t j = 0; j < kWidth; ++j)
+          partial[j] = dot_lanes(q + g * Vectors * kWidth, rows + (i + j) * Vectors * kWidth);
+        Vec s = transpose_sum(partial);
+        if (scales != nullptr) s = s * load(scales + i);
+        store(scores + g * stride + i, s);
+      }
+    for (; i < n; ++i)
+      for (int64_t g = 0; g < group; ++g)
+        scores[g * stride + i] = sum(dot_lanes(q + g * Vectors * kWidth, rows + i * Vectors * kWidth)) *
+                                 (scales == nullptr ? 1.f : scales[i]);
+  }
+
+  // out += sum over the n rows of weights[i] * scales[i] * rows[i]. Two keys at a time where a
+  // head is 4 vectors or fewer: FMA chains enough to hide their latency.
+  static void accumulate(const float* weights, const T* rows, const float* scales, int64_t n,
+                         float* out) {
+    constexpr int64_t Sets = Vectors <= 4 ? 2 : 1;
+    Vec acc[Sets][Vectors];
 #pragma GCC unroll 32
-    for (int64_t i = 0; i < Vectors; ++i) acc[i] = zero();
-    for (int64_t key = 0; key < keys; ++key) {
-      rows.prefetch_next_block(key);
-      const Vec w = splat(weights[key] * rows.scale(key));
-      const T* v = rows(key);
+    for (int64_t i = 0; i < Vectors; ++i) {
+      acc[0][i] = load(out + i * kWidth);
+      if constexpr (Sets == 2) acc[1][i] = zero();
+    }
+    int64_t key = 0;
+    for (; key + Sets <= n; key += Sets)
+#pragma GCC unroll 2
+      for (int64_t set = 0; set < Sets; ++set) {
+        const int64_t k = key + set;
+        const Vec w = splat(scales == nullptr ? weights[k] : weights[k] * scales[k]);
+        const T* v = rows + k * Vectors * kWidth;
 #pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[i] = fma(w, load(v + i * kWidth), acc[i]);
+        for (int64_t i = 0; i < Vectors; ++i) acc[set][i] = fmadd(w, load(v + i * kWidth), acc[set][i]);
+      }
+    for (; key < n; ++key) {
+      const Vec w = splat(scales == nullptr ? weights[key] : weights[key] * scales[key]);
+      const T* v = rows + key * Vectors * kWidth;
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) acc[0][i] = fmadd(w, load(v + i * kWidth), acc[0][i]);
     }
 #pragma GCC unroll 32
-    for (int64_t i = 0; i < Vectors; ++i) store(out + i * kWidth, acc[i]);
+    for (int64_t i = 0; i < Vectors; ++i) {
+      if constexpr (Sets == 2) acc[0][i] = acc[0][i] + acc[1][i];
+      store(out + i * kWidth, acc[0][i]);
+    }
   }
 };
 
@@ -119,6 +162,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
             const float* k_scales, const float* v_scales, const torch::Tensor& block_tables,
             const torch::Tensor& seq_lens, double scale, int64_t window, double softcap,
             torch::Tensor& out) {
+  using H = Head<TC, Vectors>;
   constexpr int64_t dim = Vectors * kWidth;
   const int64_t seqs = q.size(0), heads = q.size(1);
   const int64_t kv_heads = k_cache.size(1), block_size = k_cache.size(2);
@@ -132,7 +176,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const float cap = static_cast<float>(softcap);
 
   at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(dim), scores;
+    std::vector<float> qf(group * dim), acc(group * dim), scores;
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / kv_heads, head = item % kv_heads;
       const int64_t len = lens[seq];
@@ -146,25 +190,22 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
         qf[i] = static_cast<float>(q_heads[i]) * static_cast<float>(scale);
       scores.resize(group * keys);
 
-      // Scores: each key of this head read once, against the group's queries.
-      for (int64_t key = 0; key < keys; ++key) {
-        k_rows.prefetch_next_block(key);
-        const TC* k = k_rows(key);
-        const float k_scale = k_rows.scale(key);
-        for (int64_t g = 0; g < group; ++g) {
-          float s = Head<TC, Vectors>::dot(qf.data() + g * dim, k) * k_scale;
-          if (cap > 0.f) s = cap * std::tanh(s / cap);
-          scores[g * keys + key] = s;
-        }
-      }
+      // Scores [group, keys]: each key of this head read once, against the group's queries.
+      k_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
+        H::score(qf.data(), group, rows, row_scales, n, scores.data() + key, keys);
+      });
+      if (cap > 0.f)
+        for (float& s : scores) s = cap * std::tanh(s / cap);
+      for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * keys, keys);
+
+      // Values: each block's rows read once from memory, then from L1 for the group's others.
+      std::fill(acc.begin(), acc.end(), 0.f);
+      v_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
+        for (int64_t g = 0; g < group; ++g)
+          H::accumulate(scores.data() + g * keys + key, rows, row_scales, n, acc.data() + g * dim);
+      });
       TQ* o = out_ptr + (seq * heads + head * group) * dim;
-      for (int64_t g = 0; g < group; ++g) {
-        // Softmax in fp32, then the weighted values (this head's rows stay in L2 for the group).
-        float* s = scores.data() + g * keys;
-        softmax(s, keys);
-        Head<TC, Vectors>::weighted_sum(s, keys, v_rows, acc.data());
-        for (int64_t d = 0; d < dim; ++d) o[g * dim + d] = static_cast<TQ>(acc[d]);
-      }
+      for (int64_t i = 0; i < group * dim; ++i) o[i] = static_cast<TQ>(acc[i]);
     }
   });
 }

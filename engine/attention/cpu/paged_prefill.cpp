@@ -177,7 +177,7 @@ void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels
 #pragma GCC unroll 8
         for (int64_t r = 0; r < kRowBlock; ++r) {
           const Vec b = splat(q[r][d]);
-          for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = fma(b, kv[i], acc[r][i]);
+          for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = fmadd(b, kv[i], acc[r][i]);
         }
       }
       for (int64_t r = 0; r < kRowBlock; ++r)
@@ -241,7 +241,7 @@ void values(const float* p, const uint32_t* pairs, const float* alpha,
       for (int64_t r = 0; r < R; ++r) {
         const Vec w = splat(p[r * kChunk + k]);
 #pragma GCC unroll 32
-        for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = fma(w, vv[i], acc[r][i]);
+        for (int64_t i = 0; i < Vectors; ++i) acc[r][i] = fmadd(w, vv[i], acc[r][i]);
       }
     }
   }

@@ -85,7 +85,7 @@ void tile_fma(const float* x, int64_t ldx, const float* w, int64_t panel, int64_
     }
     for (int r = 0; r < R; ++r) {
       const Vec xv = splat(x[r * ldx + k]);
-      for (int p = 0; p < P; ++p) acc[r][p] = fma(xv, wv[p], acc[r][p]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fmadd(xv, wv[p], acc[r][p]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -145,7 +145,7 @@ void tile_widened(const float* x, int64_t ldx, const BF16* w, int64_t panel, int
     }
     for (int r = 0; r < R; ++r) {
       const Vec x0 = splat(x[r * ldx + 2 * j]), x1 = splat(x[r * ldx + 2 * j + 1]);
-      for (int p = 0; p < P; ++p) acc[r][p] = fma(x1, odd[p], fma(x0, even[p], acc[r][p]));
+      for (int p = 0; p < P; ++p) acc[r][p] = fmadd(x1, odd[p], fmadd(x0, even[p], acc[r][p]));
     }
   }
   if (K % 2) {  // the last pair: x[K-1] and the packing's zero
@@ -153,7 +153,7 @@ void tile_widened(const float* x, int64_t ldx, const BF16* w, int64_t panel, int
     for (int p = 0; p < P; ++p) load_pairs(w + p * panel + pairs * 2 * kWidth, even[p], odd[p]);
     for (int r = 0; r < R; ++r) {
       const Vec x0 = splat(x[r * ldx + K - 1]);
-      for (int p = 0; p < P; ++p) acc[r][p] = fma(x0, even[p], acc[r][p]);
+      for (int p = 0; p < P; ++p) acc[r][p] = fmadd(x0, even[p], acc[r][p]);
     }
   }
   for (int r = 0; r < R; ++r)
@@ -212,7 +212,7 @@ inline Vec gated(int64_t mode, const float* gate, const float* up) {
   if (mode == kSiluMul) {
     act = g * sigmoid(g);
   } else {  // gelu(approximate="tanh") = g * sigmoid(2y), y = sqrt(2/pi) (g + 0.044715 g^3)
-    const Vec y = splat(0.7978845608028654f) * fma(splat(0.044715f) * g, g * g, g);
+    const Vec y = splat(0.7978845608028654f) * fmadd(splat(0.044715f) * g, g * g, g);
     act = g * sigmoid(y + y);
   }
   return act * load(up);
