@@ -8,17 +8,12 @@ submodule (``engine.sampling_params``, ``engine.errors``, ``engine.tokenizer``, 
 light name (``from engine import SamplingParams``) does not import torch.
 """
 
-import os
 import typing
 
 import engine._lazy as _lazy
+import engine.memory
 
-# Transparent huge pages for torch's CPU allocations of 2 MiB and more (weights, the KV cache):
-# a decode step reads K/V blocks scattered over the cache, and on 4 KiB pages each block is a
-# TLB miss the hardware prefetcher will not cross. PyTorch reads the variable at its first
-# large allocation, so it takes effect unless the process made one before importing the
-# engine; ``THP_MEM_ALLOC_ENABLE=0`` opts out.
-os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
+engine.memory.prepare()  # before any large allocation: see engine/memory.py
 
 if typing.TYPE_CHECKING:
     from engine.async_llm import AsyncLLM, RequestStream

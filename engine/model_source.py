@@ -14,6 +14,7 @@ import torch
 from engine.fetch_model import WHEEL_MODELS, fetch_model
 from engine.hub import hub_snapshot, looks_like_repo_id
 from engine.loader import LoadedModel, load_model
+from engine.memory import return_freed_memory
 from engine.model_config import ModelLoadError
 
 GGUF_SUFFIX = ".gguf"
@@ -48,5 +49,8 @@ def load_model_at(
     if path.is_file():
         from engine.gguf.loader import load_gguf  # gguf's reader, only for GGUF files
 
-        return load_gguf(path, dtype, device, max_model_len, gguf_dequantize)
-    return load_model(path, dtype, device, max_model_len)
+        loaded = load_gguf(path, dtype, device, max_model_len, gguf_dequantize)
+    else:
+        loaded = load_model(path, dtype, device, max_model_len)
+    return_freed_memory()  # the loaders' temporaries, which the heap would hold (engine.memory)
+    return loaded

@@ -11,24 +11,18 @@ at a time (a request ending meanwhile gets one more after it). Without glibc it 
 from __future__ import annotations
 
 import asyncio
-import ctypes
-import ctypes.util
 from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from engine.memory import glibc
 
 TRIM_BODY_BYTES = 256 * 1024  # smaller bodies leave too little behind to be worth a trim
 
 
 def malloc_trim() -> Callable[[int], int] | None:
     """glibc's ``malloc_trim``, or None where the C library has none."""
-    try:
-        trim: Callable[[int], int] = ctypes.CDLL(
-            ctypes.util.find_library("c") or "libc.so.6"
-        ).malloc_trim
-        return trim
-    except (OSError, AttributeError):
-        return None
+    return glibc("malloc_trim")
 
 
 class TrimAfterLargeBodies:
