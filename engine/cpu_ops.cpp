@@ -8,6 +8,8 @@
 // compute in fp32, rounding once per output where the torch formula they replace rounds.
 // Built at first use by engine/cpu_ops.py (engine/native.py: -O3 -march=native).
 
+#include "kvgate_simd.h"
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -28,18 +30,30 @@ inline float f32(T x) {
 }
 
 // transformers' RMSNorm: x * rsqrt(mean(x^2) + eps) in fp32, rounded to T, then times the
-// weight (a product of two T values, rounded to T).
+// weight (a product of two T values, rounded to T). Vectorized: a 2,000-token prefill runs 17
+// of these over [2000, hidden].
 template <typename T>
 void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t size,
                    float eps) {
+  using namespace kvgate;
+  const int64_t whole = size - size % kWidth;
   at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const T* xr = x + r * x_stride;
       T* o = out + r * size;
-      float sum = 0.f;
-      for (int64_t i = 0; i < size; ++i) sum += f32(xr[i]) * f32(xr[i]);
-      const float scale = 1.f / std::sqrt(sum / static_cast<float>(size) + eps);
-      for (int64_t i = 0; i < size; ++i)
+      Vec squares = zero();
+      for (int64_t i = 0; i < whole; i += kWidth) {
+        const Vec v = load(xr + i);
+        squares = fmadd(v, v, squares);
+      }
+      float sum_sq = sum(squares);
+      for (int64_t i = whole; i < size; ++i) sum_sq += f32(xr[i]) * f32(xr[i]);
+      const float scale = 1.f / std::sqrt(sum_sq / static_cast<float>(size) + eps);
+      for (int64_t i = 0; i < whole; i += kWidth) {
+        store(o + i, load(xr + i) * splat(scale));  // rounded to T once ...
+        store(o + i, load(o + i) * load(w + i));    // ... and again after the weight
+      }
+      for (int64_t i = whole; i < size; ++i)
         o[i] = static_cast<T>(f32(static_cast<T>(f32(xr[i]) * scale)) * f32(w[i]));
     }
   });

@@ -45,9 +45,10 @@ __all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate
 class RMSNorm(nn.Module):
     """transformers' RMSNorm: float32 statistics, ``x * rsqrt(mean(x^2) + eps)`` rounded once
     to the model dtype, then the weight in the model dtype. On CPU ``F.rms_norm`` is six
-    separate ops with fresh temporaries; here a decode-sized batch (<= 64 rows) goes through
-    torch's fused LayerNorm kernel over ``[x, -x]`` (mean 0, variance ``mean(x^2)``: its first
-    half is the normalized ``x``), and larger ones through the formula with few temporaries. Gemma's
+    separate ops with fresh temporaries; here rows go through one native call (`cpu_ops`), or
+    where it does not apply a decode-sized batch (<= 64 rows) through torch's fused LayerNorm
+    kernel over ``[x, -x]`` (mean 0, variance ``mean(x^2)``: its first half is the normalized
+    ``x``), and larger ones through the formula with few temporaries. Gemma's
     ``(1 + weight)`` is folded into the stored weight at load time (`checkpoint.py`)."""
 
     def __init__(self, size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
@@ -56,10 +57,10 @@ class RMSNorm(nn.Module):
         self.weight = new_param(size, dtype=dtype, device=device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() == 2 and (out := cpu_ops.rms_norm(x, self.weight, self.eps)) is not None:
+            return out
         size = x.shape[-1]
         if x.numel() <= 64 * size:
-            if x.dim() == 2 and (out := cpu_ops.rms_norm(x, self.weight, self.eps)) is not None:
-                return out
             both = torch.cat((x, -x), dim=-1)
             return F.layer_norm(both, (2 * size,), eps=self.eps)[..., :size] * self.weight
         xf = x.float()

@@ -20,11 +20,12 @@ def _one_ulp(dtype: torch.dtype) -> float:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 8, 100])
-def test_rms_norm_is_transformers_formula(dtype: torch.dtype, rows: int) -> None:
+@pytest.mark.parametrize("size", [96, 100])  # whole vectors; a scalar tail too
+def test_rms_norm_is_transformers_formula(dtype: torch.dtype, rows: int, size: int) -> None:
     torch.manual_seed(rows)
-    wide = torch.randn(rows, 2 * 96, dtype=dtype) * 3
-    x = wide[:, :96]  # strided rows
-    weight = torch.randn(96, dtype=dtype)
+    wide = torch.randn(rows, 2 * size, dtype=dtype) * 3
+    x = wide[:, :size]  # strided rows
+    weight = torch.randn(size, dtype=dtype)
     xf = x.float()
     want = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + 1e-6)).to(dtype) * weight
     got = cpu_ops.rms_norm(x, weight, 1e-6)
