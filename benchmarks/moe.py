@@ -23,6 +23,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from benchmarks.engine import Bench, kvgate_runner, transformers_runner  # noqa: E402
+from engine import LLM  # noqa: E402
 from engine.config import cache_dir, choose_dtype  # noqa: E402
 from engine.model_config import ModelConfig  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
@@ -51,8 +52,9 @@ def main() -> None:
     choice = choose_dtype(args.dtype, "cpu")
     path = bench_model_dir()
     config = ModelConfig.from_dir(path)
+    llm = LLM(str(path), dtype=choice.name, kv_cache_memory="1GiB", threads=args.threads)
     engines = {
-        "kvgate": kvgate_runner(path, choice.name, args.threads),
+        "kvgate": kvgate_runner(llm),
         "transformers": transformers_runner(path, choice.name),
     }
     print(
@@ -60,7 +62,7 @@ def main() -> None:
         f"top-{config.num_experts_per_tok}), {choice.name} ({choice.reason}), "
         f"{args.threads} threads, best of {args.repeat} alternating rounds"
     )
-    times = Bench(engines, args.repeat, config.vocab_size).best(
+    times = Bench(engines, args.repeat, config.vocab_size, llm).best(
         0, args.prompts, args.prompt_len, args.new
     )
     tokens = args.prompts * args.new
