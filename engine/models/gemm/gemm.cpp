@@ -43,7 +43,7 @@ inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
   odd = _mm512_castsi512_ps(_mm512_and_si512(bits, _mm512_set1_epi32(-65536)));
 }
 #elif defined(__AVX2__) && defined(__FMA__)
-constexpr int kMaxRows = 4;  // 4 x 2 accumulators of the 16 ymm registers
+constexpr int kMaxRows = 6;  // 6 x 2 accumulators, 2 weights and a row's x: 15 of 16 ymm
 inline void load_pairs(const BF16* p, Vec& even, Vec& odd) {
   const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   even = _mm256_castsi256_ps(_mm256_slli_epi32(bits, 16));
@@ -184,9 +184,11 @@ void tile_rows(int rows, const X* x, int64_t ldx, const T* w, int64_t panel, int
     KVGATE_ROWS(2)
     KVGATE_ROWS(3)
     KVGATE_ROWS(4)
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     KVGATE_ROWS(5)
     KVGATE_ROWS(6)
+#endif
+#if defined(__AVX512F__)
     KVGATE_ROWS(7)
     KVGATE_ROWS(8)
 #endif
