@@ -120,8 +120,10 @@ def vllm_bench(
 
 
 def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+    """Over the finite values: a call whose answer had no text has no TTFT (NaN), and a NaN
+    among the values would leave ``sorted`` unordered."""
+    ordered = sorted(v for v in values if v == v)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
 def prompt(i: int, words: int) -> str:
