@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import os
 import sys
 import time
 from collections.abc import Callable
@@ -91,9 +90,8 @@ def main() -> None:
     kernel = native_decode()
     if kernel is None:
         raise SystemExit("the native decode kernel did not build on this machine")
-    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     gbps = memory_gbps()
-    print(f"{describe_cpu()}; threads {args.threads}, load {load}; read rate {gbps:.1f} GB/s")
+    print(f"{describe_cpu()}; threads {args.threads}; read rate {gbps:.1f} GB/s")
     cases = [("fp32", torch.float32, "fp32"), ("bf16", torch.bfloat16, "bf16")]
     cases += [("fp8 (fp32 q)", torch.float32, FP8), ("fp8 (bf16 q)", torch.bfloat16, FP8)]
     for name, dtype, cache_dtype in cases:
