@@ -78,6 +78,9 @@ class CompletionsAnswer(Answer):
         super().__init__(envelope, sampling, token_text)
         self.prompts, self.echo, self._prompts = prompts, echo, len(prompts)
         self.tokenizer = tokenizer
+        # Per choice, the text streamed so far: a chunk's text_offset continues from it, as
+        # vLLM's do, so the offsets do not depend on how tokens were grouped into chunks.
+        self._streamed: dict[int, int] = {}
 
     def _prompt_text(self, index: int) -> str:
         prompt = self.prompts[index // self.sampling.n]
@@ -103,10 +106,12 @@ class CompletionsAnswer(Answer):
         }
 
     def chunk(self, index: int, delta: TextDelta, finish_reason: str | None) -> dict[str, Any]:
+        offset = self._streamed.get(index, 0)
+        self._streamed[index] = offset + len(delta.text)
         choice = {
             "index": index,
             "text": delta.text,
-            "logprobs": self._logprobs(delta.token_ids, delta.logprobs or [], 0),
+            "logprobs": self._logprobs(delta.token_ids, delta.logprobs or [], offset),
             "finish_reason": finish_reason,
         }
         return self.envelope.wrap(self.kind, [choice])

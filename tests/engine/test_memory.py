@@ -1,6 +1,6 @@
 """Importing the engine puts torch's large CPU allocations (the KV cache, the weights) on
-transparent huge pages, unless the user opted out with ``THP_MEM_ALLOC_ENABLE=0``, and keeps a
-freed activation's memory for the next step's (engine/memory.py)."""
+transparent huge pages, unless the user opted out with ``THP_MEM_ALLOC_ENABLE=0``
+(engine/memory.py)."""
 
 from __future__ import annotations
 
@@ -12,8 +12,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
-from engine.memory import glibc
 
 ROOT = Path(__file__).resolve().parents[2]
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
@@ -62,34 +60,3 @@ def test_the_kv_cache_lies_on_huge_pages() -> None:
 @pytest.mark.skipif(_mode() != "madvise", reason="only where pages are huge on request")
 def test_the_user_can_opt_out() -> None:
     assert _huge_kib(THP_MEM_ALLOC_ENABLE="0") == 0
-
-
-# A step's 48 MiB activation, freed and allocated again: the page faults of writing it (the
-# thread pool started first, its own faults not counted), once a few steps have run.
-REUSE = textwrap.dedent(
-    """
-    import resource
-    import engine, torch
-
-    torch.ones(1 << 20).fill_(2.0)
-
-    def faults_of_a_step():
-        x = torch.empty(12 << 20)
-        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        x.fill_(1.0)
-        return resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
-
-    for _ in range(3):
-        faults_of_a_step()
-    print(faults_of_a_step())
-    """
-)
-
-
-@pytest.mark.skipif(glibc("mallopt") is None, reason="not glibc")
-def test_a_freed_activation_is_reused_without_faulting_it_in_again() -> None:
-    result = subprocess.run(
-        [sys.executable, "-c", REUSE], cwd=ROOT, capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 0, result.stderr
-    assert int(result.stdout.strip()) < 8  # unmapped and faulted in again: >= 24 (2 MiB pages)

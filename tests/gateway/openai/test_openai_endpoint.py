@@ -200,6 +200,23 @@ def test_logprobs_shapes(client: openai.OpenAI, model: str) -> None:
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == len(logprobs.top_logprobs) == 3
     assert all(len(top) <= 3 for top in logprobs.top_logprobs)
     assert logprobs.text_offset == sorted(logprobs.text_offset)
+    # Streamed, the offsets run on across the chunks (as vLLM's): the same as the whole answer's.
+    streamed = client.completions.create(
+        model=model,
+        prompt="Hi",
+        max_tokens=8,
+        logprobs=1,
+        temperature=0,
+        stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    offsets, tokens = [], []
+    for chunk in streamed:
+        if chunk.choices and chunk.choices[0].logprobs:
+            offsets += chunk.choices[0].logprobs.text_offset
+            tokens += chunk.choices[0].logprobs.tokens
+    assert len(tokens) == 8
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
 
 
 def test_stop_strings_end_the_text_before_them(
