@@ -5,8 +5,9 @@
 // in fp32 throughout (a bf16 or fp8 cache is widened as it is read, fp8's per-token scales
 // applied to the scores and the weights), so nothing is gathered or padded and each K/V byte
 // is read from memory once. Block by block: a block's rows are contiguous, so no key costs
-// an index division, and kWidth keys' dot products are reduced in one shuffle tree. Built at first use by engine/attention/cpu/__init__.py
-// with -O3 -march=native, which picks the AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
+// an index division, and kWidth keys' dot products are reduced in one shuffle tree. Built at
+// first use by engine/attention/cpu/__init__.py with -O3 -march=native, which picks the
+// AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
 
 #include "kvgate_simd.h"
 
