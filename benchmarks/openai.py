@@ -18,6 +18,11 @@ each is reported. Without ``--vllm-python`` only kvgate is measured.
 ``--random-input-len`` 256 -> ``--random-output-len`` 128 tokens, ``--num-prompts`` 64 at
 ``--concurrency`` 16, on ``/v1/completions``, ``ignore_eos``; the ITL column is then its
 median TPOT.
+
+While each measurement runs, a prober times the light endpoints every ``--probe-ms``: ``GET
+/v1/models`` on both servers and MCP ``tools/list`` on kvgate (vLLM has no MCP endpoint),
+reported as p99 under load beside the same probe's p99 on the idle server just before: a
+server busy generating must still answer health checks, catalogues and discovery promptly.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -42,6 +48,7 @@ import httpx
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.loopback import free_port, stop  # noqa: E402
+from benchmarks.mcp import request_parts  # noqa: E402
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
 from engine.config import native_bf16_flags  # noqa: E402
 from engine.tiny_model import default_model_dir  # noqa: E402
@@ -57,13 +64,62 @@ class Figures:
     itl_p50_ms: float
     tokens: int
     cpu_ms_per_token: float = float("nan")
+    probes_p99_ms: dict[str, float] = field(default_factory=dict)
 
     def line(self) -> str:
+        probes = "".join(f"  {path} p99 {ms:5.1f} ms" for path, ms in self.probes_p99_ms.items())
         return (
             f"{self.tokens_per_s:8.1f} tok/s  TTFT p50 {self.ttft_p50_ms:7.1f} ms  "
             f"p99 {self.ttft_p99_ms:7.1f} ms  ITL p50 {self.itl_p50_ms:6.2f} ms  "
-            f"CPU {self.cpu_ms_per_token:5.2f} ms/token"
+            f"CPU {self.cpu_ms_per_token:5.2f} ms/token{probes}"
         )
+
+
+class Prober:
+    """Times ``GET /v1/models`` (and MCP ``tools/list`` where the server has MCP) from a thread
+    of its own, one probe every ``interval_s``, over one keep-alive connection each, as a load
+    balancer's health check or an agent's discovery would arrive beside the load."""
+
+    def __init__(self, base: str, mcp: bool, interval_s: float) -> None:
+        headers, body = request_parts("tools/list")
+        self._probes: dict[str, Callable[[httpx.Client], httpx.Response]] = {
+            "/v1/models": lambda client: client.get(base + "/v1/models"),
+        }
+        if mcp:
+            self._probes["tools/list"] = lambda client: client.post(
+                base + "/mcp", content=body, headers=headers
+            )
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.latencies: dict[str, list[float]] = {name: [] for name in self._probes}
+
+    def _run(self) -> None:
+        clients = {name: httpx.Client(timeout=30) for name in self._probes}
+        try:
+            while not self._stop.wait(self._interval_s):
+                for name, probe in self._probes.items():
+                    started = time.perf_counter()
+                    response = probe(clients[name])
+                    if response.status_code != 200:
+                        raise RuntimeError(f"{name}: HTTP {response.status_code}")
+                    self.latencies[name].append(time.perf_counter() - started)
+        finally:
+            for client in clients.values():
+                client.close()
+
+    def __enter__(self) -> Prober:
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        assert self._thread is not None
+        self._thread.join()
+
+    def p99_ms(self) -> dict[str, float]:
+        return {name: 1000 * percentile(values, 0.99) for name, values in self.latencies.items()}
 
 
 def cpu_seconds(pid: int) -> float:
@@ -239,6 +295,7 @@ def main() -> None:
     parser.add_argument("--random-input-len", type=int, default=256)
     parser.add_argument("--random-output-len", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=64)
+    parser.add_argument("--probe-ms", type=float, default=100, help="light-endpoint probe interval")
     args = parser.parse_args()
     if args.vllm_bench and not args.vllm_python:
         raise SystemExit("--vllm-bench runs vLLM's client: give --vllm-python")
@@ -272,19 +329,26 @@ def main() -> None:
         for who, (command, env, base, ready_s) in servers.items():  # one server up at a time
             with server(command, env, base, who, ready_s) as pid:
                 asyncio.run(measure(base, name, 2, 4, args.prompt_words, 8, seed=99))  # warm up
+                interval_s, mcp = args.probe_ms / 1000, who == "kvgate"
+                with Prober(base, mcp, interval_s) as idle:
+                    time.sleep(40 * interval_s)
+                idle_line = "  ".join(f"{p} {ms:.1f} ms" for p, ms in idle.p99_ms().items())
+                print(f"round {round_} {who:6s} idle probes p99: {idle_line}", flush=True)
                 for c in levels:
                     seed = round_ * 10 + c
                     cpu_before = cpu_seconds(pid)
-                    if args.vllm_bench:
-                        got = vllm_bench(args.vllm_python, base, name, model_dir, c, args, seed)
-                    else:
-                        got = asyncio.run(
-                            measure(
-                                base, name, c, args.requests, args.prompt_words, args.max_tokens,
-                                seed=seed,
-                            )
-                        )  # fmt: skip
+                    with Prober(base, mcp, interval_s) as loaded:
+                        if args.vllm_bench:
+                            got = vllm_bench(args.vllm_python, base, name, model_dir, c, args, seed)
+                        else:
+                            got = asyncio.run(
+                                measure(
+                                    base, name, c, args.requests, args.prompt_words,
+                                    args.max_tokens, seed=seed,
+                                )
+                            )  # fmt: skip
                     got.cpu_ms_per_token = 1000 * (cpu_seconds(pid) - cpu_before) / got.tokens
+                    got.probes_p99_ms = loaded.p99_ms()
                     print(f"round {round_} {who:6s} c={c:<3d} {got.line()}", flush=True)
                     if (who, c) not in best or got.tokens_per_s > best[who, c].tokens_per_s:
                         best[who, c] = got
@@ -298,7 +362,9 @@ def main() -> None:
                 f"c={c}: throughput {k.tokens_per_s / v.tokens_per_s:.2f}x vLLM, "
                 f"TTFT p50 {k.ttft_p50_ms / v.ttft_p50_ms:.2f}x, "
                 f"p99 {k.ttft_p99_ms / v.ttft_p99_ms:.2f}x, ITL {k.itl_p50_ms / v.itl_p50_ms:.2f}x, "
-                f"CPU per token {k.cpu_ms_per_token / v.cpu_ms_per_token:.2f}x"
+                f"CPU per token {k.cpu_ms_per_token / v.cpu_ms_per_token:.2f}x, "
+                f"/v1/models p99 {k.probes_p99_ms['/v1/models']:.1f} vs "
+                f"{v.probes_p99_ms['/v1/models']:.1f} ms"
             )
 
 
