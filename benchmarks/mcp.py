@@ -9,6 +9,10 @@ rounds. Prints requests/s, p50, p99, the kvgate/SDK ratios against the targets (
 requests/s, p99 <= half), and the CPU share of client and server.
 
     python benchmarks/mcp.py [--duration 5] [--rounds 3] [--targets kvgate,sdk,bare]
+                             [--workers N]
+
+``--workers`` runs kvgate with that many API processes over its one engine (the SDK and the
+bare route stay one uvicorn worker: the SDK's stateless server has no shared state to split).
 """
 
 from __future__ import annotations
@@ -115,13 +119,14 @@ def serving(command: list[str], port: int, startup_s: float) -> Iterator[subproc
         log.close()
 
 
-def server_command(target: str, port: int, bodies_file: str, gc_freeze: bool) -> list[str]:
+def server_command(target: str, port: int, bodies_file: str, args: argparse.Namespace) -> list[str]:
     if target == "kvgate":
-        return [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+        command = [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
+        return command + ["--workers", str(args.workers)]
     command = [sys.executable, "-m", "benchmarks.baselines", target, "--port", str(port)]
     if target == "bare":
         command += ["--bodies", bodies_file]
-    return command + (["--gc-freeze"] if gc_freeze else [])
+    return command + (["--gc-freeze"] if args.gc_freeze else [])
 
 
 def load(port: int, method: str, server_pid: int, args: argparse.Namespace) -> dict[str, float]:
@@ -150,7 +155,7 @@ def start(targets: list[str], args: argparse.Namespace, stack: ExitStack) -> dic
         bodies_file = stack.enter_context(tempfile.NamedTemporaryFile("w", suffix=".json"))
         json.dump(bodies, bodies_file)
         bodies_file.flush()
-        command = server_command(target, port, bodies_file.name, args.gc_freeze)
+        command = server_command(target, port, bodies_file.name, args)
         process = stack.enter_context(serving(command, port, args.startup_timeout))
         answers = {method: fetch(port, method) for method in METHODS}
         for method, body in answers.items():
@@ -239,6 +244,9 @@ def main() -> None:
     parser.add_argument("--startup-timeout", type=float, default=180.0)
     parser.add_argument(
         "--gc-freeze", action="store_true", help="gc.freeze() the SDK and bare servers at startup"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="kvgate's API processes (`serve --workers`)"
     )
     args = parser.parse_args()
     targets = [t for t in TARGETS if t in args.targets.split(",")]

@@ -319,10 +319,10 @@ def main() -> None:
         vllm += [dtype, "--max-model-len", "2048", "--served-model-name", name]
         vllm += ["--enable-prompt-tokens-details"]
         servers["vllm"] = (vllm, peer_environment(args.vllm_python, 2), vllm_base, 600.0)
-    if args.only:
-        servers = {args.only: servers[args.only]}
     else:
         print("vllm: skipped (no --vllm-python)")
+    if args.only:
+        servers = {args.only: servers[args.only]}
 
     best: dict[tuple[str, int], Figures] = {}
     for round_ in range(args.rounds):
