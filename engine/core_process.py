@@ -46,6 +46,7 @@ from engine.engine_core import EngineCore
 from engine.errors import EngineStepError
 from engine.ipc import Adapter, Hello, State
 from engine.logs import configure_logging
+from engine.memory import freeze_long_lived
 from engine.outputs import StepOutput
 from engine.replica import Replica
 from engine.request import Request
@@ -375,6 +376,7 @@ def main(argv: list[str]) -> None:
         print(f"kvgate: cannot load the model: {exc}", file=sys.stderr)  # as in-process says it
         sys.exit(FATAL)
     server.load_adapters(adapters)
+    freeze_long_lived()
     server.serve(path)
 
 

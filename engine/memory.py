@@ -49,3 +49,13 @@ def return_freed_memory() -> None:
     trim = glibc("malloc_trim")
     if trim is not None:
         trim(0)
+
+
+def freeze_long_lived() -> None:
+    """In the engine's own process, once it is built: the model, tokenizer and caches live as
+    long as the process, so the cyclic collector need never traverse them again (vLLM's engine
+    process freezes its heap the same way). bench55m loaded: a full collection 150 ms unfrozen,
+    0 frozen; unfrozen, one lands inside a step now and then. Not for a user's process (the
+    offline ``LLM``): objects frozen there and dropped later in a cycle are never freed."""
+    gc.collect()
+    gc.freeze()
