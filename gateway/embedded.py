@@ -290,7 +290,11 @@ class EngineBackend:
                     if out.text or out.token_ids:
                         text.append(out.text)
                         yield TextDelta(
-                            out.text, out.num_output_tokens, out.token_ids, out.logprobs
+                            out.text,
+                            out.num_output_tokens,
+                            out.token_ids,
+                            out.logprobs,
+                            final=out.finished,
                         )
                 assert last is not None and last.finished
                 tracing.annotate(

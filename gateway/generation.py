@@ -78,6 +78,9 @@ class TextDelta:
     # OpenAI ``delta.tool_calls`` entries: calls that began or grew (function calls read)
     tool_calls: list[dict[str, Any]] | None = None
     reasoning: str = ""  # thinking new since the previous delta (a reasoning parser is on)
+    # The reply ended with this delta: its Completion follows at once, with no wait between
+    # (a stream's writer may hold this delta to send the two as one chunk).
+    final: bool = False
 
 
 @dataclass(frozen=True)

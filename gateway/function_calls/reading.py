@@ -88,7 +88,7 @@ async def _parsed(stream: Stream, calls: parser.CallParser, parallel: bool, forc
             text, entries = _split(calls.finish(), parallel, forced)  # what was held back
             if text or entries:
                 said.append(text)
-                yield TextDelta(text, item.completion_tokens, [], None, entries)
+                yield TextDelta(text, item.completion_tokens, [], None, entries, final=True)
             found = calls.calls if parallel else calls.calls[:1]
             reason = parser.finish_reason(item.finish_reason, bool(found))
             yield replace(item, text="".join(said), tool_calls=found, finish_reason=reason)

@@ -1,7 +1,9 @@
 """One OpenAI answer built from its choices' items: the whole body, or its stream chunks.
 
-In a stream each choice's latest delta is held back until the next item, so
-``finish_reason`` rides on the last content chunk (never a chunk of its own). Function calls
+In a stream each delta goes out as it comes, but for a choice's final one
+(``TextDelta.final``), held until its Completion, which follows at once: ``finish_reason``
+rides on the last content chunk (never a chunk of its own). Holding every delta until the
+next item would make every token, the first included, wait one engine step more. Function calls
 arrive already read (``TextDelta.tool_calls``, ``Completion.tool_calls``): the chat answer
 only words them as ``message.tool_calls`` / ``delta.tool_calls``.
 """
@@ -46,8 +48,12 @@ class Answer:
     def chunks(self, index: int, item: TextDelta | Completion) -> list[dict[str, Any]]:
         held = self._held.pop(index, None)
         if isinstance(item, TextDelta):
-            self._held[index] = item
-            return [] if held is None else [self.chunk(index, held, None)]
+            out = [] if held is None else [self.chunk(index, held, None)]
+            if item.final:
+                self._held[index] = item
+            else:
+                out.append(self.chunk(index, item, None))
+            return out
         self.done[index] = item
         last = held if held is not None else TextDelta("", item.completion_tokens, [], None)
         return [self.chunk(index, last, item.finish_reason)]

@@ -86,7 +86,12 @@ async def _split(stream: Stream, parser: ThinkParser) -> Items:
                 thought.append(part.reasoning)
                 said.append(part.content)
                 yield TextDelta(
-                    part.content, item.completion_tokens, [], None, reasoning=part.reasoning
+                    part.content,
+                    item.completion_tokens,
+                    [],
+                    None,
+                    reasoning=part.reasoning,
+                    final=True,
                 )
             reasoning = "".join(thought) if parser.thought else None
             yield replace(item, text="".join(said), reasoning=reasoning)

@@ -247,10 +247,11 @@ class Call:
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
         token_ids, tool_calls = self.fleet.token_ids, chunk.tool_calls or None
+        final = chunk.finish_reason is not None  # the body's end follows (the stream's tail)
         if not chunk.logprobs or token_ids is None or self.request.params.logprobs is None:
-            return TextDelta(chunk.text, count, [], None, tool_calls, chunk.reasoning)
+            return TextDelta(chunk.text, count, [], None, tool_calls, chunk.reasoning, final)
         ids, entries = token_ids.entries(chunk.logprobs)
-        return TextDelta(chunk.text, count, ids, entries, tool_calls, chunk.reasoning)
+        return TextDelta(chunk.text, count, ids, entries, tool_calls, chunk.reasoning, final)
 
     async def _release(self) -> Upstream:
         upstream, response = self.upstream, self.response
