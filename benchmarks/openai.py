@@ -92,6 +92,7 @@ class Prober:
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failure: Exception | None = None
         self.latencies: dict[str, list[float]] = {name: [] for name in self._probes}
 
     def _run(self) -> None:
@@ -104,6 +105,8 @@ class Prober:
                     if response.status_code != 200:
                         raise RuntimeError(f"{name}: HTTP {response.status_code}")
                     self.latencies[name].append(time.perf_counter() - started)
+        except Exception as exc:  # noqa: BLE001 - raised in the measuring thread by __exit__
+            self._failure = exc
         finally:
             for client in clients.values():
                 client.close()
@@ -117,6 +120,8 @@ class Prober:
         self._stop.set()
         assert self._thread is not None
         self._thread.join()
+        if self._failure is not None:  # a probe that failed must not leave a p99 of the rest
+            raise RuntimeError(f"light-endpoint probe failed: {self._failure}")
 
     def p99_ms(self) -> dict[str, float]:
         return {name: 1000 * percentile(values, 0.99) for name, values in self.latencies.items()}
