@@ -151,9 +151,10 @@ class Settings:
     )
     gguf_dequantize: bool = flag(
         False,
-        "dequantize a GGUF's Q8_0/Q4_0/Q4_1 weights at load",
-        doc="dequantize a `.gguf` model's Q8_0/Q4_0/Q4_1 weights to `--dtype` at load; by default "
-        "they stay quantized on CPU (less memory, faster decode: see `engine/gguf/quantized.py`)",
+        "dequantize a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K weights at load",
+        doc="dequantize a `.gguf` model's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K weights to `--dtype` at load; "
+        "by default they stay quantized on CPU (less memory, faster decode: see "
+        "`engine/gguf/quantized.py`)",
     )
     threads: int = flag(
         0,

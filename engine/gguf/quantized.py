@@ -1,11 +1,11 @@
 """Which of a GGUF file's weights stay quantized in memory, and how the model gets them.
 
 A module is served quantized when all its matmul weights are of a type the kernels compute
-(Q8_0, Q4_0, Q4_1; `engine.models.quantized_linear`) and the fused ones agree on it (q/k/v
-are one product, gate/up another): an attention's q, k, v and output, an MLP's gate, up and
-down (SwiGLU only), the embedding table (looked up row by row), an untied lm_head. Every
-other tensor (norms, K-quants, F16, ...) is dequantized at load as before, and its module
-served by the dense path. The blocks come straight from the file's memory map into the
+(Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; `engine.models.quantized_linear`) and the fused ones agree on
+it (q/k/v are one product, gate/up another): an attention's q, k, v and output, an MLP's
+gate, up and down (SwiGLU only), the embedding table (looked up row by row), an untied
+lm_head. Every other tensor (norms, Q5_K, F16, ...) is dequantized at load as before, and its
+module served by the dense path (so is a Q4_K_M file's attention where its v is Q6_K). The blocks come straight from the file's memory map into the
 model, one tensor at a time: no full-precision copy of a quantized weight is ever made, and
 the model's dense parameters for them, allocated but never written, are released.
 """
@@ -19,7 +19,7 @@ import torch
 from gguf import GGUFReader
 
 from engine.models.llama import MLP, Attention
-from engine.models.quantized_linear import BLOCK_BYTES, QuantizedLinear
+from engine.models.quantized_linear import BLOCKS, QuantizedLinear
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaForCausalLM
@@ -36,7 +36,7 @@ def quantized_tensors(reader: GGUFReader, model: LlamaForCausalLM) -> dict[str, 
     """The GGUF tensors to keep as blocks for ``model`` (see the module doc): name -> ggml
     type."""
     types = {t.name: int(t.tensor_type) for t in reader.tensors}
-    computed = set(BLOCK_BYTES)
+    computed = set(BLOCKS)
 
     def servable(names: list[str], fused: int) -> bool:
         """All of a kernel type, the first ``fused`` ones of the same type."""

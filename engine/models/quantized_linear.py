@@ -1,4 +1,4 @@
-"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1) kept quantized in memory.
+"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) kept quantized in memory.
 
 A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
@@ -29,10 +29,10 @@ import torch.nn.functional as F
 import engine.native as native
 
 SOURCES = [Path(__file__).with_name("quant") / "qgemm.cpp"]
-BLOCK = 32  # weights per block, every type here
-# ggml type id -> bytes per block of 32 weights.
-BLOCK_BYTES = {8: 34, 2: 18, 3: 20}  # Q8_0, Q4_0, Q4_1
-TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1"}
+# ggml type id -> (weights per block, bytes per block): the K-quants' blocks are super-blocks
+# of 256 (Q4_K_M files hold Q4_K and Q6_K tensors).
+BLOCKS = {8: (32, 34), 2: (32, 18), 3: (32, 20), 12: (256, 144), 14: (256, 210)}
+TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 12: "Q4_K", 14: "Q6_K"}
 DENSE_ROWS = 64
 
 
@@ -47,9 +47,10 @@ class QuantizedLinear:
     of ggml type `qtype`, and the products the model takes of it."""
 
     def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, module: ModuleType):
-        if qtype not in BLOCK_BYTES:
+        if qtype not in BLOCKS:
             raise ValueError(f"ggml type {qtype} is not one the quantized kernels compute")
-        if in_features % BLOCK or blocks.shape[1] != in_features // BLOCK * BLOCK_BYTES[qtype]:
+        values, nbytes = BLOCKS[qtype]
+        if in_features % values or blocks.shape[1] != in_features // values * nbytes:
             raise ValueError(
                 f"{TYPE_NAMES[qtype]} blocks {list(blocks.shape)} do not hold {in_features} inputs"
             )

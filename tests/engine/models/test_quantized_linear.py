@@ -1,6 +1,7 @@
 """The quantized matmul kernels (`engine.models.quant.qgemm`) against fp64 products of gguf's
-own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1, bf16 and fp32
-activations, 1..33 rows, an odd number of outputs, the native build and the forced AVX2 one.
+own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q4_K/Q6_K, bf16 and
+fp32 activations, 1..33 rows, an odd number of outputs, the native build and the forced AVX2
+one.
 
 The kernel quantizes each activation row to int16 per 32-block, so two references: the
 exact one quantizes the activations the same way (fp32 ``amax / 32767``, round
@@ -18,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from gguf import GGMLQuantizationType
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
 import engine.native as native
@@ -27,8 +28,15 @@ from engine.models import quantized_linear as ql
 from engine.models.quantized_linear import QuantizedLinear, concat
 
 Q = GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K]
 OUT, IN = 37, 96  # an odd number of outputs; three blocks per row
+K_IN = 512  # the K-quants: two super-blocks of 256 per row
+# Where each K-quant super-block keeps its fp16 scales (the rest: quants and sub-scales).
+K_SCALES = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+
+
+def _inputs(qtype: Q) -> int:
+    return K_IN if qtype in K_SCALES else IN
 
 
 @pytest.fixture(scope="module", params=["native", "avx2"])
@@ -51,15 +59,25 @@ def kernels(request: pytest.FixtureRequest) -> ModuleType:
 
 
 def _weight(qtype: Q, out: int = OUT, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Blocks of a random weight, and those blocks dequantized by gguf (fp64)."""
+    """Blocks of a random weight, and those blocks dequantized by gguf (fp64). gguf quantizes
+    no K-quant: those are random super-blocks with small finite fp16 scales (every quant and
+    sub-scale bit pattern occurs)."""
     rng = np.random.default_rng(seed)
-    values = rng.standard_normal((out, IN)).astype(np.float32) * 0.1
-    blocks = quantize(values, qtype)
+    if qtype not in K_SCALES:
+        values = rng.standard_normal((out, IN)).astype(np.float32) * 0.1
+        blocks = quantize(values, qtype)
+    else:
+        block, size = GGML_QUANT_SIZES[qtype]
+        blocks = rng.integers(0, 256, (out, K_IN // block, size), np.uint8)
+        for offset in K_SCALES[qtype]:
+            scale = rng.uniform(1e-4, 2e-3, (out, K_IN // block)).astype(np.float16)
+            blocks[..., offset : offset + 2] = scale[..., None].view(np.uint8)
+        blocks = blocks.reshape(out, -1)
     return blocks, dequantize(blocks, qtype).astype(np.float64)
 
 
 def _linear(kernels: ModuleType, qtype: Q, blocks: np.ndarray) -> QuantizedLinear:
-    return QuantizedLinear(torch.from_numpy(blocks.copy()), int(qtype), IN, kernels)
+    return QuantizedLinear(torch.from_numpy(blocks.copy()), int(qtype), _inputs(qtype), kernels)
 
 
 def _quantized_activations(x: np.ndarray) -> np.ndarray:
@@ -97,7 +115,7 @@ def test_products_match_the_dequantized_weights_for_1_to_33_rows(
     blocks, w = _weight(qtype)
     layer = _linear(kernels, qtype, blocks)
     for rows in range(1, 34):
-        x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(rows)).to(dtype)
+        x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype)
         x64 = x.double().numpy()
         got = layer.linear(x)
         assert got.dtype == dtype and got.shape == (rows, OUT)
@@ -113,7 +131,7 @@ def test_products_match_the_dequantized_weights_for_1_to_33_rows(
 def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: ModuleType, qtype: Q) -> None:
     blocks, w = _weight(qtype)
     layer = _linear(kernels, qtype, blocks)
-    x = torch.randn(5, IN, generator=torch.Generator().manual_seed(7))
+    x = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(7))
     xq = _quantized_activations(x.numpy())
     scale = np.abs(x.double().numpy()) @ np.abs(w).T
     bias, residual = torch.randn(OUT), torch.randn(5, OUT)
@@ -141,7 +159,7 @@ def test_embedding_rows_are_gguf_dequantized_rows(
     blocks, w = _weight(qtype)
     ids = torch.tensor([[3, 0], [36, 3]])
     rows = _linear(kernels, qtype, blocks).embedding(ids, dtype)
-    assert rows.shape == (2, 2, IN) and rows.dtype == dtype
+    assert rows.shape == (2, 2, w.shape[1]) and rows.dtype == dtype
     want = torch.from_numpy(w[ids.numpy()]).to(dtype)
     assert torch.allclose(rows.double(), want.double(), rtol=1e-6, atol=1e-7)
     with pytest.raises(RuntimeError, match="out of range"):
@@ -153,7 +171,7 @@ def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
     with pytest.raises(ValueError, match="do not hold 64 inputs"):
         QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_1), 64, kernels)
     with pytest.raises(ValueError, match="not one the quantized kernels compute"):
-        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_K), IN, kernels)
+        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q5_K), IN, kernels)
     layer = _linear(kernels, Q.Q4_1, blocks)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         layer.linear(torch.randn(2, IN - 1))
@@ -171,7 +189,7 @@ def test_prefill_sized_batches_multiply_the_dequantized_weight(
     layer = _linear(kernels, qtype, blocks)
     assert torch.equal(layer.dense(dtype), torch.from_numpy(w).to(dtype))
     rows = ql.DENSE_ROWS + 5
-    x = torch.randn(rows, IN, generator=torch.Generator().manual_seed(3)).to(dtype)
+    x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(3)).to(dtype)
     x64 = x.double().numpy()
     scale = np.abs(x64) @ np.abs(w).T
     step = 2**-8 if dtype == torch.bfloat16 else 1e-6
