@@ -54,6 +54,66 @@ def permute(rows: np.ndarray, heads: int) -> np.ndarray:
     )
 
 
+def _fp16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16)[..., None].view(np.uint8)
+
+
+def _divide(values: np.ndarray, by: np.ndarray) -> np.ndarray:
+    return np.divide(values, by, out=np.zeros_like(values), where=by != 0)
+
+
+def quantize_q4_k(values: np.ndarray) -> np.ndarray:
+    """`values [rows, cols]` (cols a multiple of 256) as Q4_K blocks: a plain min/max rounding
+    per 32-value sub-block (not llama.cpp's search), packed as ggml lays them out
+    (``d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles``); gguf quantizes no K-quant."""
+    sub = values.astype(np.float32).reshape(-1, 8, 32)  # super-blocks of 8 sub-blocks
+    low, high = np.minimum(sub.min(-1), 0), np.maximum(sub.max(-1), 0)
+    scale, minimum = (high - low) / 15, -low
+    d = scale.max(-1, keepdims=True) / 63
+    dmin = minimum.max(-1, keepdims=True) / 63
+    d, dmin = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(_divide(scale, d)), 0, 63).astype(np.uint8)
+    mn = np.clip(np.rint(_divide(minimum, dmin)), 0, 63).astype(np.uint8)
+    step = (d * sc)[..., None]
+    q = np.clip(np.rint(_divide(sub + (dmin * mn)[..., None], step)), 0, 15).astype(np.uint8)
+    scales = np.concatenate(
+        [
+            sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
+            mn[:, :4] | ((mn[:, 4:] >> 4) << 6),
+            (sc[:, 4:] & 0xF) | ((mn[:, 4:] & 0xF) << 4),
+        ],
+        axis=1,
+    )
+    pairs = q.reshape(-1, 4, 2, 32)  # sub-blocks 2g and 2g+1 share 32 bytes
+    nibbles = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
+    blocks = np.concatenate(
+        [_fp16_bytes(d[:, 0]), _fp16_bytes(dmin[:, 0]), scales, nibbles], axis=1
+    )
+    return blocks.reshape(values.shape[0], -1)
+
+
+def quantize_q6_k(values: np.ndarray) -> np.ndarray:
+    """`values [rows, cols]` (cols a multiple of 256) as Q6_K blocks (``128 bytes of low
+    nibbles, 64 of 2-bit highs, 16 int8 scales, d``): each 16 values rounded to -32..31
+    against their max."""
+    sub = values.astype(np.float32).reshape(-1, 16, 16)  # super-blocks of 16 sub-blocks
+    scale = np.abs(sub).max(-1) / 31
+    d = (scale.max(-1, keepdims=True) / 127).astype(np.float16).astype(np.float32)
+    sc = np.clip(np.rint(_divide(scale, d)), -128, 127).astype(np.int8)
+    step = (d * sc)[..., None]
+    q = (np.clip(np.rint(_divide(sub, step)), -32, 31) + 32).astype(np.uint8)
+    q = q.reshape(-1, 2, 4, 32)  # per 128-value chunk: four runs of 32
+    ql = np.concatenate(
+        [q[:, :, 0] & 0xF | (q[:, :, 2] & 0xF) << 4, q[:, :, 1] & 0xF | (q[:, :, 3] & 0xF) << 4],
+        axis=2,
+    ).reshape(-1, 128)
+    qh = q[:, :, 0] >> 4 | (q[:, :, 1] >> 4) << 2 | (q[:, :, 2] >> 4) << 4 | (q[:, :, 3] >> 4) << 6
+    blocks = np.concatenate(
+        [ql, qh.reshape(-1, 64), sc.view(np.uint8), _fp16_bytes(d[:, 0])], axis=1
+    )
+    return blocks.reshape(values.shape[0], -1)
+
+
 def add_tensor(writer: GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> None:
     """`values` (fp32) stored as `qtype` (norms and other 1-D tensors stay F32, as llama.cpp
     keeps them)."""
@@ -61,13 +121,20 @@ def add_tensor(writer: GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> N
         writer.add_tensor(name, values.astype(np.float32))
     elif qtype == Q.F16:
         writer.add_tensor(name, values.astype(np.float16))
+    elif qtype in (Q.Q4_K, Q.Q6_K):
+        quantizer = quantize_q4_k if qtype == Q.Q4_K else quantize_q6_k
+        writer.add_tensor(name, quantizer(values), raw_dtype=qtype)
     else:
         writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
 
-def folder_to_gguf(folder: Path, path: Path, qtype: Q = Q.F32, **fields: Any) -> Path:
-    """The engine's tiny Hugging Face folder (Llama, byte-level BPE) as a GGUF file; `fields`
-    add or override metadata (`llama.rope.freq_base=...`)."""
+def folder_to_gguf(
+    folder: Path, path: Path, qtype: Q = Q.F32, down: Q | None = None, **fields: Any
+) -> Path:
+    """The engine's tiny Hugging Face folder (Llama, byte-level BPE) as a GGUF file; ``down``:
+    the MLPs' down projections in another type (a K-quant: the only matrices of the tiny model
+    whose rows hold whole super-blocks, as llama.cpp's K-quant files mix types); `fields` add
+    or override metadata (`llama.rope.freq_base=...`)."""
     config = json.loads((folder / "config.json").read_text())
     spec = json.loads((folder / "tokenizer.json").read_text())
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -104,7 +171,8 @@ def folder_to_gguf(folder: Path, path: Path, qtype: Q = Q.F32, **fields: Any) ->
         values = tensor.to(torch.float32).numpy()
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             values = permute(values, heads if "q_proj" in name else kv_heads)
-        add_tensor(writer, gguf_name(name), values, qtype)
+        kind = down if down is not None and "down_proj" in name else qtype
+        add_tensor(writer, gguf_name(name), values, kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -1,6 +1,7 @@
 """GGUF weights served quantized (`engine.gguf.quantized`): the engine's tiny Llama written
-as Q8_0/Q4_0/Q4_1 files (gguf's own quantizer) answers the same greedy tokens quantized as
-dequantized at load, holds the blocks instead of dense weights, and falls back to
+as Q8_0/Q4_0/Q4_1 files (gguf's own quantizer), and as files mixing types as llama.cpp's
+K-quant files do (down projections in Q6_K or Q4_K, `gguf_files`' quantizers), answers the
+same greedy tokens quantized as dequantized at load, holds the blocks instead of dense weights, and falls back to
 dequantizing where the kernels are off.
 
 Tokens, not logits, are compared: both paths multiply the same dequantized weights; the
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from gguf import GGUFReader
 from gguf_files import Q, folder_to_gguf
 
 import engine.native as native
@@ -28,15 +30,21 @@ from engine.models.llama import LlamaForCausalLM
 PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7, 100, 513, 2, 900, 41, 8, 8, 3]]
 
 
-@pytest.fixture(scope="module", params=[Q.Q8_0, Q.Q4_0, Q.Q4_1], ids=lambda t: t.name)
+TYPES = [(Q.Q8_0, None), (Q.Q4_0, None), (Q.Q4_1, None), (Q.Q4_1, Q.Q6_K), (Q.Q8_0, Q.Q4_K)]
+
+
+@pytest.fixture(
+    scope="module", params=TYPES, ids=lambda t: t[0].name + (f"+{t[1].name}" if t[1] else "")
+)
 def quantized_file(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     if quantized_linear.load() is None:
         pytest.skip("no C++ compiler: GGUF weights are dequantized at load")
-    qtype = request.param
+    qtype, down = request.param
+    name = qtype.name + (f"+{down.name}" if down else "")
     return folder_to_gguf(
-        tiny_model_dir, tmp_path_factory.mktemp("q") / f"{qtype.name}.gguf", qtype
+        tiny_model_dir, tmp_path_factory.mktemp("q") / f"{name}.gguf", qtype, down
     )
 
 
@@ -48,7 +56,9 @@ def _model(path: Path, dequantize: bool) -> LlamaForCausalLM:
 
 def test_the_blocks_replace_the_dense_weights(quantized_file: Path) -> None:
     model = _model(quantized_file, dequantize=False)
-    for layer in model.layers:
+    types = {t.name: int(t.tensor_type) for t in GGUFReader(quantized_file).tensors}
+    for i, layer in enumerate(model.layers):
+        assert layer.mlp.quantized["down"].qtype == types[f"blk.{i}.ffn_down.weight"]
         assert set(layer.attn.quantized) == {"qkv", "o"} and not layer.attn.packed
         assert layer.attn.qkv_weight is None and layer.attn.o_weight is None
         assert set(layer.mlp.quantized) == {"gate_up", "down"} and not layer.mlp.packed
