@@ -25,7 +25,7 @@ from engine.models.quantized_linear import QuantizedLinear
 
 # The matmul weight handles the models call, and their methods.
 HANDLES: list[type] = [gemm.NativeLinear, gemm.OneDnnLinear, gemm.PlainLinear, QuantizedLinear]
-METHODS = ("linear", "linear_add", "linear_gated", "swiglu")
+METHODS = ("linear", "linear_add", "linear_gated")
 
 
 @dataclass

@@ -78,7 +78,7 @@ def attach(
         if attention[0] in blocks:
             attn = layer.attn
             assert isinstance(attn, Attention)
-            attn.quantized = {
+            attn.packed = {
                 "qkv": linear(attention[:3], hidden),
                 "o": linear(attention[3:], model.config.q_size),
             }
@@ -87,7 +87,7 @@ def attach(
         if mlp[0] in blocks and isinstance(layer.mlp, MLP):
             dense = layer.mlp
             size = model.config.intermediate_size
-            dense.quantized = {"gate_up": linear(mlp[:2], hidden), "down": linear(mlp[2:], size)}
+            dense.packed = {"gate_up": linear(mlp[:2], hidden), "down": linear(mlp[2:], size)}
             dense.gate_up_weight = dense.down_weight = None
     if "token_embd.weight" in blocks:
         model.embed_quantized = linear(["token_embd.weight"], hidden)

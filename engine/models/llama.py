@@ -15,9 +15,10 @@ their parameters and use `F.linear`.
 LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
 an MLP whose gate/up an adapter in the step targets runs unfused that step.
 
-A GGUF model served quantized (`engine.gguf.quantized`) gives whole modules quantized weights
-instead (`quantized`: qkv and o, gate_up and down; the embedding, the lm_head): their
-forwards call `quantized_linear.QuantizedLinear`, and `pack_weights` leaves them alone.
+A GGUF model served quantized (`engine.gguf.quantized`) gives whole modules their weights as
+`quantized_linear.QuantizedLinear` handles instead, the same `gemm.LinearWeight` interface
+over the file's blocks (qkv and o, gate_up and down), which `pack_weights` leaves as they are;
+the embedding and the lm_head have their own (`embed_quantized`, `lm_head_quantized`).
 """
 
 from __future__ import annotations
@@ -98,12 +99,11 @@ class Attention(nn.Module):
         if config.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
-        self.packed: dict[str, gemm.LinearWeight] = {}
-        self.quantized: dict[str, QuantizedLinear] = {}  # "qkv" and "o", or nothing
+        self.packed: dict[str, gemm.LinearWeight] = {}  # "qkv" and "o", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
-        if self.quantized:
+        if self.packed:  # quantized blocks from a GGUF file
             return
         self.packed = {"qkv": gemm.pack(self.qkv_weight), "o": gemm.pack(self.o_weight)}
         self.qkv_weight = self.o_weight = None
@@ -121,10 +121,8 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """``residual`` plus the attention output (the output alone when it is None)."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
-        packed, quantized = self.packed, self.quantized
-        if quantized:
-            qkv = quantized["qkv"].linear(x, self.qkv_bias)
-        elif packed:
+        packed = self.packed
+        if packed:
             qkv = packed["qkv"].linear(x, self.qkv_bias)
         else:
             qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
@@ -145,10 +143,7 @@ class Attention(nn.Module):
             q.contiguous(), kv_cache, metadata, self.scale, window=self.window, softcap=self.softcap
         )
         out = out.reshape(tokens, -1)
-        if quantized:
-            o = quantized["o"]
-            y = o.linear(out) if residual is None else o.linear_add(out, residual)
-        elif residual is None:
+        if residual is None:
             y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:
             y = packed["o"].linear_add(out, residual)
@@ -168,12 +163,11 @@ class MLP(nn.Module):
             2 * size, hidden, dtype=dtype, device=device
         )
         self.down_weight: nn.Parameter | None = new_param(hidden, size, dtype=dtype, device=device)
-        self.packed: dict[str, gemm.LinearWeight] = {}
-        self.quantized: dict[str, QuantizedLinear] = {}  # "gate_up" and "down", or nothing
+        self.packed: dict[str, gemm.LinearWeight] = {}  # "gate_up" and "down", or nothing
 
     def pack_weights(self) -> None:
         """Replace the weights by packed copies; the forward then reads only those."""
-        if self.quantized:
+        if self.packed:  # quantized blocks from a GGUF file
             return
         # Gate and up as one pair: act(gate) * up runs in the matmul's epilogue.
         self.packed = {
@@ -186,12 +180,9 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None = None
     ) -> torch.Tensor:
         """``residual`` plus the gated MLP of ``x`` (the MLP alone when it is None)."""
-        packed, quantized = self.packed, self.quantized
-        if not (packed or quantized) or (lora is not None and lora.touches("gate_up", "down")):
+        packed = self.packed
+        if not packed or (lora is not None and lora.touches("gate_up", "down")):
             return self._unfused(x, residual, lora)
-        if quantized:
-            hidden, down = quantized["gate_up"].swiglu(x), quantized["down"]
-            return down.linear(hidden) if residual is None else down.linear_add(hidden, residual)
         hidden = packed["gate_up"].linear_gated(x, "gelu" if self.gelu else "silu")
         if residual is None:
             return packed["down"].linear(hidden)
@@ -201,10 +192,8 @@ class MLP(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
     ) -> torch.Tensor:
         """Gate and up as one output (each adapter's delta added before the activation)."""
-        packed, quantized = self.packed, self.quantized
-        if quantized:
-            gate_up = quantized["gate_up"].linear(x)
-        elif packed:
+        packed = self.packed
+        if packed:
             gate_up = packed["gate_up"].linear(x)
         else:
             gate_up = F.linear(x, self.gate_up_weight)
@@ -213,9 +202,7 @@ class MLP(nn.Module):
         gate, up = gate_up.chunk(2, dim=-1)
         gate = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
         hidden = gate * up
-        if quantized:
-            out = quantized["down"].linear(hidden)
-        elif packed:
+        if packed:
             out = packed["down"].linear(hidden)
         else:
             out = F.linear(hidden, self.down_weight)

@@ -83,8 +83,11 @@ class QuantizedLinear:
             x.contiguous(), self.blocks, self.qtype, None, residual, False
         )
 
-    def swiglu(self, x: torch.Tensor) -> torch.Tensor:
-        """``silu(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's."""
+    def linear_gated(self, x: torch.Tensor, act: str) -> torch.Tensor:
+        """``silu(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's (SwiGLU only:
+        `engine.gguf.quantized` serves no other MLP quantized)."""
+        if act != "silu":
+            raise ValueError(f"quantized gate/up pairs compute SiLU x up, not {act}")
         if x.shape[0] >= DENSE_ROWS:
             gate, up = F.linear(x, self.dense(x.dtype)).chunk(2, dim=-1)
             return F.silu(gate).mul_(up)

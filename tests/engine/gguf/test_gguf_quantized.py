@@ -26,6 +26,7 @@ from engine.gguf.loader import load_gguf
 from engine.lora import LoRARequest
 from engine.models import quantized_linear
 from engine.models.llama import LlamaForCausalLM
+from engine.models.quantized_linear import QuantizedLinear
 
 PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7, 100, 513, 2, 900, 41, 8, 8, 3]]
 
@@ -58,10 +59,11 @@ def test_the_blocks_replace_the_dense_weights(quantized_file: Path) -> None:
     model = _model(quantized_file, dequantize=False)
     types = {t.name: int(t.tensor_type) for t in GGUFReader(quantized_file).tensors}
     for i, layer in enumerate(model.layers):
-        assert layer.mlp.quantized["down"].qtype == types[f"blk.{i}.ffn_down.weight"]
-        assert set(layer.attn.quantized) == {"qkv", "o"} and not layer.attn.packed
+        handles = {**layer.attn.packed, **layer.mlp.packed}
+        assert set(handles) == {"qkv", "o", "gate_up", "down"}
+        assert all(isinstance(h, QuantizedLinear) for h in handles.values())
+        assert handles["down"].qtype == types[f"blk.{i}.ffn_down.weight"]
         assert layer.attn.qkv_weight is None and layer.attn.o_weight is None
-        assert set(layer.mlp.quantized) == {"gate_up", "down"} and not layer.mlp.packed
         assert layer.mlp.gate_up_weight is None and layer.mlp.down_weight is None
     assert model.embed_quantized is not None and model.embed_weight is None
     assert model.lm_head_quantized is not None and model.lm_head_packed is None
@@ -90,14 +92,16 @@ def test_greedy_tokens_equal_the_dequantized_model(quantized_file: Path) -> None
 def test_dequantize_and_disabled_kernels_both_load_dense(
     quantized_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert not _model(quantized_file, dequantize=True).layers[0].attn.quantized
+    dense = _model(quantized_file, dequantize=True).layers[0].attn.packed
+    assert not any(isinstance(h, QuantizedLinear) for h in dense.values())
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     quantized_linear.load.cache_clear()
     try:
         model = _model(quantized_file, dequantize=False)
     finally:
         quantized_linear.load.cache_clear()
-    assert not model.layers[0].attn.quantized and model.embed_quantized is None
+    assert not any(isinstance(h, QuantizedLinear) for h in model.layers[0].attn.packed.values())
+    assert model.embed_quantized is None
 
 
 def test_the_two_paths_are_two_model_identities(quantized_file: Path) -> None:

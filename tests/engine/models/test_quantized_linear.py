@@ -148,7 +148,7 @@ def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: ModuleType, qty
     assert gate_up.out_features == 2 * OUT
     gate = torch.from_numpy(xq @ w.T)
     want = (F.silu(gate) * torch.from_numpy(xq @ up.T)).numpy()
-    _close(gate_up.swiglu(x), want, scale * (1 + np.abs(xq @ up.T)), torch.float32)
+    _close(gate_up.linear_gated(x, "silu"), want, scale * (1 + np.abs(xq @ up.T)), torch.float32)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -204,4 +204,4 @@ def test_prefill_sized_batches_multiply_the_dequantized_weight(
     close(layer.linear_add(x, residual), plain + residual.double().numpy(), scale)
     gate = torch.from_numpy(plain)
     swiglu = (F.silu(gate) * gate).numpy()
-    close(concat([layer, layer]).swiglu(x), swiglu, scale * (1 + 2 * np.abs(plain)))
+    close(concat([layer, layer]).linear_gated(x, "silu"), swiglu, scale * (1 + 2 * np.abs(plain)))
