@@ -51,6 +51,24 @@ class SampleResult:
     logprobs: list[dict[int, float] | None]
 
 
+def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> torch.Tensor:
+    """One token per row of ``probs`` [R, V] by inverse CDF: one uniform per row against the
+    row's cumulative sum (fp64, so a long tail keeps its share), found by binary search. A
+    ``torch.multinomial`` per row cost ~10% of a 16-stream decode step's thread (3.7 ms for 16
+    rows of 8k), and exponential noise over every logit as much: both draw V numbers a row.
+    Seeded rows draw from their own generator, so their tokens do not depend on the batch."""
+    uniform = torch.rand(probs.shape[0], 1, dtype=torch.float64, device=probs.device)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            own = torch.rand(1, dtype=torch.float64, generator=generator, device=generator.device)
+            uniform[row] = own.to(probs.device)
+    cdf = probs.double().cumsum(dim=-1)
+    # 1 - u lies in (0, 1]: the target is never 0, where a zero-probability first token would
+    # be found; the search takes the first index reaching it, never a zero-probability one.
+    target = (1 - uniform) * cdf[:, -1:]
+    return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
 def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     """`logits` [B, V] float32 → one token per row; greedy rows take the (first) argmax."""
     if logits.shape[0] != len(rows):
@@ -62,13 +80,9 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     if random_rows:
         index = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(processed.index_select(0, index), [params[i] for i in random_rows])
-        drawable = (torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)).tolist()
-        for row, i in enumerate(random_rows):
-            if not drawable[row]:
-                continue  # keeps its argmax below
-            generator = rows[i].generator
-            row_probs = probs[row] if generator is None else probs[row].to(generator.device)
-            chosen[i] = torch.multinomial(row_probs, 1, generator=generator)[0]
+        drawn = _draw(probs, [rows[i].generator for i in random_rows])
+        drawable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
+        chosen[index] = torch.where(drawable, drawn, chosen[index])  # else keeps its argmax
     if processed is not logits:
         # A row left with no finite logit (all banned, or the model's own inf/nan) falls back
         # to its raw argmax rather than to index 0.
