@@ -57,7 +57,8 @@ def wait_for(predicate: object, timeout_s: float, what: str) -> None:
 
 
 def complete(base: str, max_tokens: int = 4) -> httpx.Response:
-    body = {"model": MODEL, "prompt": "Hi", "max_tokens": max_tokens}
+    """A completion of exactly ``max_tokens`` tokens: sampled, but never ended by an EOS."""
+    body = {"model": MODEL, "prompt": "Hi", "max_tokens": max_tokens, "ignore_eos": True}
     with httpx.Client(timeout=30) as client:  # a new connection: any worker may take it
         return client.post(base + "/v1/completions", json=body)
 
