@@ -1,13 +1,14 @@
 """Which of a GGUF file's weights stay quantized in memory, and how the model gets them.
 
 A module is served quantized when all its matmul weights are of a type the kernels compute
-(Q8_0, Q4_0, Q4_1, Q4_K, Q6_K; `engine.models.quantized_linear`) and the fused ones agree on
-it (q/k/v are one product, gate/up another): an attention's q, k, v and output, an MLP's
-gate, up and down (SwiGLU only), the embedding table (looked up row by row), an untied
-lm_head. Every other tensor (norms, Q5_K, F16, ...) is dequantized at load as before, and its
-module served by the dense path (so is a Q4_K_M file's attention where its v is Q6_K). The blocks come straight from the file's memory map into the
-model, one tensor at a time: no full-precision copy of a quantized weight is ever made, and
-the model's dense parameters for them, allocated but never written, are released.
+(Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; `engine.models.quantized_linear`): an attention's q, k,
+v and output, an MLP's gate, up and down (SwiGLU only), the embedding table (looked up row by
+row), an untied lm_head. Fused weights (q/k/v, gate/up) of one type are one product; of mixed
+types (a Q4_K_M file's Q6_K v beside Q4_K q and k) a product per run of one type. Every other
+tensor (norms, F16, ...) is dequantized at load as before, and its module served by the dense
+path. The blocks come straight from the file's memory map into the model, one tensor at a
+time: no full-precision copy of a quantized weight is ever made, and the model's dense
+parameters for them, allocated but never written, are released.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from gguf import GGUFReader
 
 from engine.models.llama import MLP, Attention
-from engine.models.quantized_linear import BLOCKS, QuantizedLinear
+from engine.models.quantized_linear import BLOCKS, QuantizedLinear, StackedLinear, concat
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaForCausalLM
@@ -38,18 +39,16 @@ def quantized_tensors(reader: GGUFReader, model: LlamaForCausalLM) -> dict[str, 
     types = {t.name: int(t.tensor_type) for t in reader.tensors}
     computed = set(BLOCKS)
 
-    def servable(names: list[str], fused: int) -> bool:
-        """All of a kernel type, the first ``fused`` ones of the same type."""
-        found = [types.get(name) for name in names]
-        return all(t in computed for t in found) and len(set(found[:fused])) == 1
+    def servable(names: list[str]) -> bool:
+        return all(types.get(name) in computed for name in names)
 
     keep: set[str] = set()
     for i, layer in enumerate(model.layers):
         attention = _names(i, ATTENTION)
-        if servable(attention, 3):
+        if servable(attention):
             keep.update(attention)
         mlp = _names(i, FFN)
-        if isinstance(layer.mlp, MLP) and not layer.mlp.gelu and servable(mlp, 2):
+        if isinstance(layer.mlp, MLP) and not layer.mlp.gelu and servable(mlp):
             keep.update(mlp)
     for name in ("token_embd.weight", "output.weight"):
         if types.get(name) in computed:
@@ -68,10 +67,13 @@ def attach(
     replace."""
     hidden = model.config.hidden_size
 
-    def linear(names: list[str], in_features: int) -> QuantizedLinear:
-        rows = [blocks.pop(name) for name in names]
-        joined = rows[0] if len(rows) == 1 else torch.cat(rows)
-        return QuantizedLinear(joined, types[names[0]], in_features, kernels)
+    def linear(names: list[str], in_features: int) -> QuantizedLinear | StackedLinear:
+        return concat(
+            [QuantizedLinear(blocks.pop(n), types[n], in_features, kernels) for n in names]
+        )
+
+    def single(name: str) -> QuantizedLinear:
+        return QuantizedLinear(blocks.pop(name), types[name], hidden, kernels)
 
     for i, layer in enumerate(model.layers):
         attention = _names(i, ATTENTION)
@@ -90,12 +92,12 @@ def attach(
             dense.packed = {"gate_up": linear(mlp[:2], hidden), "down": linear(mlp[2:], size)}
             dense.gate_up_weight = dense.down_weight = None
     if "token_embd.weight" in blocks:
-        model.embed_quantized = linear(["token_embd.weight"], hidden)
+        model.embed_quantized = single("token_embd.weight")
         model.embed_weight = None  # type: ignore[assignment]
         if model.config.tie_word_embeddings:
             model.lm_head_quantized = model.embed_quantized
     if "output.weight" in blocks:
-        model.lm_head_quantized = linear(["output.weight"], hidden)
+        model.lm_head_quantized = single("output.weight")
         model.lm_head_weight = None
     if blocks:
         raise RuntimeError(f"quantized GGUF tensors left unplaced: {sorted(blocks)}")

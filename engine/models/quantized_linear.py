@@ -1,4 +1,4 @@
-"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) kept quantized in memory.
+"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) kept quantized.
 
 A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
@@ -30,9 +30,16 @@ import engine.native as native
 
 SOURCES = [Path(__file__).with_name("quant") / "qgemm.cpp"]
 # ggml type id -> (weights per block, bytes per block): the K-quants' blocks are super-blocks
-# of 256 (Q4_K_M files hold Q4_K and Q6_K tensors).
-BLOCKS = {8: (32, 34), 2: (32, 18), 3: (32, 20), 12: (256, 144), 14: (256, 210)}
-TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 12: "Q4_K", 14: "Q6_K"}
+# of 256 (Q4_K_M files hold Q4_K and Q6_K tensors, Q5_K_M files Q5_K and Q6_K).
+BLOCKS = {
+    8: (32, 34),
+    2: (32, 18),
+    3: (32, 20),
+    12: (256, 144),
+    13: (256, 176),
+    14: (256, 210),
+}
+TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
 DENSE_ROWS = 64
 
 
@@ -110,10 +117,57 @@ class QuantizedLinear:
         )
 
 
-def concat(parts: list[QuantizedLinear]) -> QuantizedLinear:
-    """The weights one above the other (q/k/v, gate/up): one product for all of them."""
+def concat(parts: list[QuantizedLinear]) -> QuantizedLinear | StackedLinear:
+    """The weights one above the other (q/k/v, gate/up): one product for each run of parts of
+    one type (all of them where they agree, as mostly; a Q4_K_M file's v is Q6_K beside a
+    Q4_K q and k)."""
     first = parts[0]
-    if any(p.qtype != first.qtype or p.in_features != first.in_features for p in parts):
-        raise ValueError("only weights of one type and input size are concatenated")
+    if any(p.in_features != first.in_features for p in parts):
+        raise ValueError("only weights of one input size are concatenated")
+    runs: list[list[QuantizedLinear]] = []
+    for part in parts:
+        if runs and runs[-1][0].qtype == part.qtype:
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    joined = [run[0] if len(run) == 1 else _one_product(run) for run in runs]
+    return joined[0] if len(joined) == 1 else StackedLinear(joined)
+
+
+def _one_product(parts: list[QuantizedLinear]) -> QuantizedLinear:
     blocks = torch.cat([p.blocks for p in parts])
-    return QuantizedLinear(blocks, first.qtype, first.in_features, first._kernels)
+    return QuantizedLinear(blocks, parts[0].qtype, parts[0].in_features, parts[0]._kernels)
+
+
+class StackedLinear:
+    """Quantized weights of different types one above the other, as one `LinearWeight`: a
+    product per part, the outputs side by side (one extra copy of a few rows: far cheaper than
+    serving the whole module dequantized, which reads 2-4x the weight bytes)."""
+
+    def __init__(self, parts: list[QuantizedLinear]):
+        self.parts = parts
+        self.in_features = parts[0].in_features
+        self.out_features = sum(p.out_features for p in parts)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def linear(
+        self, x: torch.Tensor, bias: torch.Tensor | None = None, float_out: bool = False
+    ) -> torch.Tensor:
+        y = torch.cat([p.linear(x, None, float_out) for p in self.parts], dim=-1)
+        return y if bias is None else y.add_(bias)
+
+    def linear_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        return self.linear(x).add_(residual)
+
+    def linear_gated(self, x: torch.Tensor, act: str) -> torch.Tensor:
+        """SiLU(gate) x up over the stacked gate and up rows."""
+        if act != "silu":
+            raise ValueError(f"quantized gate/up pairs compute SiLU x up, not {act}")
+        gate, up = self.linear(x).chunk(2, dim=-1)
+        return F.silu(gate).mul_(up)
+
+    def dense(self, dtype: torch.dtype) -> torch.Tensor:
+        return torch.cat([p.dense(dtype) for p in self.parts])

@@ -1,4 +1,4 @@
-// Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K), kept as the
+// Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), kept as the
 // file's blocks.
 //
 // The weight stays in the file's own blocks, one row of blocks per output feature: 32 weights
@@ -12,6 +12,7 @@
 //   Q4_0:  w = d*(q - 8)     (q in 0..15)      dot = d*dx*sum((q-8)*xq)
 //   Q4_1:  w = d*q + m       (q in 0..15)      dot = d*dx*sum(q*xq) + m*dx*sum(xq)
 //   Q4_K:  w = d*s*q - n*m   (q in 0..15; s, m 6-bit per sub-block; d, n fp16 per 256)
+//   Q5_K:  w = d*s*q - n*m   (q in 0..31: Q4_K's nibble and a fifth bit from 32 bytes)
 //   Q6_K:  w = d*s*(q - 32)  (q in 0..63; s int8 per 16 values: each half its own scale)
 // llama.cpp quantizes the activations to int8 instead (Q8_0/Q8_1); on SmolLM2-135M Q4_1 that
 // alone turns "The capital of France is Paris." into "L'Étoile, la Marseillaise, ..." (the
@@ -49,16 +50,19 @@ constexpr int64_t kQ4_0 = 2;
 constexpr int64_t kQ4_1 = 3;
 constexpr int64_t kQ8_0 = 8;
 constexpr int64_t kQ4_K = 12;
+constexpr int64_t kQ5_K = 13;
 constexpr int64_t kQ6_K = 14;
 constexpr int64_t kBlock = 32;    // the activations' blocks, and every type's (sub-)blocks
 constexpr int64_t kSuper = 256;   // a K-quant's super-block
 
-constexpr bool is_k_quant(int64_t type) { return type == kQ4_K || type == kQ6_K; }
+constexpr bool is_k_quant(int64_t type) {
+  return type == kQ4_K || type == kQ5_K || type == kQ6_K;
+}
 
 // Bytes of one block (32 values), or of one K-quant super-block (256).
 constexpr int64_t group_bytes(int64_t type) {
   return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34
-       : type == kQ4_K ? 144 : type == kQ6_K ? 210 : 0;
+       : type == kQ4_K ? 144 : type == kQ5_K ? 176 : type == kQ6_K ? 210 : 0;
 }
 
 void check_type(int64_t type) {
@@ -108,7 +112,7 @@ constexpr int64_t kGroup = is_k_quant(TYPE) ? 8 : 1;
 template <int64_t TYPE>
 inline void group_scales(const uint8_t* row, int64_t g, Scales* out) {
   const uint8_t* blk = row + g * group_bytes(TYPE);
-  if constexpr (TYPE == kQ4_K) {
+  if constexpr (TYPE == kQ4_K || TYPE == kQ5_K) {  // the same 12 bytes of scales and minimums
     const float d = half_at(blk), n = half_at(blk + 2);
     for (int64_t j = 0; j < 8; ++j) {
       int32_t scale, min;
@@ -137,6 +141,13 @@ inline void block_values(const uint8_t* row, int64_t b, int32_t* q) {
     const uint8_t* qs = row + (b / 8) * group_bytes(TYPE) + 16 + 32 * ((b % 8) / 2);
     const int shift = 4 * (b % 2);
     for (int64_t i = 0; i < kBlock; ++i) q[i] = (qs[i] >> shift) & 0x0F;
+  } else if constexpr (TYPE == kQ5_K) {
+    // As Q4_K's nibbles (after 32 bytes of high bits), plus bit b % 8 of each high-bit byte.
+    const uint8_t* blk = row + (b / 8) * group_bytes(TYPE);
+    const uint8_t* qs = blk + 48 + 32 * ((b % 8) / 2);
+    const int shift = 4 * (b % 2), bit = b % 8;
+    for (int64_t i = 0; i < kBlock; ++i)
+      q[i] = ((qs[i] >> shift) & 0x0F) | (((blk[16 + i] >> bit) & 1) << 4);
   } else if constexpr (TYPE == kQ6_K) {
     // Per 128 values: 64 bytes of low nibbles (two 32-blocks each), 32 of 2-bit pairs (four).
     const uint8_t* blk = row + (b / 8) * group_bytes(TYPE);
@@ -216,6 +227,14 @@ inline __m256i weight_bytes(const uint8_t* row, int64_t b) {
     __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs));
     if (b % 2) v = _mm256_srli_epi16(v, 4);
     return _mm256_and_si256(v, low4);
+  } else if constexpr (TYPE == kQ5_K) {
+    const uint8_t* blk = row + (b / 8) * group_bytes(TYPE);
+    __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 48 + 32 * ((b % 8) / 2)));
+    if (b % 2) v = _mm256_srli_epi16(v, 4);
+    __m256i hi = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk + 16));
+    hi = _mm256_and_si256(_mm256_srl_epi16(hi, _mm_cvtsi32_si128(static_cast<int>(b % 8))),
+                          _mm256_set1_epi8(1));
+    return _mm256_or_si256(_mm256_and_si256(v, low4), _mm256_slli_epi16(hi, 4));
   } else if constexpr (TYPE == kQ6_K) {
     const uint8_t* blk = row + (b / 8) * group_bytes(TYPE);
     const int64_t chunk = (b % 8) / 4, t = b % 4;
@@ -304,7 +323,7 @@ inline Acc block_dot(Acc acc, Words w, const int16_t* xq, float lo, float hi) {
 // y[r] = row n of W . activation row r, for the MT rows r0..r0+MT-1.
 template <int64_t TYPE, int MT>
 void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, float* y) {
-  constexpr bool with_min = TYPE == kQ4_1 || TYPE == kQ4_K;
+  constexpr bool with_min = TYPE == kQ4_1 || TYPE == kQ4_K || TYPE == kQ5_K;
   const int64_t nb = a.blocks;
   float corr[MT] = {};
 #if defined(__AVX2__)
@@ -389,6 +408,7 @@ RowFn row_fn(int64_t type) {
     case kQ4_1: return dot_all_rows<kQ4_1>;
     case kQ8_0: return dot_all_rows<kQ8_0>;
     case kQ4_K: return dot_all_rows<kQ4_K>;
+    case kQ5_K: return dot_all_rows<kQ5_K>;
     case kQ6_K: return dot_all_rows<kQ6_K>;
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }
@@ -515,6 +535,7 @@ DequantizeFn dequantize_fn(int64_t type) {
     case kQ4_1: return dequantize_row<kQ4_1>;
     case kQ8_0: return dequantize_row<kQ8_0>;
     case kQ4_K: return dequantize_row<kQ4_K>;
+    case kQ5_K: return dequantize_row<kQ5_K>;
     case kQ6_K: return dequantize_row<kQ6_K>;
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }

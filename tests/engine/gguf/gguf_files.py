@@ -62,20 +62,22 @@ def _divide(values: np.ndarray, by: np.ndarray) -> np.ndarray:
     return np.divide(values, by, out=np.zeros_like(values), where=by != 0)
 
 
-def quantize_q4_k(values: np.ndarray) -> np.ndarray:
-    """`values [rows, cols]` (cols a multiple of 256) as Q4_K blocks: a plain min/max rounding
-    per 32-value sub-block (not llama.cpp's search), packed as ggml lays them out
-    (``d, dmin, 12 bytes of 6-bit scales and mins, 128 of nibbles``); gguf quantizes no K-quant."""
+def quantize_q4_k(values: np.ndarray, bits: int = 4) -> np.ndarray:
+    """`values [rows, cols]` (cols a multiple of 256) as Q4_K blocks (Q5_K with ``bits`` 5): a
+    plain min/max rounding per 32-value sub-block (not llama.cpp's search), packed as ggml lays
+    them out (``d, dmin, 12 bytes of 6-bit scales and mins``, Q5_K's 32 bytes of fifth bits,
+    ``128 of nibbles``); gguf quantizes no K-quant."""
+    top = (1 << bits) - 1
     sub = values.astype(np.float32).reshape(-1, 8, 32)  # super-blocks of 8 sub-blocks
     low, high = np.minimum(sub.min(-1), 0), np.maximum(sub.max(-1), 0)
-    scale, minimum = (high - low) / 15, -low
+    scale, minimum = (high - low) / top, -low
     d = scale.max(-1, keepdims=True) / 63
     dmin = minimum.max(-1, keepdims=True) / 63
     d, dmin = d.astype(np.float16).astype(np.float32), dmin.astype(np.float16).astype(np.float32)
     sc = np.clip(np.rint(_divide(scale, d)), 0, 63).astype(np.uint8)
     mn = np.clip(np.rint(_divide(minimum, dmin)), 0, 63).astype(np.uint8)
     step = (d * sc)[..., None]
-    q = np.clip(np.rint(_divide(sub + (dmin * mn)[..., None], step)), 0, 15).astype(np.uint8)
+    q = np.clip(np.rint(_divide(sub + (dmin * mn)[..., None], step)), 0, top).astype(np.uint8)
     scales = np.concatenate(
         [
             sc[:, :4] | ((sc[:, 4:] >> 4) << 6),
@@ -84,11 +86,12 @@ def quantize_q4_k(values: np.ndarray) -> np.ndarray:
         ],
         axis=1,
     )
-    pairs = q.reshape(-1, 4, 2, 32)  # sub-blocks 2g and 2g+1 share 32 bytes
+    pairs = q.reshape(-1, 4, 2, 32) & 0xF  # sub-blocks 2g and 2g+1 share 32 bytes
     nibbles = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(-1, 128)
-    blocks = np.concatenate(
-        [_fp16_bytes(d[:, 0]), _fp16_bytes(dmin[:, 0]), scales, nibbles], axis=1
-    )
+    fifth = ((q >> 4) << np.arange(8, dtype=np.uint8)[:, None]).sum(1, dtype=np.uint8)  # bit j
+    parts = [_fp16_bytes(d[:, 0]), _fp16_bytes(dmin[:, 0]), scales]
+    parts += [fifth] if bits == 5 else []
+    blocks = np.concatenate([*parts, nibbles], axis=1)
     return blocks.reshape(values.shape[0], -1)
 
 
@@ -121,20 +124,26 @@ def add_tensor(writer: GGUFWriter, name: str, values: np.ndarray, qtype: Q) -> N
         writer.add_tensor(name, values.astype(np.float32))
     elif qtype == Q.F16:
         writer.add_tensor(name, values.astype(np.float16))
-    elif qtype in (Q.Q4_K, Q.Q6_K):
-        quantizer = quantize_q4_k if qtype == Q.Q4_K else quantize_q6_k
-        writer.add_tensor(name, quantizer(values), raw_dtype=qtype)
+    elif qtype in (Q.Q4_K, Q.Q5_K):
+        writer.add_tensor(name, quantize_q4_k(values, 4 if qtype == Q.Q4_K else 5), raw_dtype=qtype)
+    elif qtype == Q.Q6_K:
+        writer.add_tensor(name, quantize_q6_k(values), raw_dtype=qtype)
     else:
         writer.add_tensor(name, quantize(values, qtype), raw_dtype=qtype)
 
 
 def folder_to_gguf(
-    folder: Path, path: Path, qtype: Q = Q.F32, down: Q | None = None, **fields: Any
+    folder: Path,
+    path: Path,
+    qtype: Q = Q.F32,
+    mixed: dict[str, Q] | None = None,
+    **fields: Any,
 ) -> Path:
-    """The engine's tiny Hugging Face folder (Llama, byte-level BPE) as a GGUF file; ``down``:
-    the MLPs' down projections in another type (a K-quant: the only matrices of the tiny model
-    whose rows hold whole super-blocks, as llama.cpp's K-quant files mix types); `fields` add
-    or override metadata (`llama.rope.freq_base=...`)."""
+    """The engine's tiny Hugging Face folder (Llama, byte-level BPE) as a GGUF file; ``mixed``:
+    the weights whose names hold a key (``"down_proj"``, ``"v_proj"``) in another type, as
+    llama.cpp's K-quant files mix types (the down projections are the only matrices of the
+    tiny model whose rows hold whole K-quant super-blocks); `fields` add or override metadata
+    (`llama.rope.freq_base=...`)."""
     config = json.loads((folder / "config.json").read_text())
     spec = json.loads((folder / "tokenizer.json").read_text())
     tokenizer_config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -171,7 +180,7 @@ def folder_to_gguf(
         values = tensor.to(torch.float32).numpy()
         if name.endswith(("q_proj.weight", "k_proj.weight")):
             values = permute(values, heads if "q_proj" in name else kv_heads)
-        kind = down if down is not None and "down_proj" in name else qtype
+        kind = next((t for part, t in (mixed or {}).items() if part in name), qtype)
         add_tensor(writer, gguf_name(name), values, kind)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

@@ -1,8 +1,9 @@
 """GGUF weights served quantized (`engine.gguf.quantized`): the engine's tiny Llama written
 as Q8_0/Q4_0/Q4_1 files (gguf's own quantizer), and as files mixing types as llama.cpp's
-K-quant files do (down projections in Q6_K or Q4_K, `gguf_files`' quantizers), answers the
-same greedy tokens quantized as dequantized at load, holds the blocks instead of dense weights, and falls back to
-dequantizing where the kernels are off.
+K-quant files do (down projections in Q6_K, Q4_K or Q5_K, `gguf_files`' quantizers; a v, an
+up of another type than q/k, gate), answers the same greedy tokens quantized as dequantized
+at load, holds the blocks instead of dense weights, and falls back to dequantizing where the
+kernels are off.
 
 Tokens, not logits, are compared: both paths multiply the same dequantized weights; the
 quantized one rounds its activations to int16 per 32-block (at most ``amax / 65534`` off per
@@ -26,27 +27,48 @@ from engine.gguf.loader import load_gguf
 from engine.lora import LoRARequest
 from engine.models import quantized_linear
 from engine.models.llama import LlamaForCausalLM
-from engine.models.quantized_linear import QuantizedLinear
+from engine.models.quantized_linear import QuantizedLinear, StackedLinear
 
 PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7, 100, 513, 2, 900, 41, 8, 8, 3]]
 
+# (the file's type, the weights of another type)
+TYPES: list[tuple[Q, dict[str, Q]]] = [
+    (Q.Q8_0, {}),
+    (Q.Q4_0, {}),
+    (Q.Q4_1, {}),
+    (Q.Q4_1, {"down_proj": Q.Q6_K}),
+    (Q.Q8_0, {"down_proj": Q.Q4_K}),
+    (Q.Q4_0, {"v_proj": Q.Q8_0, "up_proj": Q.Q4_1, "down_proj": Q.Q5_K}),
+]
 
-TYPES = [(Q.Q8_0, None), (Q.Q4_0, None), (Q.Q4_1, None), (Q.Q4_1, Q.Q6_K), (Q.Q8_0, Q.Q4_K)]
+
+def _file_name(kinds: tuple[Q, dict[str, Q]]) -> str:
+    qtype, mixed = kinds
+    return "+".join([qtype.name] + [f"{part}:{t.name}" for part, t in mixed.items()])
 
 
-@pytest.fixture(
-    scope="module", params=TYPES, ids=lambda t: t[0].name + (f"+{t[1].name}" if t[1] else "")
-)
+@pytest.fixture(scope="module", params=TYPES, ids=_file_name)
 def quantized_file(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
     if quantized_linear.load() is None:
         pytest.skip("no C++ compiler: GGUF weights are dequantized at load")
-    qtype, down = request.param
-    name = qtype.name + (f"+{down.name}" if down else "")
-    return folder_to_gguf(
-        tiny_model_dir, tmp_path_factory.mktemp("q") / f"{name}.gguf", qtype, down
-    )
+    qtype, mixed = request.param
+    path = tmp_path_factory.mktemp("q") / f"{_file_name(request.param)}.gguf"
+    return folder_to_gguf(tiny_model_dir, path, qtype, mixed)
+
+
+def _kinds(handle: object) -> list[int]:
+    """The types of a handle's products, in order."""
+    if isinstance(handle, StackedLinear):
+        return [part.qtype for part in handle.parts]
+    assert isinstance(handle, QuantizedLinear)
+    return [handle.qtype]
+
+
+def _runs(types: list[int]) -> list[int]:
+    """Runs of one type as one: the products a fused weight of these parts takes."""
+    return [t for i, t in enumerate(types) if i == 0 or types[i - 1] != t]
 
 
 def _model(path: Path, dequantize: bool) -> LlamaForCausalLM:
@@ -61,8 +83,15 @@ def test_the_blocks_replace_the_dense_weights(quantized_file: Path) -> None:
     for i, layer in enumerate(model.layers):
         handles = {**layer.attn.packed, **layer.mlp.packed}
         assert set(handles) == {"qkv", "o", "gate_up", "down"}
-        assert all(isinstance(h, QuantizedLinear) for h in handles.values())
-        assert handles["down"].qtype == types[f"blk.{i}.ffn_down.weight"]
+        fused = {
+            "qkv": ["attn_q", "attn_k", "attn_v"],
+            "o": ["attn_output"],
+            "gate_up": ["ffn_gate", "ffn_up"],
+            "down": ["ffn_down"],
+        }
+        for key, parts in fused.items():
+            want = _runs([types[f"blk.{i}.{part}.weight"] for part in parts])
+            assert _kinds(handles[key]) == want
         assert layer.attn.qkv_weight is None and layer.attn.o_weight is None
         assert layer.mlp.gate_up_weight is None and layer.mlp.down_weight is None
     assert model.embed_quantized is not None and model.embed_weight is None
@@ -93,14 +122,15 @@ def test_dequantize_and_disabled_kernels_both_load_dense(
     quantized_file: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     dense = _model(quantized_file, dequantize=True).layers[0].attn.packed
-    assert not any(isinstance(h, QuantizedLinear) for h in dense.values())
+    assert not any(isinstance(h, QuantizedLinear | StackedLinear) for h in dense.values())
     monkeypatch.setenv(native.DISABLE_ENV, "0")
     quantized_linear.load.cache_clear()
     try:
         model = _model(quantized_file, dequantize=False)
     finally:
         quantized_linear.load.cache_clear()
-    assert not any(isinstance(h, QuantizedLinear) for h in model.layers[0].attn.packed.values())
+    handles = model.layers[0].attn.packed.values()
+    assert not any(isinstance(h, QuantizedLinear | StackedLinear) for h in handles)
     assert model.embed_quantized is None
 
 

@@ -1,7 +1,7 @@
 """The quantized matmul kernels (`engine.models.quant.qgemm`) against fp64 products of gguf's
-own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q4_K/Q6_K, bf16 and
-fp32 activations, 1..33 rows, an odd number of outputs, the native build and the forced AVX2
-one.
+own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K, bf16
+and fp32 activations, 1..33 rows, an odd number of outputs, the native build and the forced
+AVX2 one; and weights of mixed types stacked as one (a Q4_K_M file's q, k and v).
 
 The kernel quantizes each activation row to int16 per 32-block, so two references: the
 exact one quantizes the activations the same way (fp32 ``amax / 32767``, round
@@ -25,14 +25,14 @@ from gguf.quants import dequantize, quantize
 import engine.native as native
 from engine.config import cpu_flags
 from engine.models import quantized_linear as ql
-from engine.models.quantized_linear import QuantizedLinear, concat
+from engine.models.quantized_linear import QuantizedLinear, StackedLinear, concat
 
 Q = GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q6_K]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 OUT, IN = 37, 96  # an odd number of outputs; three blocks per row
 K_IN = 512  # the K-quants: two super-blocks of 256 per row
 # Where each K-quant super-block keeps its fp16 scales (the rest: quants and sub-scales).
-K_SCALES = {Q.Q4_K: (0, 2), Q.Q6_K: (208,)}
+K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 
 def _inputs(qtype: Q) -> int:
@@ -171,7 +171,7 @@ def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
     with pytest.raises(ValueError, match="do not hold 64 inputs"):
         QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_1), 64, kernels)
     with pytest.raises(ValueError, match="not one the quantized kernels compute"):
-        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q5_K), IN, kernels)
+        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q5_0), IN, kernels)
     layer = _linear(kernels, Q.Q4_1, blocks)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         layer.linear(torch.randn(2, IN - 1))
@@ -205,3 +205,32 @@ def test_prefill_sized_batches_multiply_the_dequantized_weight(
     gate = torch.from_numpy(plain)
     swiglu = (F.silu(gate) * gate).numpy()
     close(concat([layer, layer]).linear_gated(x, "silu"), swiglu, scale * (1 + 2 * np.abs(plain)))
+
+
+def test_weights_of_mixed_types_stack_into_one_handle(kernels: ModuleType) -> None:
+    """q and k of one type and v of another (a Q4_K_M file's Q6_K v): one product per run of
+    one type, side by side, with the fused epilogues applied over the whole."""
+    kinds = [Q.Q4_K, Q.Q4_K, Q.Q6_K]
+    weights = [_weight(qtype, seed=seed) for seed, qtype in enumerate(kinds)]
+    stacked = concat(
+        [_linear(kernels, qtype, b) for qtype, (b, _) in zip(kinds, weights, strict=True)]
+    )
+    assert isinstance(stacked, StackedLinear)
+    assert [p.qtype for p in stacked.parts] == [Q.Q4_K, Q.Q6_K]
+    w = np.concatenate([w for _, w in weights])
+    x = torch.randn(3, K_IN, generator=torch.Generator().manual_seed(5))
+    x64, xq = x.double().numpy(), _quantized_activations(x.numpy())
+    scale = np.abs(x64) @ np.abs(w).T
+    bias, residual = torch.randn(3 * OUT), torch.randn(3, 3 * OUT)
+    _close(stacked.linear(x, bias), xq @ w.T + bias.double().numpy(), scale, torch.float32)
+    summed = stacked.linear_add(x, residual)
+    _close(summed, xq @ w.T + residual.double().numpy(), scale, torch.float32)
+    assert torch.equal(stacked.dense(torch.float32), torch.from_numpy(w).float())
+
+    (gate_blocks, gate_w), (up_blocks, up_w) = weights[0], weights[2]
+    gate_up = concat([_linear(kernels, Q.Q4_K, gate_blocks), _linear(kernels, Q.Q6_K, up_blocks)])
+    gate, up = torch.from_numpy(xq @ gate_w.T), torch.from_numpy(xq @ up_w.T)
+    want = (F.silu(gate) * up).numpy()
+    magnitude = (np.abs(x64) @ np.abs(gate_w).T) * (1 + up.abs().numpy())
+    magnitude += (np.abs(x64) @ np.abs(up_w).T) * F.silu(gate).abs().numpy()
+    _close(gate_up.linear_gated(x, "silu"), want, magnitude, torch.float32)
