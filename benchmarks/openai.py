@@ -10,8 +10,9 @@ answer has ``--max-tokens`` tokens, distinct prompts so the prefix cache does no
 output tokens/s over the wall time, TTFT p50/p99 and inter-token latency p50 (from the chunks'
 arrival times), and the server's CPU time per output token (all its processes' user + system
 time over the measurement, from /proc: a figure a busy machine disturbs far less than wall
-times). Prints one line per (server, concurrency) and kvgate/vLLM ratios; the best round of
-each is reported. Without ``--vllm-python`` only kvgate is measured.
+times). Prints one line per (server, concurrency), kvgate/vLLM ratios per round (the two
+servers measured minutes apart: the fair pairing where rounds vary) and of each server's best
+round (by throughput). Without ``--vllm-python`` only kvgate is measured.
 
 ``--vllm-bench`` measures with vLLM's own client instead (``vllm.benchmarks.serve`` from the
 ``--vllm-python`` venv, a client neither project's server code wrote): its random dataset,
@@ -330,6 +331,7 @@ def main() -> None:
         servers = {args.only: servers[args.only]}
 
     best: dict[tuple[str, int], Figures] = {}
+    rounds: dict[tuple[int, int], dict[str, Figures]] = {}  # (round, c) -> server -> figures
     for round_ in range(args.rounds):
         for who, (command, env, base, ready_s) in servers.items():  # one server up at a time
             with server(command, env, base, who, ready_s) as pid:
@@ -355,22 +357,30 @@ def main() -> None:
                     got.cpu_ms_per_token = 1000 * (cpu_seconds(pid) - cpu_before) / got.tokens
                     got.probes_p99_ms = loaded.p99_ms()
                     print(f"round {round_} {who:6s} c={c:<3d} {got.line()}", flush=True)
+                    rounds.setdefault((round_, c), {})[who] = got
                     if (who, c) not in best or got.tokens_per_s > best[who, c].tokens_per_s:
                         best[who, c] = got
     print(f"\nbest of {args.rounds} rounds (load {os.getloadavg()[0]:.2f}):")
     for (who, c), figures in sorted(best.items()):
         print(f"{who:6s} c={c:<3d} {figures.line()}")
+    for (r, c), pair in sorted(rounds.items()):
+        if len(pair) == 2:
+            print(f"round {r} c={c}: {ratios(pair['kvgate'], pair['vllm'])}")
     for c in levels:
         if ("vllm", c) in best and ("kvgate", c) in best:
-            k, v = best["kvgate", c], best["vllm", c]
-            print(
-                f"c={c}: throughput {k.tokens_per_s / v.tokens_per_s:.2f}x vLLM, "
-                f"TTFT p50 {k.ttft_p50_ms / v.ttft_p50_ms:.2f}x, "
-                f"p99 {k.ttft_p99_ms / v.ttft_p99_ms:.2f}x, ITL {k.itl_p50_ms / v.itl_p50_ms:.2f}x, "
-                f"CPU per token {k.cpu_ms_per_token / v.cpu_ms_per_token:.2f}x, "
-                f"/v1/models p99 {k.probes_p99_ms['/v1/models']:.1f} vs "
-                f"{v.probes_p99_ms['/v1/models']:.1f} ms"
-            )
+            print(f"best c={c}: {ratios(best['kvgate', c], best['vllm', c])}")
+
+
+def ratios(k: Figures, v: Figures) -> str:
+    """kvgate's figures over vLLM's."""
+    return (
+        f"throughput {k.tokens_per_s / v.tokens_per_s:.2f}x vLLM, "
+        f"TTFT p50 {k.ttft_p50_ms / v.ttft_p50_ms:.2f}x, "
+        f"p99 {k.ttft_p99_ms / v.ttft_p99_ms:.2f}x, ITL {k.itl_p50_ms / v.itl_p50_ms:.2f}x, "
+        f"CPU per token {k.cpu_ms_per_token / v.cpu_ms_per_token:.2f}x, "
+        f"/v1/models p99 {k.probes_p99_ms['/v1/models']:.1f} vs "
+        f"{v.probes_p99_ms['/v1/models']:.1f} ms"
+    )
 
 
 if __name__ == "__main__":
