@@ -296,6 +296,9 @@ def main() -> None:
     parser.add_argument(
         "--kvgate-env", nargs="*", default=[], metavar="NAME=VALUE", help="for kvgate alone"
     )
+    parser.add_argument(
+        "--vllm-env", nargs="*", default=[], metavar="NAME=VALUE", help="for vLLM alone"
+    )
     parser.add_argument("--vllm-bench", action="store_true", help="vLLM's own client measures")
     parser.add_argument("--only", choices=["kvgate", "vllm"], help="measure one server alone")
     parser.add_argument("--random-input-len", type=int, default=256)
@@ -324,7 +327,9 @@ def main() -> None:
         vllm += [str(model_dir), "--host", "127.0.0.1", "--port", str(vllm_port), "--dtype"]
         vllm += [dtype, "--max-model-len", "2048", "--served-model-name", name]
         vllm += ["--enable-prompt-tokens-details"]
-        servers["vllm"] = (vllm, peer_environment(args.vllm_python, 2), vllm_base, 600.0)
+        vllm_env = peer_environment(args.vllm_python, 2)
+        vllm_env.update(item.split("=", 1) for item in args.vllm_env)
+        servers["vllm"] = (vllm, vllm_env, vllm_base, 600.0)
     else:
         print("vllm: skipped (no --vllm-python)")
     if args.only:

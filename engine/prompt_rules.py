@@ -65,12 +65,12 @@ class PromptRules:
         """A prompt's token ids, checked: in the vocabulary, not empty."""
         if isinstance(prompt, str):
             token_ids = self.encode_prompt(prompt)
-        elif isinstance(prompt, Sequence) and all(
-            isinstance(t, int) and not isinstance(t, bool) for t in prompt
-        ):
-            token_ids = [int(t) for t in prompt]
+        elif isinstance(prompt, Sequence) and _all_ints(set(map(type, prompt))):
+            # Checked by C loops (map, min, max): a per-id Python test was 0.7 ms of a cached
+            # 2,000-token prompt's 7 ms.
+            token_ids = list(map(int, prompt))
             vocab = self.limits.vocab_size
-            if any(not 0 <= t < vocab for t in token_ids):
+            if token_ids and (min(token_ids) < 0 or max(token_ids) >= vocab):
                 raise ValueError(f"prompt: token ids must be in [0, {vocab})")
         else:
             raise ValueError("prompt must be a string or a list of token ids")
@@ -126,3 +126,8 @@ def _embedding_too_long(count: str, at_least: int, limit: int) -> TooManyTokens:
         at_least,
         limit,
     )
+
+
+def _all_ints(kinds: set[type]) -> bool:
+    """Every type an ``int`` (a subclass too, but not ``bool``)."""
+    return all(issubclass(kind, int) and kind is not bool for kind in kinds)
