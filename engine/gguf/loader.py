@@ -1,7 +1,7 @@
 """Load a `.gguf` file as the engine's model, tokenizer and identity.
 
-On CPU, with bf16 or fp32 compute and the native kernels built, the Q8_0/Q4_0/Q4_1/Q4_K/
-Q5_K/Q6_K weights stay quantized in memory (`quantized`): a decode step reads 4.5-8.5 bits
+On CPU, with bf16 or fp32 compute and the native kernels built, the Q8_0/Q4_0/Q4_1/Q5_0/
+Q5_1/Q4_K/Q5_K/Q6_K weights stay quantized in memory (`quantized`): a decode step reads 4.5-8.5 bits
 per weight instead of 16, and the model holds that much less memory. Otherwise
 (``dequantize=True``, the server's ``--gguf-dequantize``; another device or dtype; no
 kernels) every tensor is dequantized at load to the compute dtype. The file is memory-mapped

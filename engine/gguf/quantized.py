@@ -1,7 +1,7 @@
 """Which of a GGUF file's weights stay quantized in memory, and how the model gets them.
 
 A module is served quantized when all its matmul weights are of a type the kernels compute
-(Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K; `engine.models.quantized_linear`): an attention's q, k,
+(Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K; `engine.models.quantized_linear`): an attention's q, k,
 v and output, an MLP's gate, up and down (SwiGLU only), the embedding table (looked up row by
 row), an untied lm_head. Fused weights (q/k/v, gate/up) of one type are one product; of mixed
 types (a Q4_K_M file's Q6_K v beside Q4_K q and k) a product per run of one type. Every other

@@ -30,7 +30,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 Q = GGMLQuantizationType
-SUPPORTED_TYPES = (Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K)
+SUPPORTED_TYPES = (
+    Q.F32, Q.F16, Q.BF16, Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K
+)  # fmt: skip
 CHUNK_VALUES = 1 << 22  # values dequantized at once: 16 MiB of fp32
 TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 PER_LAYER = {

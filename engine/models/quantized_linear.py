@@ -1,4 +1,5 @@
-"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K) kept quantized.
+"""Matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) kept
+quantized.
 
 A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
@@ -30,16 +31,28 @@ import engine.native as native
 
 SOURCES = [Path(__file__).with_name("quant") / "qgemm.cpp"]
 # ggml type id -> (weights per block, bytes per block): the K-quants' blocks are super-blocks
-# of 256 (Q4_K_M files hold Q4_K and Q6_K tensors, Q5_K_M files Q5_K and Q6_K).
+# of 256 (Q4_K_M files hold Q4_K and Q6_K tensors, Q5_K_M files Q5_K and Q6_K; where a
+# model's rows are not whole super-blocks, llama.cpp writes Q5_0, Q5_1 or Q8_0 instead).
 BLOCKS = {
     8: (32, 34),
     2: (32, 18),
     3: (32, 20),
+    6: (32, 22),
+    7: (32, 24),
     12: (256, 144),
     13: (256, 176),
     14: (256, 210),
 }
-TYPE_NAMES = {8: "Q8_0", 2: "Q4_0", 3: "Q4_1", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K"}
+TYPE_NAMES = {
+    8: "Q8_0",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+}
 DENSE_ROWS = 64
 
 

@@ -1,5 +1,5 @@
-// Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q4_K, Q5_K, Q6_K), kept as the
-// file's blocks.
+// Small-batch matmuls on GGUF-quantized weights (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K),
+// kept as the file's blocks.
 //
 // The weight stays in the file's own blocks, one row of blocks per output feature: 32 weights
 // each, with an fp16 scale d (and Q4_1's fp16 minimum m) before the 4- or 8-bit values; or
@@ -11,6 +11,8 @@
 //   Q8_0:  w = d*q           (q in -127..127)  dot = d*dx*sum(q*xq)
 //   Q4_0:  w = d*(q - 8)     (q in 0..15)      dot = d*dx*sum((q-8)*xq)
 //   Q4_1:  w = d*q + m       (q in 0..15)      dot = d*dx*sum(q*xq) + m*dx*sum(xq)
+//   Q5_0, Q5_1: as Q4_0 (offset 16), Q4_1, with q in 0..31: a fifth bit per value from 4 bytes
+//          (llama.cpp's fallback where a K-quant file's rows are not whole super-blocks)
 //   Q4_K:  w = d*s*q - n*m   (q in 0..15; s, m 6-bit per sub-block; d, n fp16 per 256)
 //   Q5_K:  w = d*s*q - n*m   (q in 0..31: Q4_K's nibble and a fifth bit from 32 bytes)
 //   Q6_K:  w = d*s*(q - 32)  (q in 0..63; s int8 per 16 values: each half its own scale)
@@ -48,6 +50,8 @@ namespace {
 // ggml's type ids.
 constexpr int64_t kQ4_0 = 2;
 constexpr int64_t kQ4_1 = 3;
+constexpr int64_t kQ5_0 = 6;
+constexpr int64_t kQ5_1 = 7;
 constexpr int64_t kQ8_0 = 8;
 constexpr int64_t kQ4_K = 12;
 constexpr int64_t kQ5_K = 13;
@@ -61,8 +65,19 @@ constexpr bool is_k_quant(int64_t type) {
 
 // Bytes of one block (32 values), or of one K-quant super-block (256).
 constexpr int64_t group_bytes(int64_t type) {
-  return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ8_0 ? 34
+  return type == kQ4_0 ? 18 : type == kQ4_1 ? 20 : type == kQ5_0 ? 22 : type == kQ5_1 ? 24
+       : type == kQ8_0 ? 34
        : type == kQ4_K ? 144 : type == kQ5_K ? 176 : type == kQ6_K ? 210 : 0;
+}
+
+// The 32-value block types: a minimum m added to each weight (else an offset taken off q), and
+// a fifth bit per value (4 bytes after the fp16 scale, and Q5_1's fp16 minimum).
+constexpr bool has_min(int64_t type) { return type == kQ4_1 || type == kQ5_1; }
+constexpr bool five_bits(int64_t type) { return type == kQ5_0 || type == kQ5_1; }
+constexpr int32_t offset_of(int64_t type) { return type == kQ4_0 ? 8 : type == kQ5_0 ? 16 : 0; }
+constexpr int64_t high_bits_at(int64_t type) { return has_min(type) ? 4 : 2; }
+constexpr int64_t nibbles_at(int64_t type) {
+  return high_bits_at(type) + (five_bits(type) ? 4 : 0);
 }
 
 void check_type(int64_t type) {
@@ -129,7 +144,7 @@ inline void group_scales(const uint8_t* row, int64_t g, Scales* out) {
     }
   } else {
     const float d = half_at(blk);
-    out[0] = {d, d, TYPE == kQ4_1 ? half_at(blk + 2) : 0.0f};
+    out[0] = {d, d, has_min(TYPE) ? half_at(blk + 2) : 0.0f};
   }
 }
 
@@ -162,11 +177,12 @@ inline void block_values(const uint8_t* row, int64_t b, int32_t* q) {
     for (int64_t i = 0; i < kBlock; ++i) q[i] = static_cast<int8_t>(blk[2 + i]);
   } else {
     const uint8_t* blk = row + b * group_bytes(TYPE);
-    const int32_t offset = TYPE == kQ4_0 ? 8 : 0;
-    const uint8_t* qs = blk + (TYPE == kQ4_0 ? 2 : 4);
+    const uint8_t* qs = blk + nibbles_at(TYPE);
+    uint32_t high = 0;  // bit i: value i's fifth bit
+    if constexpr (five_bits(TYPE)) std::memcpy(&high, blk + high_bits_at(TYPE), 4);
     for (int64_t i = 0; i < 16; ++i) {
-      q[i] = (qs[i] & 0x0F) - offset;
-      q[i + 16] = (qs[i] >> 4) - offset;
+      q[i] = ((qs[i] & 0x0F) | ((high >> i) & 1) << 4) - offset_of(TYPE);
+      q[i + 16] = ((qs[i] >> 4) | ((high >> (i + 16)) & 1) << 4) - offset_of(TYPE);
     }
   }
 }
@@ -250,11 +266,22 @@ inline __m256i weight_bytes(const uint8_t* row, int64_t b) {
   } else {
     const uint8_t* blk = row + b * group_bytes(TYPE);
     const __m128i packed =
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + (TYPE == kQ4_0 ? 2 : 4)));
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + nibbles_at(TYPE)));
     const __m128i low4x = _mm_set1_epi8(0x0F);
     const __m128i lo = _mm_and_si128(packed, low4x);
     const __m128i hi = _mm_and_si128(_mm_srli_epi16(packed, 4), low4x);
-    return _mm256_set_m128i(hi, lo);  // values 0..15 then 16..31
+    const __m256i nibbles = _mm256_set_m128i(hi, lo);  // values 0..15 then 16..31
+    if constexpr (!five_bits(TYPE)) return nibbles;
+    // Bit i of the 4 bytes to byte i: each byte gets the one of the 4 holding its bit, all
+    // its other bits set, so it equals 0xFF exactly where that bit is set.
+    uint32_t high;
+    std::memcpy(&high, blk + high_bits_at(TYPE), 4);
+    const __m256i spread = _mm256_shuffle_epi8(
+        _mm256_set1_epi32(static_cast<int32_t>(high)),
+        _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i others = _mm256_set1_epi64x(0x7FBFDFEFF7FBFDFE);
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_or_si256(spread, others), _mm256_set1_epi8(-1));
+    return _mm256_or_si256(nibbles, _mm256_and_si256(set, _mm256_set1_epi8(0x10)));
   }
 }
 #endif
@@ -269,7 +296,8 @@ inline __m512i weight_words(const uint8_t* row, int64_t b) {
   const __m256i bytes = weight_bytes<TYPE>(row, b);
   if constexpr (TYPE == kQ8_0 || TYPE == kQ6_K) return _mm512_cvtepi8_epi16(bytes);
   const __m512i words = _mm512_cvtepu8_epi16(bytes);
-  if constexpr (TYPE == kQ4_0) return _mm512_sub_epi16(words, _mm512_set1_epi16(8));
+  if constexpr (offset_of(TYPE) != 0)
+    return _mm512_sub_epi16(words, _mm512_set1_epi16(offset_of(TYPE)));
   return words;
 }
 // acc += (w . xq) * scale, the 32 products summed pairwise into 16 int32 lanes.
@@ -299,9 +327,9 @@ inline Words weight_words(const uint8_t* row, int64_t b) {
     w = {_mm256_cvtepi8_epi16(b0), _mm256_cvtepi8_epi16(b1)};
   } else {
     w = {_mm256_cvtepu8_epi16(b0), _mm256_cvtepu8_epi16(b1)};
-    if constexpr (TYPE == kQ4_0) {
-      const __m256i eight = _mm256_set1_epi16(8);
-      w = {_mm256_sub_epi16(w.lo, eight), _mm256_sub_epi16(w.hi, eight)};
+    if constexpr (offset_of(TYPE) != 0) {
+      const __m256i offset = _mm256_set1_epi16(offset_of(TYPE));
+      w = {_mm256_sub_epi16(w.lo, offset), _mm256_sub_epi16(w.hi, offset)};
     }
   }
   return w;
@@ -323,7 +351,7 @@ inline Acc block_dot(Acc acc, Words w, const int16_t* xq, float lo, float hi) {
 // y[r] = row n of W . activation row r, for the MT rows r0..r0+MT-1.
 template <int64_t TYPE, int MT>
 void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, float* y) {
-  constexpr bool with_min = TYPE == kQ4_1 || TYPE == kQ4_K || TYPE == kQ5_K;
+  constexpr bool with_min = has_min(TYPE) || TYPE == kQ4_K || TYPE == kQ5_K;
   const int64_t nb = a.blocks;
   float corr[MT] = {};
 #if defined(__AVX2__)
@@ -333,7 +361,7 @@ void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, 
     for (int64_t b = 0; b < nb; ++b) {
       const uint8_t* blk = wrow + b * group_bytes(TYPE);
       const float d = half_at(blk);
-      const float min = TYPE == kQ4_1 ? half_at(blk + 2) : 0.0f;
+      const float min = has_min(TYPE) ? half_at(blk + 2) : 0.0f;
       const auto w = weight_words<TYPE>(wrow, b);
       for (int m = 0; m < MT; ++m) {
         const int64_t ab = (r0 + m) * nb + b;
@@ -406,6 +434,8 @@ RowFn row_fn(int64_t type) {
   switch (type) {
     case kQ4_0: return dot_all_rows<kQ4_0>;
     case kQ4_1: return dot_all_rows<kQ4_1>;
+    case kQ5_0: return dot_all_rows<kQ5_0>;
+    case kQ5_1: return dot_all_rows<kQ5_1>;
     case kQ8_0: return dot_all_rows<kQ8_0>;
     case kQ4_K: return dot_all_rows<kQ4_K>;
     case kQ5_K: return dot_all_rows<kQ5_K>;
@@ -533,6 +563,8 @@ DequantizeFn dequantize_fn(int64_t type) {
   switch (type) {
     case kQ4_0: return dequantize_row<kQ4_0>;
     case kQ4_1: return dequantize_row<kQ4_1>;
+    case kQ5_0: return dequantize_row<kQ5_0>;
+    case kQ5_1: return dequantize_row<kQ5_1>;
     case kQ8_0: return dequantize_row<kQ8_0>;
     case kQ4_K: return dequantize_row<kQ4_K>;
     case kQ5_K: return dequantize_row<kQ5_K>;

@@ -20,8 +20,10 @@ FILE_TYPES = {
     Q.Q4_0: 2,
     Q.Q4_1: 3,
     Q.Q5_0: 8,
+    Q.Q5_1: 9,
     Q.Q8_0: 7,
     Q.BF16: 32,
+    Q.MXFP4: 38,
 }  # llama_ftype
 HF_TO_GGUF = {
     "input_layernorm": "attn_norm",

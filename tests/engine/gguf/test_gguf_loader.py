@@ -71,10 +71,10 @@ def test_quantized_files_load_close_to_the_weights(tiny_model_dir: Path, tmp_pat
 
 
 def test_an_unsupported_tensor_type_names_it(tiny_model_dir: Path, tmp_path: Path) -> None:
-    path = folder_to_gguf(tiny_model_dir, tmp_path / "q5.gguf", Q.Q5_0)
+    path = folder_to_gguf(tiny_model_dir, tmp_path / "mxfp4.gguf", Q.MXFP4)
     with pytest.raises(
         ModelLoadError,
-        match=r"unsupported GGUF tensor type Q5_0 of 'output.weight'; supported: F32",
+        match=r"unsupported GGUF tensor type MXFP4 of 'output.weight'; supported: F32",
     ):
         load_gguf(path)
 

@@ -39,6 +39,7 @@ TYPES: list[tuple[Q, dict[str, Q]]] = [
     (Q.Q4_1, {"down_proj": Q.Q6_K}),
     (Q.Q8_0, {"down_proj": Q.Q4_K}),
     (Q.Q4_0, {"v_proj": Q.Q8_0, "up_proj": Q.Q4_1, "down_proj": Q.Q5_K}),
+    (Q.Q5_0, {"v_proj": Q.Q5_1, "gate_proj": Q.Q5_1}),  # llama.cpp's K-quant fallbacks
 ]
 
 

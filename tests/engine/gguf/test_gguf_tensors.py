@@ -21,8 +21,18 @@ ROWS, COLS = 64, 512  # K-quant blocks hold 256 values
 K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
 
 # Largest error a quantize -> dequantize round trip may make on standard normal values (up to
-# ~4.5 here): 4-bit blocks step by up to max/7.5, 8-bit by max/127, bf16 keeps 8 bits.
-ROUND_TRIP_ERROR = {Q.F32: 0.0, Q.F16: 2e-3, Q.BF16: 2e-2, Q.Q8_0: 2e-2, Q.Q4_0: 0.6, Q.Q4_1: 0.6}
+# ~4.5 here): 4-bit blocks step by up to max/7.5, 5-bit by max/15.5, 8-bit by max/127, bf16
+# keeps 8 bits.
+ROUND_TRIP_ERROR = {
+    Q.F32: 0.0,
+    Q.F16: 2e-3,
+    Q.BF16: 2e-2,
+    Q.Q8_0: 2e-2,
+    Q.Q4_0: 0.6,
+    Q.Q4_1: 0.6,
+    Q.Q5_0: 0.3,
+    Q.Q5_1: 0.3,
+}
 
 
 def raw_tensor(qtype: Q, values: np.ndarray) -> np.ndarray:

@@ -1,5 +1,6 @@
 """The quantized matmul kernels (`engine.models.quant.qgemm`) against fp64 products of gguf's
-own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q4_K/Q5_K/Q6_K, bf16
+own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 and the
+K-quants Q4_K/Q5_K/Q6_K, bf16
 and fp32 activations, 1..33 rows, an odd number of outputs, the native build and the forced
 AVX2 one; and weights of mixed types stacked as one (a Q4_K_M file's q, k and v).
 
@@ -28,7 +29,7 @@ from engine.models import quantized_linear as ql
 from engine.models.quantized_linear import QuantizedLinear, StackedLinear, concat
 
 Q = GGMLQuantizationType
-TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 OUT, IN = 37, 96  # an odd number of outputs; three blocks per row
 K_IN = 512  # the K-quants: two super-blocks of 256 per row
 # Where each K-quant super-block keeps its fp16 scales (the rest: quants and sub-scales).
@@ -171,7 +172,7 @@ def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
     with pytest.raises(ValueError, match="do not hold 64 inputs"):
         QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_1), 64, kernels)
     with pytest.raises(ValueError, match="not one the quantized kernels compute"):
-        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q5_0), IN, kernels)
+        QuantizedLinear(torch.from_numpy(blocks), int(Q.Q2_K), IN, kernels)
     layer = _linear(kernels, Q.Q4_1, blocks)
     with pytest.raises(RuntimeError, match="multiple of 32"):
         layer.linear(torch.randn(2, IN - 1))
