@@ -2,13 +2,14 @@
 transformers' own GGUF loader, in one run: load time, resident memory, single-stream decode,
 8 concurrent streams and a 1,000-token time to first token.
 
-    python benchmarks/gguf.py [FILE.gguf] [--as bf16|q8_0] [--dtype bfloat16|float32]
+    python benchmarks/gguf.py [FILE.gguf] [--as bf16|q8_0|q4_k_m] [--dtype bfloat16|float32]
                               [--tokens 128] [--threads 2] [--repeat 3]
                               [--engines kvgate,kvgate-dequantized,llama.cpp,transformers]
 
 FILE defaults to the SmolLM2-135M-Instruct Q4_1 file (`kvgate fetch-model smollm2`). `--as`
 first rewrites it with llama.cpp's own quantizer (`llama_model_quantize`, requantizing allowed)
-into a BF16 or Q8_0 file, cached beside it, which every engine then reads: the same bytes.
+into a BF16, Q8_0 or Q4_K_M file (where a model's rows are not whole 256-value
+super-blocks llama.cpp writes Q5_0/Q8_0 there instead), cached beside it, which every engine then reads: the same bytes.
 llama.cpp is skipped where `llama_cpp` is not installed (`CMAKE_ARGS="-DGGML_NATIVE=ON" pip
 install llama-cpp-python`, ~8 min on 2 cores).
 
@@ -164,7 +165,11 @@ def requantized(source: Path, kind: str) -> Path:
     """``source`` rewritten by llama.cpp's quantizer as ``kind`` (cached beside it)."""
     import llama_cpp
 
-    types = {"bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16, "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0}
+    types = {
+        "bf16": llama_cpp.LLAMA_FTYPE_MOSTLY_BF16,
+        "q8_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q8_0,
+        "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    }
     target = source.with_name(f"{source.stem.rsplit('.', 1)[0]}.{kind.upper()}.gguf")
     if not target.is_file():
         params = llama_cpp.llama_model_quantize_default_params()
@@ -182,7 +187,7 @@ def requantized(source: Path, kind: str) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("file", nargs="?", help="a .gguf file (default: the smollm2 one)")
-    parser.add_argument("--as", dest="as_type", choices=["bf16", "q8_0"])
+    parser.add_argument("--as", dest="as_type", choices=["bf16", "q8_0", "q4_k_m"])
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
     parser.add_argument("--tokens", type=int, default=128)
     parser.add_argument("--threads", type=int, default=2)
