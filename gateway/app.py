@@ -106,9 +106,14 @@ def make_task_store(redis_url: str | None) -> TaskStore:
 
 
 def create_app(
-    settings: Settings, engine: Any = None, *, backend: Backend | None = None
+    settings: Settings,
+    engine: Any = None,
+    *,
+    backend: Backend | None = None,
+    created: int | None = None,
 ) -> Starlette:
-    """The app over the embedded ``engine``, or over another ``backend`` (a fleet)."""
+    """The app over the embedded ``engine``, or over another ``backend`` (a fleet);
+    ``created``: the model's time in ``/v1/models`` (default: now)."""
     backend = backend if backend is not None else EngineBackend(engine)
     metrics = Metrics(backend.stats, backend.model_name)
     facts = backend.facts(settings.replicas)
@@ -141,7 +146,7 @@ def create_app(
     if settings.redis_url is not None:  # /v1/responses' store: true and previous_response_id
         store = ResponseStore(settings.redis_url, settings.responses_ttl_s)
     lora_updates = runtime_updating(settings)
-    openai = OpenAIEndpoint(generations, model, metrics, calls, store, lora_updates)
+    openai = OpenAIEndpoint(generations, model, metrics, calls, store, lora_updates, created)
     authenticator = Authenticator(settings, openai.inference_paths)
 
     def challenge_body(path: str, challenge: Challenge) -> bytes:

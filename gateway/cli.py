@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -223,15 +224,20 @@ def serve_engine_process(settings: Settings) -> None:
             sockets = listening_sockets(settings.host, settings.port, settings.workers)
         except OSError as exc:
             sys.exit(f"kvgate: cannot listen on {settings.host}:{settings.port}: {exc}")
-        each, path = per_worker(settings), engine.socket_path
-        supervisor = Supervisor(sockets, lambda s, _: serve_engine_worker(each, path, s), engine)
+        each, path, created = per_worker(settings), engine.socket_path, int(time.time())
+        supervisor = Supervisor(
+            sockets, lambda s, _: serve_engine_worker(each, path, s, created), engine
+        )
         sys.exit(supervisor.run())
     finally:
         engine.stop()
 
 
-def serve_engine_worker(settings: Settings, path: str, sock: socket.socket | None = None) -> None:
-    """One API process over the engine process at ``path`` (no torch here)."""
+def serve_engine_worker(
+    settings: Settings, path: str, sock: socket.socket | None = None, created: int | None = None
+) -> None:
+    """One API process over the engine process at ``path`` (no torch here); ``created``: see
+    `run_app`."""
     from engine.core_client import EngineClient
     from engine.errors import EngineUnavailable
     from gateway.adapters import parse_lora_module
@@ -247,7 +253,7 @@ def serve_engine_worker(settings: Settings, path: str, sock: socket.socket | Non
             except ValueError as exc:
                 sys.exit(f"kvgate: --lora-modules: {exc}")
         log_engine(client, settings)
-        run_app(settings, sock, engine=client)
+        run_app(settings, sock, created, engine=client)
     finally:
         client.shutdown()
 
@@ -262,7 +268,9 @@ def load_lora_modules(engine: Any, specs: tuple[str, ...]) -> None:
         logger.info("LoRA adapter %s from %s", module.name, module.path)
 
 
-def serve_fleet(settings: Settings, sock: socket.socket | None = None) -> None:
+def serve_fleet(
+    settings: Settings, sock: socket.socket | None = None, created: int | None = None
+) -> None:
     """Fleet mode: no embedded engine; calls go to the upstreams (a model mismatch among
     them, or none answering, is a startup error). With ``--workers N`` N processes do so on
     one port (``gateway.http.workers``)."""
@@ -279,8 +287,8 @@ def serve_fleet(settings: Settings, sock: socket.socket | None = None) -> None:
             sockets = listening_sockets(settings.host, settings.port, settings.workers)
         except OSError as exc:
             sys.exit(f"kvgate: cannot listen on {settings.host}:{settings.port}: {exc}")
-        each = per_worker(settings)
-        sys.exit(Supervisor(sockets, lambda s, _: serve_fleet(each, s)).run())
+        each, created = per_worker(settings), int(time.time())
+        sys.exit(Supervisor(sockets, lambda s, _: serve_fleet(each, s, created)).run())
     try:
         fleet = Fleet.connect(settings)
     except FleetConfigError as exc:
@@ -291,7 +299,7 @@ def serve_fleet(settings: Settings, sock: socket.socket | None = None) -> None:
         len(fleet.upstreams),
         ", ".join(u.url for u in fleet.upstreams),
     )
-    run_app(settings, sock, backend=fleet)
+    run_app(settings, sock, created, backend=fleet)
 
 
 def per_worker(settings: Settings) -> Settings:
@@ -306,7 +314,14 @@ def per_worker(settings: Settings) -> Settings:
     )
 
 
-def run_app(settings: Settings, sock: socket.socket | None = None, **backend: Any) -> None:
+def run_app(
+    settings: Settings,
+    sock: socket.socket | None = None,
+    created: int | None = None,
+    **backend: Any,
+) -> None:
+    """Serve the app; ``created``: the served model's ``created`` time in ``/v1/models``, one
+    value for all ``--workers`` (taken before they fork: the answers are the same from any)."""
     from gateway.app import create_app
     from gateway.catalog.config import CatalogConfigError
     from gateway.http.serving import http_protocol, serve_app
@@ -314,7 +329,7 @@ def run_app(settings: Settings, sock: socket.socket | None = None, **backend: An
     base = f"http://{settings.host}:{settings.port}"
     logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
     try:
-        app = create_app(settings, **backend)
+        app = create_app(settings, created=created, **backend)
     except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
         sys.exit(f"kvgate: {exc}")
     serve_app(

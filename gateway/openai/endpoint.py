@@ -73,13 +73,14 @@ class OpenAIEndpoint:
         calls: Lifecycle,
         store: ResponseStore | None = None,
         lora_updates: bool = False,
+        created: int | None = None,
     ) -> None:
         self.generations = generations
         self.model = model
         self.max_model_len = generations.max_model_len
         self.metrics = metrics
         self.calls = calls
-        self.created = int(time.time())
+        self.created = int(time.time()) if created is None else created
         self.token_text = TokenText(generations.tokenizer)
         self.responses = ResponsesRoute(generations, model, calls, store)
         self.routes: dict[str, tuple[str, Handler]] = {

@@ -378,3 +378,17 @@ def test_openai_calls_are_counted_with_their_api(server: LiveServer) -> None:
     assert 'kvgate_requests_total{api="openai",method="/v1/models",outcome="ok",tool=""}' in metrics
     assert "no-such" not in metrics
     assert 'method="unknown"' in metrics
+
+
+def test_models_carry_the_created_time_the_server_was_given(engine: AsyncLLM) -> None:
+    """``--workers`` pass every worker one ``created`` taken before they fork, so that
+    ``/v1/models`` answers alike from any of them."""
+    from starlette.testclient import TestClient
+
+    from gateway.app import create_app
+    from gateway.settings import Settings
+
+    app = create_app(Settings(), engine, created=1_700_000_000)
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host, as served
+        (model,) = client.get("/v1/models").json()["data"]
+    assert model["created"] == 1_700_000_000
