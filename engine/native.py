@@ -7,8 +7,9 @@ version, CPU kind and ISA; later processes load the build. Where nothing can be 
 compiler), or with ``KVGATE_CPU_KERNELS=0``, `build` returns None and the torch path serves.
 
 ``KVGATE_CPU_ISA`` picks the instruction set a build targets: ``native`` (default,
-``-march=native``) or ``avx2`` (``-march=haswell``: AVX2 + FMA, no AVX-512, AMX or bf16
-instructions) — how the AVX2 paths are tested and timed on an AVX-512 machine.
+``-march=native``), ``avx512`` (the same without AMX) or ``avx2`` (``-march=haswell``: AVX2 +
+FMA, no AVX-512, AMX or bf16 instructions) — how the vector paths are tested and timed on a
+machine whose native build would take AMX or AVX-512 instead.
 
 Every build includes the headers in ``engine/csrc`` (``kvgate_simd.h``: the vector helpers,
 widening and paged-cache checks the kernels share), hashed into each build's name.
@@ -38,7 +39,11 @@ INCLUDE_DIR = Path(__file__).with_name("csrc")
 # An earlier build unused this long is removed. Not sooner: two kvgate versions sharing a cache
 # (a rolling upgrade, a second checkout) would otherwise remove each other's build mid-load.
 STALE_AFTER_S = 7 * 24 * 3600
-_ISA_FLAGS = {"native": ["-march=native"], "avx2": ["-march=haswell", "-mtune=native"]}
+_ISA_FLAGS = {
+    "native": ["-march=native"],
+    "avx512": ["-march=native", "-mno-amx-tile", "-mno-amx-bf16", "-mno-amx-int8"],
+    "avx2": ["-march=haswell", "-mtune=native"],
+}
 
 
 def enabled() -> bool:

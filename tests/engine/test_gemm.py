@@ -17,19 +17,22 @@ from engine.config import cpu_flags
 Kernel = Callable[[torch.Tensor, bool], gemm.NativeLinear]
 
 
-@pytest.fixture(scope="module", params=["native", "avx2"])
+@pytest.fixture(scope="module", params=["native", "avx512", "avx2"])
 def make(request: pytest.FixtureRequest) -> Kernel:
-    """`NativeLinear` over the kernel built for this machine, or over its AVX2 path
-    (``KVGATE_CPU_ISA=avx2``: AVX2 + FMA, bf16 widened to fp32), forced on any x86 machine."""
+    """`NativeLinear` over the kernel built for this machine (AMX tiles where it has them), over
+    its AVX-512 vector path on a machine with AMX (``KVGATE_CPU_ISA=avx512``), or over its AVX2
+    path (``KVGATE_CPU_ISA=avx2``: AVX2 + FMA, bf16 widened to fp32), forced on any x86 machine."""
     if not native.enabled():
         pytest.skip(f"{native.DISABLE_ENV}=0: oneDNN serves")
     if request.param == "native":
         module = gemm.load()
     else:
+        if request.param == "avx512" and "amx_bf16" not in cpu_flags():
+            pytest.skip("without AMX the native build is the AVX-512 path")
         if not {"avx2", "fma"} <= cpu_flags():
-            pytest.skip("the AVX2 path needs an x86 CPU with AVX2 and FMA")
+            pytest.skip("the vector paths need an x86 CPU with AVX2 and FMA")
         with pytest.MonkeyPatch.context() as env:
-            env.setenv(native.ISA_ENV, "avx2")
+            env.setenv(native.ISA_ENV, request.param)
             module = native.build("gemm", gemm.SOURCES)
     if module is None:
         # Not a skip where a compiler is present: a build that broke must fail the suite.
@@ -43,7 +46,9 @@ def make(request: pytest.FixtureRequest) -> Kernel:
 # Inputs are exact in their dtype and sums run in fp32: bf16 is off by its one final rounding.
 TOLERANCE = {torch.bfloat16: dict(rtol=2**-8, atol=1e-4), torch.float32: dict(rtol=1e-5, atol=1e-5)}
 ROWS = [1, 2, 3, 5, 8, 9, 16, 17, 31, 33, 64]
-SHAPES = [(96, 64), (37, 29), (50, 33), (1000, 300)]  # out, in: odd, and many threads' worth
+# out, in: odd, K a multiple of AMX's 32 (96 and 1000 x 320 take the tiles from 8 rows), and
+# many threads' worth
+SHAPES = [(96, 64), (37, 29), (50, 33), (1000, 300), (1000, 320)]
 
 
 def _case(rows: int, n: int, k: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
@@ -91,7 +96,7 @@ def test_gate_up_pair_gives_act_gate_times_up_and_both_halves(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "rows,half,k",
-    [(65, 40, 72), (300, 40, 72), (1000, 37, 29), (1031, 48, 301), (130, 24, 1037)],
+    [(65, 40, 72), (300, 40, 72), (1000, 37, 29), (1031, 48, 301), (130, 24, 1037), (1031, 48, 320)],
 )
 def test_prefill_sized_row_counts_too(
     make: Kernel, dtype: torch.dtype, rows: int, half: int, k: int
@@ -106,14 +111,15 @@ def test_prefill_sized_row_counts_too(
     _check(pair.linear_gated(x, "silu"), F.silu(exact[:, :half]) * exact[:, half:], dtype)
 
 
+@pytest.mark.parametrize("k", [301, 320])
 @pytest.mark.parametrize("rows", [1, 65, 1000])
-def test_bf16_outputs_round_to_nearest_even_as_torch_does(make: Kernel, rows: int) -> None:
+def test_bf16_outputs_round_to_nearest_even_as_torch_does(make: Kernel, rows: int, k: int) -> None:
     """Small integers: every product and sum is exact in fp32, so the one rounding to bf16
     (whole panels in vectors, a last partial panel by c10) must be torch's, ties to even
     included; a NaN row stays NaN."""
     gen = torch.Generator().manual_seed(rows)
-    x = torch.randint(-8, 9, (rows, 301), generator=gen).to(torch.bfloat16)
-    weight = torch.randint(-8, 9, (70, 301), generator=gen).to(torch.bfloat16)
+    x = torch.randint(-8, 9, (rows, k), generator=gen).to(torch.bfloat16)
+    weight = torch.randint(-8, 9, (70, k), generator=gen).to(torch.bfloat16)
     residual = torch.randint(-300, 301, (rows, 70), generator=gen).to(torch.bfloat16)
     x[-1, 5] = float("nan")
     exact = x.double() @ weight.double().T

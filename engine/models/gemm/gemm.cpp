@@ -17,7 +17,12 @@
 // Built at first use with -march=native (AVX-512F, and vdpbf16ps with AVX512-BF16) or
 // KVGATE_CPU_ISA=avx2 (-march=haswell: AVX2 + FMA, bf16 widened to fp32); scalar elsewhere.
 // Prefills run through the same tiles (8 rows at a time against each panel pair in L2).
-// No AMX path: no machine at hand to test one on.
+//
+// Where the build has AMX (amx_tile + amx_bf16: Xeon since Sapphire Rapids), bf16 products of
+// kAmxMinRows rows or more whose K is a multiple of 32 go through tiles instead: the pairs
+// layout is already AMX's B layout (a tile's 16 rows of 64 bytes are 16 k-pairs of one
+// panel's 16 columns), so one packed copy serves both paths. 32 rows x the unit's 2 panels
+// accumulate in 4 tiles of 16 x 16 fp32, then go through the same epilogue.
 
 #include "kvgate_simd.h"
 
@@ -28,6 +33,12 @@
 #include <cstdint>
 #include <cstring>
 #include <type_traits>
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#define KVGATE_AMX 1
+#endif
 
 namespace {
 
@@ -198,6 +209,82 @@ void tile_rows(int rows, const X* x, int64_t ldx, const T* w, int64_t panel, int
   }
 }
 
+constexpr int kAmxRows = 32;  // two 16-row tiles of x against the unit's two panels
+// Fewer rows stay on the vector tiles, bound by the weight stream either way. From 8 rows the
+// vector tiles are bound by their FMAs on a 2-core Xeon with AMX, and the AMX tiles took
+// 0.5-1.0x their time on every bench55m shape (benchmarks/gemm.py).
+constexpr int64_t kAmxMinRows = 8;
+constexpr int64_t kAmxK = 32;  // k per tile step: a tile row holds 64 bytes
+
+#if defined(KVGATE_AMX)
+// Linux hands out AMX's 8 KiB of tile state only to a process that asks (arch_prctl), once.
+bool amx_permitted() {
+  static const bool permitted = [] {
+    constexpr int kReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+    return syscall(SYS_arch_prctl, kReqXcompPerm, kXfeatureXtiledata) == 0;
+  }();
+  return permitted;
+}
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+// Tiles 0-3: the accumulators (2 * block + panel), 4-5: x's two 16-row blocks, 6-7: the two
+// panels' 16 k-pairs. `rows` of x in this tile step (1-32); a block of none is left unset.
+void configure_tiles(int rows) {
+  TileConfig config;
+  for (int block = 0; block < 2; ++block) {
+    const int held = std::clamp(rows - 16 * block, 0, 16);
+    for (int tile : {2 * block, 2 * block + 1, 4 + block}) {
+      config.rows[tile] = static_cast<uint8_t>(held);
+      config.colsb[tile] = held ? 64 : 0;
+    }
+  }
+  for (int tile : {6, 7}) {
+    config.rows[tile] = 16;
+    config.colsb[tile] = 64;
+  }
+  _tile_loadconfig(&config);
+}
+
+// acc[r][p * kWidth + c] over the configured rows (<= 32) against P panels; K % 32 == 0.
+template <int P>
+void tile_amx(int rows, const BF16* x, int64_t ldx, const BF16* w, int64_t panel, int64_t K,
+              float* out) {
+  const bool two = rows > 16;  // the second block's tiles are unset otherwise: touching one faults
+  _tile_zero(0);
+  _tile_zero(1);
+  if (two) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const int64_t x_stride = ldx * static_cast<int64_t>(sizeof(BF16));
+  for (int64_t k = 0; k < K; k += kAmxK) {
+    _tile_loadd(6, w + k * kWidth, 64);  // k-pairs k/2 .. k/2+15: 64 bytes each
+    if constexpr (P == 2) _tile_loadd(7, w + panel + k * kWidth, 64);
+    _tile_loadd(4, x + k, x_stride);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (P == 2) _tile_dpbf16ps(1, 4, 7);
+    if (two) {
+      _tile_loadd(5, x + 16 * ldx + k, x_stride);
+      _tile_dpbf16ps(2, 5, 6);
+      if constexpr (P == 2) _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  const int64_t out_stride = P * kWidth * static_cast<int64_t>(sizeof(float));
+  float* lower = out + 16 * P * kWidth;
+  _tile_stored(0, out, out_stride);
+  if constexpr (P == 2) _tile_stored(1, out + kWidth, out_stride);
+  if (two) {
+    _tile_stored(2, lower, out_stride);
+    if constexpr (P == 2) _tile_stored(3, lower + kWidth, out_stride);
+  }
+}
+#endif
+
 enum Mode : int64_t { kLinear = 0, kSiluMul = 1, kGeluMul = 2 };
 
 // act(gate) * up over one panel's kWidth columns, in fp32.
@@ -227,11 +314,14 @@ struct Problem {
 };
 
 // One unit (panels 2u and 2u+1, or the last odd one) for rows [first, last), written to y.
+// `tiles`: -1 where this call runs on the vector tiles, else the rows the AMX tiles are
+// configured for (0: not yet on this thread).
 template <typename X, typename T>
 void unit(const Problem& pr, int64_t u, int64_t first, int64_t last, const X* x, const T* w,
-          const T* bias, const T* residual, T* y) {
+          const T* bias, const T* residual, T* y, int& tiles) {
   const int P = (2 * u + 1 < pr.panels) ? 2 : 1;
-  alignas(64) float acc[kMaxRows * 2 * kWidth];
+  const int64_t step = tiles < 0 ? kMaxRows : kAmxRows;
+  alignas(64) float acc[std::max(kMaxRows, kAmxRows) * 2 * kWidth];
   const int64_t ldy = pr.mode == kLinear ? pr.n : pr.half;
   // Where each panel's columns go, and how many of them are real (the last is padded).
   int64_t col[2], valid[2];
@@ -247,12 +337,25 @@ void unit(const Problem& pr, int64_t u, int64_t first, int64_t last, const X* x,
     }
   }
   const T* panels = w + 2 * u * pr.panel;
-  for (int64_t m0 = first; m0 < last; m0 += kMaxRows) {
-    const int rows = static_cast<int>(std::min<int64_t>(kMaxRows, last - m0));
-    if (P == 2)
-      tile_rows<2>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
-    else
-      tile_rows<1>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+  for (int64_t m0 = first; m0 < last; m0 += step) {
+    const int rows = static_cast<int>(std::min<int64_t>(step, last - m0));
+#if defined(KVGATE_AMX)
+    if constexpr (std::is_same_v<X, BF16>) {
+      if (tiles >= 0) {
+        if (rows != tiles) configure_tiles(tiles = rows);
+        if (P == 2)
+          tile_amx<2>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+        else
+          tile_amx<1>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+      }
+    }
+#endif
+    if (tiles < 0) {
+      if (P == 2)
+        tile_rows<2>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+      else
+        tile_rows<1>(rows, x + m0 * pr.K, pr.K, panels, pr.panel, pr.K, acc);
+    }
     for (int r = 0; r < rows; ++r) {
       const int64_t m = m0 + r;
       const float* a = acc + r * P * kWidth;
@@ -312,14 +415,24 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
   // Prefills: rows a block at a time, each block's rows (kRowBlockBytes of x) kept in L2
   // while the thread's units stream past them, instead of every unit re-reading all of x
   // (2 MB at 2,000 x 512 bf16 rows, 13 MB for the down projection's K).
+  bool amx = false;
+#if defined(KVGATE_AMX)
+  amx = std::is_same_v<X, BF16> && pr.rows >= kAmxMinRows && pr.K % kAmxK == 0 &&
+        amx_permitted();
+#endif
+  const int64_t step = amx ? kAmxRows : kMaxRows;
   const int64_t row_bytes = pr.K * static_cast<int64_t>(sizeof(X));
   const int64_t block_rows =
-      std::max<int64_t>(kMaxRows, kRowBlockBytes / std::max<int64_t>(1, row_bytes) / kMaxRows * kMaxRows);
+      std::max<int64_t>(step, kRowBlockBytes / std::max<int64_t>(1, row_bytes) / step * step);
   at::parallel_for(0, units, grain, [&](int64_t begin, int64_t end) {
+    int tiles = amx ? 0 : -1;  // configured per thread: oneDNN may have used its tiles since
     for (int64_t m0 = 0; m0 < pr.rows; m0 += block_rows) {
       const int64_t m1 = std::min(pr.rows, m0 + block_rows);
-      for (int64_t u = begin; u < end; ++u) unit(pr, u, m0, m1, xp, wp, bp, rp, yp);
+      for (int64_t u = begin; u < end; ++u) unit(pr, u, m0, m1, xp, wp, bp, rp, yp, tiles);
     }
+#if defined(KVGATE_AMX)
+    if (tiles > 0) _tile_release();  // the kernel then saves no tile state on a switch
+#endif
   });
 }
 
