@@ -18,9 +18,22 @@ def test_long_prompts_are_prefilled_in_chunks_within_the_token_budget():
     scheduler = make_scheduler(64, budget=32)
     request = make_request(prompt(100), max_tokens=2)
     scheduler.add(request)
-    chunks = [scheduled(step(scheduler))[request.request_id] for _ in range(4)]
-    assert chunks == [32, 32, 32, 4]
+    chunks = [scheduled(step(scheduler))[request.request_id] for _ in range(3)]
+    assert chunks == [32, 32, 36]  # the last 36 within 1/8 of the budget: one step, not two
     assert request.output_token_ids == [7]  # sampled only when the last prompt token ran
+
+
+def test_a_prompt_just_over_the_budget_runs_in_one_step_and_others_wait():
+    """A 257-token prompt (256 and a BOS) at a 256-token budget: one step, not a second one
+    for a single token; a prompt further over is chunked, and the step stays within 9/8."""
+    scheduler = make_scheduler(64, budget=256)
+    just_over, far_over = make_request(prompt(257), max_tokens=2), make_request(prompt(300, 1))
+    scheduler.add(just_over)
+    scheduler.add(far_over)
+    first = scheduled(step(scheduler))
+    assert first == {just_over.request_id: 257} and just_over.output_token_ids == [7]
+    second = scheduled(step(scheduler))
+    assert second == {just_over.request_id: 1, far_over.request_id: 255}
 
 
 def decoding_then_long(scheduler: Scheduler, long_prompt: int) -> tuple[list[Request], Request]:
@@ -167,10 +180,17 @@ def test_max_num_seqs_bounds_the_running_set():
 
 
 def test_prefill_steps_are_trimmed_to_the_row_counts_the_matmul_kernels_are_built_for():
-    scheduler = make_scheduler(256, budget=2048)
-    decoders, long = decoding_then_long(scheduler, 1000)
+    scheduler = make_scheduler(256, budget=1003)
+    decoders, long = decoding_then_long(scheduler, 3000)
     first = scheduled(step(scheduler))
     assert all(first[r.request_id] == 1 for r in decoders)  # decodes are never cut
     assert first[long.request_id] == 957 and sum(first.values()) == 960 == trimmed_rows(1003)
-    second = scheduled(step(scheduler))
-    assert second[long.request_id] == 43 and long.output_token_ids == [7]
+
+
+def test_a_prompts_last_chunk_is_not_trimmed():
+    """Cutting it would put its first token a whole step later."""
+    scheduler = make_scheduler(256, budget=2048)
+    decoders, long = decoding_then_long(scheduler, 1000)
+    first = scheduled(step(scheduler))
+    assert first[long.request_id] == 1000 and sum(first.values()) == 1003 != trimmed_rows(1003)
+    assert long.output_token_ids == [7]

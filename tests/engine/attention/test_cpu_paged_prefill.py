@@ -129,7 +129,7 @@ def test_the_cpu_backend_serves_prefill_rows_with_it_beside_decode_rows(
     kernel: NativePrefill, isa: str, dtype: torch.dtype
 ) -> None:
     """A mixed step (prompts, a chunk after a prefix, decode rows): the prefill rows are the
-    kernel's own answer, all of it the dense oracle's."""
+    kernel's own answer (bf16 ones SDPA's where the CPU has AMX), all of it the dense oracle's."""
     if isa != "native":
         pytest.skip("the backend serves the build for this machine")
     backend = get_attention_backend("torch", "cpu")
@@ -138,7 +138,8 @@ def test_the_cpu_backend_serves_prefill_rows_with_it_beside_decode_rows(
     )
     got = backend.paged_attention(case.q, case.cache, case.md, case.scale)
     torch.testing.assert_close(got.double(), expected_output(case), atol=TOLERANCE[dtype], rtol=0)
-    assert torch.equal(got[1:21], _prefill(kernel, case)[1:21])
-    assert torch.equal(got[22:], _prefill(kernel, case)[22:])
+    if dtype == torch.float32 or "amx_bf16" not in cpu_flags():  # else SDPA's (`cpu_backend`)
+        assert torch.equal(got[1:21], _prefill(kernel, case)[1:21])
+        assert torch.equal(got[22:], _prefill(kernel, case)[22:])
     reference = paged_attention(case.q, case.cache, case.md, case.scale)
     torch.testing.assert_close(got, reference, atol=TOLERANCE[dtype], rtol=0)
