@@ -73,5 +73,6 @@ def _sentinel_master(rest: str, tls: bool, options: dict[str, Any]) -> Any:
     sentinel_options = {
         k: v for k, v in client.items() if k not in ("db", "retry")
     }  # the same credentials and timeouts for the sentinels themselves
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options, **client)  # type: ignore[no-untyped-call]
+    # Older redis releases leave Sentinel untyped; 8.2 (installed 2026-12-05) types it.
+    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options, **client)  # type: ignore[no-untyped-call, unused-ignore]
     return sentinel.master_for(unquote(path[0]))

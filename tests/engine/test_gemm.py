@@ -96,7 +96,14 @@ def test_gate_up_pair_gives_act_gate_times_up_and_both_halves(
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize(
     "rows,half,k",
-    [(65, 40, 72), (300, 40, 72), (1000, 37, 29), (1031, 48, 301), (130, 24, 1037), (1031, 48, 320)],
+    [
+        (65, 40, 72),
+        (300, 40, 72),
+        (1000, 37, 29),
+        (1031, 48, 301),
+        (130, 24, 1037),
+        (1031, 48, 320),
+    ],
 )
 def test_prefill_sized_row_counts_too(
     make: Kernel, dtype: torch.dtype, rows: int, half: int, k: int
