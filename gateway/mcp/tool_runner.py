@@ -144,7 +144,7 @@ class ToolRunner:
             structured["tool_calls"] = [_call(c) for c in done.tool_calls]
         if parse_json:
             try:
-                structured["json"] = json.loads(done.text)
+                structured["json"] = model_json(done.text)
             except ValueError:  # only a cut-short reply: the grammar allows nothing else
                 return tool_error(
                     f"The reply stopped ({done.finish_reason}) before its JSON was complete: "
@@ -174,9 +174,21 @@ def _call(call: FunctionCall) -> dict[str, Any]:
     }
 
 
+def model_json(text: str) -> Any:
+    """A reply's JSON as a value the answer can carry: an integer past 64 bits (valid JSON, and
+    a grammar allows any number of digits) becomes a float, as a JavaScript client reads it; the
+    text content keeps every digit. Such an integer failed the whole answer's encoding."""
+    return json.loads(text, parse_int=_json_int)
+
+
+def _json_int(digits: str) -> int | float:
+    value = int(digits)
+    return value if -(2**63) <= value < 2**64 else float(digits)
+
+
 def _arguments(text: str) -> Any:
     try:
-        value = json.loads(text)
+        value = model_json(text)
     except ValueError:
         return text
     return value if isinstance(value, dict) else text

@@ -7,10 +7,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
 from engine import AsyncLLM, SamplingParams
+from gateway.mcp.tool_runner import model_json
+from protocol import jsonrpc
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 
@@ -147,3 +150,13 @@ def test_bad_chat_messages_are_a_tool_error(http: httpx.Client, server: LiveServ
     result = run_tool(http, server, "chat", {"messages": [{"role": "user"}], "max_tokens": 1})
     assert result["isError"] is True
     assert "messages[0]: 'content' is a required property" in result["content"][0]["text"]
+
+
+def test_a_replys_json_with_an_integer_past_64_bits_still_encodes() -> None:
+    """A real model answered a JSON Schema with a 30-digit integer: the answer's encoding
+    failed (-32603). It is carried as a float; 64-bit integers stay exact."""
+    value = model_json('{"id": 123456789012345678901234567890, "n": 18446744073709551615}')
+    assert value == {"id": 1.2345678901234568e29, "n": 2**64 - 1}
+    assert isinstance(value["n"], int)
+    body = jsonrpc.encode_result(1, {"structuredContent": {"json": value}})
+    assert orjson.loads(body)["result"]["structuredContent"]["json"] == value
