@@ -423,8 +423,8 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
 #endif
   // Vector tiles: x's rows a block at a time (kRowBlockBytes, in L2) while all the thread's
   // units stream past, instead of every unit re-reading all of x (2 MB at 2,000 x 512 bf16
-  // rows, 13 MB for the down projection's K). AMX tiles: 32 rows at a time (in L1) against units kAmxPanelBytes at a
-  // time (in L2), so neither operand is fetched from further away than L2 per tile.
+  // rows, 13 MB for the down projection's K). AMX tiles: 32 rows at a time (in L1) against
+  // units kAmxPanelBytes at a time (in L2), so no tile's operand comes from beyond L2.
   const int64_t row_bytes = pr.K * static_cast<int64_t>(sizeof(X));
   const int64_t block_rows =
       amx ? kAmxRows
