@@ -182,8 +182,13 @@ def model_json(text: str) -> Any:
 
 
 def _json_int(digits: str) -> int | float:
-    value = int(digits)
-    return value if -(2**63) <= value < 2**64 else float(digits)
+    # 20 characters hold every 64-bit integer; longer text is not read as an int at all
+    # (Python refuses past 4,300 digits, and the conversion is quadratic).
+    if len(digits) <= 20:
+        value = int(digits)
+        if -(2**63) <= value < 2**64:
+            return value
+    return float(digits)
 
 
 def _arguments(text: str) -> Any:

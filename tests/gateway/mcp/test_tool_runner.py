@@ -160,3 +160,4 @@ def test_a_replys_json_with_an_integer_past_64_bits_still_encodes() -> None:
     assert isinstance(value["n"], int)
     body = jsonrpc.encode_result(1, {"structuredContent": {"json": value}})
     assert orjson.loads(body)["result"]["structuredContent"]["json"] == value
+    assert model_json("[-9223372036854775808, " + "9" * 5000 + "]") == [-(2**63), float("inf")]
