@@ -170,7 +170,6 @@ def step_metadata(seq_lens: torch.Tensor, tables: torch.Tensor, n_q: int) -> Att
         seq_lens=seq_lens,
         block_tables=tables,
         slot_mapping=torch.full((batch * n_q,), -1, dtype=torch.int64, device="cuda"),
-        logits_indices=starts[1:].long() - 1,
         max_query_len=n_q,
         max_seq_len=context,
     )

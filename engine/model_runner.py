@@ -4,7 +4,8 @@ embedding requests' last rows (the final normalized hidden state, before ``lm_he
 
     batch:  req A computes tokens 32..39 (prefill chunk), req B computes token 70 (decode)
     input_ids / positions / slot_mapping: 9 rows, A's 8 then B's 1
-    query_start_loc [0, 8, 9]   seq_lens [40, 71]   logits_indices: rows of sampled requests
+    query_start_loc [0, 8, 9]   seq_lens [40, 71]
+    outputs: row 8, and row 7 if the chunk ends A's prompt (the last layer computes no other)
 
 Everything the layers need travels in the metadata object; nothing is module-global.
 """
@@ -18,9 +19,8 @@ import torch.nn.functional as F
 
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
-from engine.attention.metadata import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata, OutputRows
 from engine.models.lora_layers import Stacks, StepLoRA
-from engine.request import Request
 from engine.sampler import argmax, plain_greedy, sample
 from engine.scheduler import ScheduledBatch
 
@@ -51,20 +51,22 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         """Run the step: a token for each sampling request, a vector for each pooling one."""
         sampling, pooling = batch.sampling, batch.pooling
-        input_ids, metadata = self.prepare(batch, sampling)
+        input_ids, metadata = self.prepare(batch)
+        outputs, is_pooled = self.output_rows(batch, metadata)
         sampled: list[SampledToken] = []
         pooled: list[list[float]] = []
         adapters = [request.lora for request in batch.requests]
         lora = StepLoRA.of(adapters, batch.num_new_tokens, self.lora_stacks, self.device)
         with torch.inference_mode():
             hidden = self.model(
-                input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora
+                input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora, outputs
             )
             if pooling:  # last-token pooling, L2-normalized in fp32 (vLLM's default for embed)
-                rows = torch.tensor(last_rows(batch, pooling), device=self.device)
-                pooled = F.normalize(hidden.index_select(0, rows).float(), dim=-1).tolist()
+                rows = hidden[is_pooled]
+                pooled = F.normalize(rows.float(), dim=-1).tolist()
+                hidden = hidden[~is_pooled]
             if sampling:
-                rows = hidden.index_select(0, metadata.logits_indices)
+                rows = hidden
                 if self.model.config.final_softcap is None and plain_greedy(sampling):
                     # The argmax of the lm_head's own output: no fp32 copy of the logits.
                     tokens = argmax(self.model.compute_logits(rows, raw=True)).tolist()
@@ -74,9 +76,7 @@ class ModelRunner:
                     sampled = list(zip(result.token_ids, result.logprobs, strict=True))
         return StepResult(sampled, pooled)
 
-    def prepare(
-        self, batch: ScheduledBatch, sampling: list
-    ) -> tuple[torch.Tensor, AttentionMetadata]:
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         """The step's token ids and metadata, built from plain lists with one tensor each."""
         bs = self.block_size
         tokens: list[int] = []
@@ -103,21 +103,29 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            logits_indices=torch.tensor(
-                last_rows(batch, sampling), dtype=torch.int64, device=device
-            ),
             max_query_len=max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
         )
         return torch.tensor(tokens, dtype=torch.int64, device=device), metadata
 
-
-def last_rows(batch: ScheduledBatch, chosen: list[Request]) -> list[int]:
-    """The step's row of each chosen request's last token computed, in the batch's order."""
-    wanted = set(map(id, chosen))
-    rows, end = [], 0
-    for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-        end += n
-        if id(request) in wanted:
-            rows.append(end - 1)
-    return rows
+    def output_rows(
+        self, batch: ScheduledBatch, metadata: AttentionMetadata
+    ) -> tuple[OutputRows | None, torch.Tensor]:
+        """The rows the step samples or pools, in batch order, for the model to compute alone
+        past its last K/V write (None: every row, as in a step of decodes), and which of them
+        are pooled."""
+        chosen = {id(request) for request in batch.sampling + batch.pooling}
+        seqs, rows, pooled, end, max_len = [], [], [], 0, 1
+        for i, (request, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+            end += n
+            if id(request) in chosen:
+                seqs.append(i)
+                rows.append(end - 1)
+                pooled.append(request.pooling)
+                max_len = max(max_len, request.num_computed + n)
+        device = self.device
+        is_pooled = torch.tensor(pooled, dtype=torch.bool, device=device)
+        if len(rows) == end:
+            return None, is_pooled
+        last = metadata.last_queries(torch.tensor(seqs, dtype=torch.int64, device=device), max_len)
+        return OutputRows(torch.tensor(rows, dtype=torch.int64, device=device), last), is_pooled

@@ -14,7 +14,7 @@ the key mask) are derived once per step and memoised on the object, not per laye
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -26,7 +26,6 @@ class AttentionMetadata:
     seq_lens: torch.Tensor  # [B] int32, context length including the new tokens
     block_tables: torch.Tensor  # [B, max_blocks] int32
     slot_mapping: torch.Tensor  # [T] int64, -1 = do not write
-    logits_indices: torch.Tensor  # [B] int64, the row whose logits are sampled
     max_query_len: int
     max_seq_len: int
     # Per-step memo for backends (key -> derived tensors); never part of equality or repr.
@@ -35,6 +34,23 @@ class AttentionMetadata:
     @property
     def num_seqs(self) -> int:
         return self.seq_lens.shape[0]
+
+    def last_queries(self, seqs: torch.Tensor, max_seq_len: int) -> AttentionMetadata:
+        """Only the last query row of each of ``seqs`` (int64 indices), each a one-token query
+        over its whole context (a decode row to every backend), its K/V already written:
+        what a model's last layer attends for the rows whose output is wanted."""
+        count = seqs.shape[0]
+        seq_lens = self.seq_lens.index_select(0, seqs)
+        device = seq_lens.device
+        return AttentionMetadata(
+            positions=seq_lens.long() - 1,
+            query_start_loc=torch.arange(count + 1, dtype=torch.int32, device=device),
+            seq_lens=seq_lens,
+            block_tables=self.block_tables.index_select(0, seqs),
+            slot_mapping=torch.full((count,), -1, dtype=torch.int64, device=device),
+            max_query_len=1,
+            max_seq_len=max_seq_len,
+        )
 
     @classmethod
     def from_lists(
@@ -68,7 +84,14 @@ class AttentionMetadata:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            logits_indices=torch.tensor(starts[1:], dtype=torch.int64, device=device) - 1,
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
         )
+
+
+class OutputRows(NamedTuple):
+    """The step's rows whose final hidden states are wanted (a sampled or pooled sequence's
+    last, in batch order) and the metadata that attends for them alone (`last_queries`)."""
+
+    rows: torch.Tensor  # [n] int64
+    metadata: AttentionMetadata

@@ -6,6 +6,9 @@ RoPE scaling and per-layer bases, sliding windows, soft-capping, Gemma's sandwic
 scaled embeddings. q/k/v and gate/up are fused into single matmuls; `checkpoint.py` maps the
 Hugging Face tensors onto them. Every layer writes its new K/V into the cache first and then
 attends from the cache, so a prefix-cache hit and a miss compute from identical inputs.
+Past the last layer's K/V write only the rows whose output is wanted go on (`OutputRows`):
+a 2,000-token prompt samples from one row, and the other 1,999 rows' attention, o-proj and
+MLP in the last layer would be thrown away (llama.cpp skips the same rows).
 
 `pack_weights()` (called by the loader) moves bf16 and fp32 CPU matmuls onto packed weights
 with fused epilogues (`gemm`: our kernel's layout, or oneDNN's where it cannot be built) and
@@ -31,7 +34,7 @@ import engine.cpu_ops as cpu_ops
 import engine.models.gemm as gemm
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
-from engine.attention.metadata import AttentionMetadata
+from engine.attention.metadata import AttentionMetadata, OutputRows
 from engine.model_config import ModelConfig
 from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
@@ -118,8 +121,10 @@ class Attention(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
         lora: LayerLoRA | None = None,
+        outputs: OutputRows | None = None,
     ) -> torch.Tensor:
-        """``residual`` plus the attention output (the output alone when it is None)."""
+        """``residual`` plus the attention output (the output alone when it is None), of
+        ``outputs``' rows only where given (``residual`` then holds just those)."""
         tokens, q_size, kv_size = x.shape[0], self.sizes[0], self.sizes[1]
         packed = self.packed
         if packed:
@@ -139,10 +144,19 @@ class Attention(nn.Module):
         q, k = rotated
         v = qkv[:, q_size + kv_size :].view(tokens, self.num_kv_heads, self.head_dim)
         backend.write_kv(kv_cache, k, v, metadata.slot_mapping)
-        out = backend.paged_attention(
-            q.contiguous(), kv_cache, metadata, self.scale, window=self.window, softcap=self.softcap
-        )
-        out = out.reshape(tokens, -1)
+        if outputs is not None:
+            q, metadata = q.index_select(0, outputs.rows), outputs.metadata
+            lora = None if lora is None else lora.select(outputs.rows)
+        if q.shape[0]:
+            q = backend.paged_attention(
+                q.contiguous(),
+                kv_cache,
+                metadata,
+                self.scale,
+                window=self.window,
+                softcap=self.softcap,
+            )
+        out = q.reshape(q.shape[0], q_size)  # no row wanted (a prompt's chunk before its last): empty
         if residual is None:
             y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:
@@ -236,13 +250,20 @@ class DecoderLayer(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
         lora: LayerLoRA | None = None,
+        outputs: OutputRows | None = None,
     ) -> torch.Tensor:
+        """The layer's output: of every row, or of ``outputs``' rows only where given (all rows'
+        K/V are written either way)."""
+        normed, residual, mlp_lora = self.input_norm(x), x, lora
+        if outputs is not None:
+            residual = x.index_select(0, outputs.rows)
+            mlp_lora = None if lora is None else lora.select(outputs.rows)
+        attend = (cos, sin, kv_cache, metadata, backend, lora, outputs)
         if self.attn_out_norm is None:
-            x = self.attn(self.input_norm(x), x, cos, sin, kv_cache, metadata, backend, lora)
-            return self._mlp(self.post_attention_norm(x), x, lora)
-        out = self.attn(self.input_norm(x), None, cos, sin, kv_cache, metadata, backend, lora)
-        x = x + self.attn_out_norm(out)
-        return x + self.mlp_out_norm(self._mlp(self.post_attention_norm(x), None, lora))
+            x = self.attn(normed, residual, *attend)
+            return self._mlp(self.post_attention_norm(x), x, mlp_lora)
+        x = residual + self.attn_out_norm(self.attn(normed, None, *attend))
+        return x + self.mlp_out_norm(self._mlp(self.post_attention_norm(x), None, mlp_lora))
 
     def _mlp(
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
@@ -312,8 +333,10 @@ class LlamaForCausalLM(nn.Module):
         metadata: AttentionMetadata,
         backend: AttentionBackend,
         lora: StepLoRA | None = None,
+        outputs: OutputRows | None = None,
     ) -> torch.Tensor:
-        """Final hidden states; ``lora`` adds the adapters of the rows that have one."""
+        """Final hidden states, of ``outputs``' rows only where given (the last layer computes
+        no other past its K/V); ``lora`` adds the adapters of the rows that have one."""
         tables = [
             (
                 getattr(self, f"rope_cos_{i}")[positions].unsqueeze(1),
@@ -327,11 +350,13 @@ class LlamaForCausalLM(nn.Module):
             x = F.embedding(input_ids, self.embed_weight)
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        last = len(self.layers) - 1
         for i, (layer, kv_cache, rope) in enumerate(
             zip(self.layers, kv_caches, self.layer_rope, strict=True)
         ):
             layer_lora = None if lora is None else lora.layer(i)
-            x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora)
+            layer_outputs = outputs if i == last else None
+            x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora, layer_outputs)
         return self.norm(x)
 
     def compute_logits(self, hidden: torch.Tensor, raw: bool = False) -> torch.Tensor:

@@ -54,6 +54,10 @@ class LayerLoRA:
     row_adapter: torch.Tensor
     sites: dict[str, Stacked]
 
+    def select(self, rows: torch.Tensor) -> LayerLoRA:
+        """The same adapters for ``rows`` of the step only."""
+        return LayerLoRA(self.row_adapter.index_select(0, rows), self.sites)
+
     def touches(self, *sites: str) -> bool:
         return any(site in self.sites for site in sites)
 

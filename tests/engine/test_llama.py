@@ -9,6 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
+from engine.attention.metadata import OutputRows
 from engine.loader import LoadedModel, load_model
 from engine.model_config import ModelConfig
 from engine.models.llama import RMSNorm, rope_inv_freq
@@ -42,15 +43,28 @@ class PagedRun:
         self.tables.append([self.free.pop(0) for _ in range(blocks)])
         return len(self.tables) - 1
 
-    def step(self, seqs: list[int], tokens: list[list[int]], seq_lens: list[int]) -> torch.Tensor:
-        """Compute `tokens[i]` as the last tokens of sequence `seqs[i]`; logits of every row."""
+    def step(
+        self,
+        seqs: list[int],
+        tokens: list[list[int]],
+        seq_lens: list[int],
+        wanted: list[int] | None = None,
+    ) -> torch.Tensor:
+        """Compute `tokens[i]` as the last tokens of sequence `seqs[i]`; logits of every row, or
+        of the last rows of the sequences at indices ``wanted`` alone."""
         metadata = AttentionMetadata.from_lists(
             seq_lens, [len(t) for t in tokens], [self.tables[s] for s in seqs], BLOCK_SIZE
         )
+        outputs = None
+        if wanted is not None:
+            ends = metadata.query_start_loc[1:].long() - 1
+            chosen = torch.tensor(wanted, dtype=torch.int64)
+            last = metadata.last_queries(chosen, max([seq_lens[i] for i in wanted], default=1))
+            outputs = OutputRows(ends[chosen], last)
         input_ids = torch.tensor([t for row in tokens for t in row], dtype=torch.int64)
         with torch.inference_mode():
             hidden = self.lm.model(
-                input_ids, metadata.positions, self.caches, metadata, self.backend
+                input_ids, metadata.positions, self.caches, metadata, self.backend, None, outputs
             )
             return self.lm.model.compute_logits(hidden)
 
@@ -102,6 +116,29 @@ def test_chunked_prefill_matches_one_shot(hf_checkpoint) -> None:
         chunked.step([seq], [ids[i : i + 7]], [min(i + 7, len(ids))]) for i in range(0, len(ids), 7)
     ]
     torch.testing.assert_close(torch.cat(pieces), whole_logits, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("wanted", [[0, 2], [1], []])
+def test_the_last_layer_computes_only_the_wanted_rows_and_writes_all_kv(
+    hf_checkpoint, wanted: list[int]
+) -> None:
+    lm = load_model(hf_checkpoint("llama"), dtype="float32")
+    prompts = [lm.tokenizer.encode(text) for text in PROMPTS[1:]]
+    lens = [len(p) for p in prompts]
+    whole, pruned = PagedRun(lm), PagedRun(lm)
+    seqs = [whole.add_sequence(n + 1) for n in lens]
+    assert seqs == [pruned.add_sequence(n + 1) for n in lens]
+    every_row = whole.step(seqs, prompts, lens)
+    ends = torch.tensor(lens).cumsum(0) - 1
+    some_rows = pruned.step(seqs, prompts, lens, wanted)
+    assert some_rows.shape[0] == len(wanted)
+    torch.testing.assert_close(some_rows, every_row[ends[wanted]], atol=1e-5, rtol=1e-5)
+    # The next token of every sequence reads the last layer's K/V of every prompt row.
+    next_ids = [[int(every_row[end].argmax())] for end in ends]
+    after = [n + 1 for n in lens]
+    torch.testing.assert_close(
+        pruned.step(seqs, next_ids, after), whole.step(seqs, next_ids, after), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_bfloat16_tracks_transformers(hf_checkpoint) -> None:
