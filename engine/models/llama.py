@@ -156,7 +156,9 @@ class Attention(nn.Module):
                 window=self.window,
                 softcap=self.softcap,
             )
-        out = q.reshape(q.shape[0], q_size)  # no row wanted (a prompt's chunk before its last): empty
+        out = q.reshape(
+            q.shape[0], q_size
+        )  # no row wanted (a prompt's chunk before its last): empty
         if residual is None:
             y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:

@@ -12,7 +12,8 @@
 // with their per-token scales, bf16 on AVX2). Phase 2 runs the tiles, the heaviest first, on
 // OpenMP's dynamic schedule with torch's thread count. Scores, softmax and the output sum are
 // fp32; the bf16 path rounds the softmax weights to bf16 for the value product (as the torch
-// path does).
+// path does). On AVX512_BF16 without soft-capping a row block's scores go from the dot
+// products to its weights without leaving registers (`panel_weights`).
 //
 // Built at first use by engine/attention/cpu/__init__.py (-O3, -march=native or, with
 // KVGATE_CPU_ISA=avx2, -march=haswell).
@@ -187,6 +188,93 @@ void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// The bf16 path without soft-capping, one row block against one panel of keys: the scores stay
+// in registers from the dot products through the online-softmax update to the weights as bf16
+// pairs. The generic path below stores them and makes four passes (scale, max, exp, mask);
+// this one folds the scale into the exponent's FMA, masks with lane masks and skips the
+// rescale's exp where a row's maximum holds. A 2,000-token bench55m layer on a 2-core Zen 4:
+// 16.9 ms on the generic path, 13.8 fused, 13.1 with `exp2_weight`. pos[b]: row b's
+// position, -1 for a padding row.
+// 2^t for a row's weights, t <= 0: 2^n * p(t - n), p a degree-4 fit of 2^f on [-1/2, 1/2]
+// (relative error 2.6e-6, far under the weights' bf16 rounding, 2^-9): 8 operations where
+// `exp_nonpositive` takes 17, and scalef gives 0 far below the normal floats.
+inline __m512 exp2_weight(__m512 t) {
+  const __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m512 f = _mm512_sub_ps(t, n);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(0.009570102f), f, _mm512_set1_ps(0.05591786f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.24024744f));
+  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(0.69312179f));
+  return _mm512_scalef_ps(_mm512_fmadd_ps(p, f, _mm512_set1_ps(0.99999928f)), n);
+}
+
+void panel_weights(const void* const* rows, const uint32_t* k, int64_t dim, float scale,
+                   const int64_t* pos, int64_t j0, bool masked, int64_t window, float* m,
+                   float* l, float* alpha, uint32_t* pairs) {
+  __m512 acc[kRowBlock][kChunkVectors];
+  const uint32_t* q[kRowBlock];
+  for (int64_t r = 0; r < kRowBlock; ++r) {
+    q[r] = static_cast<const uint32_t*>(rows[r]);
+    for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_setzero_ps();
+  }
+  for (int64_t d2 = 0; d2 < dim / 2; ++d2) {
+    __m512bh kv[kChunkVectors];
+    for (int64_t i = 0; i < kChunkVectors; ++i)
+      kv[i] = (__m512bh)_mm512_loadu_si512(k + d2 * kChunk + i * kWidth);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+      const __m512bh b = (__m512bh)_mm512_set1_epi32(q[r][d2]);
+      for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], b, kv[i]);
+    }
+  }
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+#pragma GCC unroll 8
+  for (int64_t b = 0; b < kRowBlock; ++b) {
+    uint32_t* out = pairs + b * (kChunk / 2);
+    if (pos[b] < 0) {  // a padding row: no weights, nothing kept
+      std::memset(out, 0, sizeof(uint32_t) * kChunk / 2);
+      alpha[b] = 0.f;
+      continue;
+    }
+    // Keys the row must not see: past its position, or (sliding window) too far behind it.
+    __mmask16 seen[kChunkVectors];
+    for (int64_t i = 0; i < kChunkVectors; ++i) {
+      seen[i] = 0xFFFF;
+      if (masked) {
+        const __m512i key = _mm512_add_epi32(lanes, _mm512_set1_epi32(j0 + i * kWidth));
+        seen[i] = _mm512_cmple_epi32_mask(key, _mm512_set1_epi32(pos[b]));
+        if (window > 0)
+          seen[i] &= _mm512_cmpgt_epi32_mask(key, _mm512_set1_epi32(pos[b] - window));
+      }
+    }
+    __m512 top_v = _mm512_set1_ps(kNegInf);
+    for (int64_t i = 0; i < kChunkVectors; ++i)
+      top_v = _mm512_mask_max_ps(top_v, seen[i], top_v, acc[b][i]);
+    const float top = std::max(m[b], _mm512_reduce_max_ps(top_v) * scale);
+    if (top == kNegInf) {  // nothing seen yet: the row stays empty
+      std::memset(out, 0, sizeof(uint32_t) * kChunk / 2);
+      alpha[b] = 1.f;
+      continue;
+    }
+    alpha[b] = top == m[b] ? 1.f : std::exp(m[b] - top);
+    // e^(s * scale - top) as 2^(s * scale * log2(e) - top * log2(e)): one FMA.
+    constexpr float kLog2e = 1.44269504088896341f;
+    const __m512 factor = _mm512_set1_ps(scale * kLog2e), shift = _mm512_set1_ps(-top * kLog2e);
+    __m512 total = _mm512_setzero_ps();
+    for (int64_t i = 0; i < kChunkVectors; ++i) {
+      const __m512 e =
+          _mm512_maskz_mov_ps(seen[i], exp2_weight(_mm512_fmadd_ps(acc[b][i], factor, shift)));
+      total = _mm512_add_ps(total, e);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i * kWidth / 2),
+                          (__m256i)_mm512_cvtneps_pbh(e));
+    }
+    m[b] = top;
+    l[b] = l[b] * alpha[b] + _mm512_reduce_add_ps(total);
+  }
+}
+#endif
+
 // Rows of a row block whose value sums run together: each value vector loaded is used by
 // all of them, R * Vectors accumulators held in half the vector registers.
 #if defined(__AVX512F__)
@@ -351,6 +439,22 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
         // or (sliding window) too far behind it.
         const bool masked = j0 + kChunk - 1 > first || (window > 0 && j0 <= last - window);
         for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+          if (Bf16 && cap == 0.f) {
+            int64_t pos[kRowBlock];
+            for (int64_t b = 0; b < kRowBlock; ++b)
+              pos[b] = r0 + b < n_rows ? offset + item.t0 + (r0 + b) / group : -1;
+            panel_weights(rows.data() + r0, reinterpret_cast<const uint32_t*>(k_panels + c * panel_words),
+                          dim, scale_f, pos, j0, masked, window, m.data() + r0, l.data() + r0,
+                          alpha, pairs.data());
+            for (int64_t b = 0; b < kRowBlock; b += kValueRows)
+              values<Bf16, Vectors, kValueRows>(scores.data() + b * kChunk,
+                                                pairs.data() + b * (kChunk / 2), alpha + b,
+                                                v_panels + c * panel_words,
+                                                o.data() + (r0 + b) * dim);
+            continue;
+          }
+#endif
           panel_scores<Bf16>(rows.data() + r0, kRowBlock, k_panels + c * panel_words, dim,
                              scores.data());
           for (int64_t b = 0; b < kRowBlock; ++b) {
