@@ -53,6 +53,10 @@ from engine.model_config import ModelConfig  # noqa: E402
 from engine.tiny_model import make_tiny_model  # noqa: E402
 
 WORKLOADS = ("batch8", "single", "ttft", "batch32")
+# A pause before each timed run: the engine that ran before keeps its OpenMP threads spinning
+# for a while (vLLM's are bound to the same cores); without it, 2,000-token TTFTs on a 2-core
+# Zen 4 read 553-606 ms best of 3 where paused runs read 490-537 ms.
+SETTLE_S = 1.0
 # A run: (prompts, new tokens) -> wall seconds, and whether every request was a prefix hit.
 Runner = Callable[[list[list[int]], int], tuple[float, bool]]
 
@@ -146,6 +150,7 @@ class Bench:
             prompts = random_prompts(seqs, prompt, self.vocab, seed=1000 * tag + round_)
             for i in range(len(names)):  # rotate who goes first
                 name = names[(round_ + i) % len(names)]
+                time.sleep(SETTLE_S)
                 best[name] = min(best[name], self.engines[name](prompts, new)[0])
         return best
 
@@ -156,6 +161,7 @@ class Bench:
         for round_ in range(self.repeat):
             prompts = random_prompts(1, prompt, self.vocab, seed=5000 + round_)
             for name in names:
+                time.sleep(SETTLE_S)
                 cold[name] = min(cold[name], self.engines[name](prompts, 1)[0])
                 wall, hit = self.engines[name](prompts, 1)
                 assert hit, f"{name}: the repeated prompt was not served from the prefix cache"

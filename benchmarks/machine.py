@@ -87,6 +87,8 @@ class ModelCost:
     """FLOPs and bytes of one model in one dtype, per token and per context token."""
 
     layer_params: int  # matmul weights of all decoder layers
+    output_only_params: int  # the last layer's past its K/V projections: for sampled rows only
+    layers: int
     head_params: int  # lm_head (vocab x hidden)
     weight_bytes: int  # read once per decode step
     attn_flops_per_pair: int  # one query attending to one key, all layers and heads
@@ -99,6 +101,8 @@ class ModelCost:
         layer_params, head = c.num_layers * per_layer, c.vocab_size * c.hidden_size
         return cls(
             layer_params=layer_params,
+            output_only_params=per_layer - 2 * c.hidden_size * c.kv_size,
+            layers=c.num_layers,
             head_params=head,
             weight_bytes=(layer_params + head) * dtype_bytes,
             attn_flops_per_pair=4 * c.num_layers * c.num_heads * c.head_dim,
@@ -106,8 +110,13 @@ class ModelCost:
         )
 
     def prefill_seconds(self, machine: Machine, seqs: int, prompt: int) -> float:
+        """Every layer for every prompt row but the last layer past its K/V write, which only
+        each prompt's last row (the one sampled) needs."""
         flops = 2 * seqs * prompt * self.layer_params + 2 * seqs * self.head_params
-        flops += self.attn_flops_per_pair * seqs * prompt * (prompt + 1) // 2
+        flops -= 2 * seqs * (prompt - 1) * self.output_only_params
+        pairs = seqs * prompt * (prompt + 1) // 2
+        per_layer = self.attn_flops_per_pair // self.layers
+        flops += per_layer * ((self.layers - 1) * pairs + seqs * prompt)
         return flops / (machine.gflops * 1e9)
 
     def decode_step_seconds(self, machine: Machine, seqs: int, context: int) -> float:

@@ -27,6 +27,9 @@ def test_counts_every_matmul_weight_of_the_engine_model(tiny_model_dir: Path) ->
     names = ("qkv_weight", "o_weight", "gate_up_weight", "down_weight")
     held = sum(p.numel() for n, p in model.named_parameters() if n.endswith(names))
     assert cost.layer_params == held
+    # What the last layer computes for a sampled row alone: all but its K/V projections.
+    kv_projections = 2 * loaded.config.kv_size * loaded.config.hidden_size
+    assert cost.output_only_params == held // loaded.config.num_layers - kv_projections
     assert cost.head_params == loaded.config.vocab_size * loaded.config.hidden_size
     assert cost.weight_bytes == 4 * (held + cost.head_params)
 
