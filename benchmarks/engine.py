@@ -31,6 +31,7 @@ reported. Run it on an otherwise idle machine (`flock` with other benchmarks).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import sys
@@ -78,8 +79,15 @@ def smollm2_dir() -> Path:
         from engine.fetch_model import fetch_model
 
         gguf = fetch_model("smollm2")
+        # transformers >= 5.25 keeps GGUF weights in their blocks unless told to dequantize,
+        # and will not save such a model.
+        dequantized = {}
+        with contextlib.suppress(ImportError):
+            from transformers import GgufConfig
+
+            dequantized = {"quantization_config": GgufConfig(dequantize=True)}
         model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16
+            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, **dequantized
         )
         model.save_pretrained(path)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(path)
