@@ -136,6 +136,26 @@ void pack(const TC* cache, const float* scales, const Seq& s, int64_t head, int6
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// acc[r][i] = q_r . k over a panel of bf16-pair keys, for a row block's kRowBlock rows (q_r:
+// each row's bf16 pairs of dims).
+inline void bf16_panel_dots(const uint32_t* const* q, const uint32_t* k, int64_t dim,
+                            __m512 (&acc)[kRowBlock][kChunkVectors]) {
+  for (int64_t r = 0; r < kRowBlock; ++r)
+    for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_setzero_ps();
+  for (int64_t d2 = 0; d2 < dim / 2; ++d2) {
+    __m512bh kv[kChunkVectors];
+    for (int64_t i = 0; i < kChunkVectors; ++i)
+      kv[i] = (__m512bh)_mm512_loadu_si512(k + d2 * kChunk + i * kWidth);
+#pragma GCC unroll 8
+    for (int64_t r = 0; r < kRowBlock; ++r) {
+      const __m512bh b = (__m512bh)_mm512_set1_epi32(q[r][d2]);
+      for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], b, kv[i]);
+    }
+  }
+}
+#endif
+
 // scores[r][0..kChunk) = q_r . k_j for the rows of a tile, one panel of keys.
 template <bool Bf16>
 void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels<Bf16>::Word* k,
@@ -145,20 +165,8 @@ void panel_scores(const void* const* rows, int64_t n_rows, const typename Panels
     if constexpr (Bf16) {
       __m512 acc[kRowBlock][kChunkVectors];
       const uint32_t* q[kRowBlock];
-      for (int64_t r = 0; r < kRowBlock; ++r) {
-        q[r] = static_cast<const uint32_t*>(rows[r0 + r]);
-        for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_setzero_ps();
-      }
-      for (int64_t d2 = 0; d2 < dim / 2; ++d2) {
-        __m512bh kv[kChunkVectors];
-        for (int64_t i = 0; i < kChunkVectors; ++i)
-          kv[i] = (__m512bh)_mm512_loadu_si512(k + d2 * kChunk + i * kWidth);
-#pragma GCC unroll 8
-        for (int64_t r = 0; r < kRowBlock; ++r) {
-          const __m512bh b = (__m512bh)_mm512_set1_epi32(q[r][d2]);
-          for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], b, kv[i]);
-        }
-      }
+      for (int64_t r = 0; r < kRowBlock; ++r) q[r] = static_cast<const uint32_t*>(rows[r0 + r]);
+      bf16_panel_dots(q, k, dim, acc);
       for (int64_t r = 0; r < kRowBlock; ++r)
         for (int64_t i = 0; i < kChunkVectors; ++i)
           _mm512_storeu_ps(scores + (r0 + r) * kChunk + i * kWidth, acc[r][i]);
@@ -213,20 +221,8 @@ void panel_weights(const void* const* rows, const uint32_t* k, int64_t dim, floa
                    float* l, float* alpha, uint32_t* pairs) {
   __m512 acc[kRowBlock][kChunkVectors];
   const uint32_t* q[kRowBlock];
-  for (int64_t r = 0; r < kRowBlock; ++r) {
-    q[r] = static_cast<const uint32_t*>(rows[r]);
-    for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_setzero_ps();
-  }
-  for (int64_t d2 = 0; d2 < dim / 2; ++d2) {
-    __m512bh kv[kChunkVectors];
-    for (int64_t i = 0; i < kChunkVectors; ++i)
-      kv[i] = (__m512bh)_mm512_loadu_si512(k + d2 * kChunk + i * kWidth);
-#pragma GCC unroll 8
-    for (int64_t r = 0; r < kRowBlock; ++r) {
-      const __m512bh b = (__m512bh)_mm512_set1_epi32(q[r][d2]);
-      for (int64_t i = 0; i < kChunkVectors; ++i) acc[r][i] = _mm512_dpbf16_ps(acc[r][i], b, kv[i]);
-    }
-  }
+  for (int64_t r = 0; r < kRowBlock; ++r) q[r] = static_cast<const uint32_t*>(rows[r]);
+  bf16_panel_dots(q, k, dim, acc);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
 #pragma GCC unroll 8
