@@ -14,6 +14,8 @@ fall back rather than wait.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
@@ -24,6 +26,9 @@ from redis.asyncio.sentinel import Sentinel
 from redis.backoff import NoBackoff
 
 DEFAULT_TIMEOUT_S = 0.25
+STOP_WAIT_S = 2.0
+
+log = logging.getLogger(__name__)
 
 
 def connect(url: str, **options: Any) -> Any:
@@ -76,3 +81,23 @@ def _sentinel_master(rest: str, tls: bool, options: dict[str, Any]) -> Any:
     # Older redis releases leave Sentinel untyped; 8.2 (installed 2026-12-05) types it.
     sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options, **client)  # type: ignore[no-untyped-call, unused-ignore]
     return sentinel.master_for(unquote(path[0]))
+
+
+async def stop_tasks(tasks: set[asyncio.Task[Any]], wait_s: float = STOP_WAIT_S) -> None:
+    """Cancel ``tasks`` (Redis listeners and calls) and wait at most ``wait_s`` for them,
+    cancelling those left once more. A listener cancelled while redis-py closed a pub/sub
+    connection whose server had just died stayed "cancelling" for good, its close bounded by
+    ``asyncio.wait_for``, which waits for what it cancels (seen under load: a worker's drain
+    never ended); a second cancel interrupts that wait. A shutdown must end: one still left
+    is logged and left to the exiting process."""
+    pending = set(tasks)
+    for _ in range(2):  # a second cancel interrupts a wait_for stuck on its first
+        for task in pending:
+            task.cancel()
+        if not pending:
+            return
+        _, pending = await asyncio.wait(pending, timeout=wait_s / 2)
+    for task in pending:
+        log.warning(
+            "%s did not stop within %.0f s of its cancel; leaving it", task.get_name(), wait_s
+        )

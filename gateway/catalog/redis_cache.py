@@ -38,7 +38,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from gateway.catalog.discovery_cache import KEY_PREFIX, DiscoveryCache
-from gateway.redis_connection import connect
+from gateway.redis_connection import connect, stop_tasks
 
 VERSION_KEY = f"{KEY_PREFIX}:version"
 EVENTS_CHANNEL = f"{KEY_PREFIX}:events"
@@ -85,9 +85,7 @@ class RedisDiscoveryCache(DiscoveryCache):
 
     async def close(self) -> None:
         if self._supervisor is not None:
-            self._supervisor.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._supervisor
+            await stop_tasks({self._supervisor})
         with contextlib.suppress(*REDIS_FAILURES):
             await asyncio.wait_for(self._redis.aclose(), timeout=self.timeout_s)
         await super().close()

@@ -27,7 +27,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from gateway.redis_connection import connect
+from gateway.redis_connection import connect, stop_tasks
 from gateway.tasks.record import MAX_RECORD_BYTES, TaskRecord, now_ms, read_record
 from gateway.tasks.store import CancelHook, StoreUnavailable
 from protocol.tasks import TASK_ID
@@ -69,9 +69,7 @@ class RedisTaskStore:
 
     async def close(self) -> None:
         if self._listener is not None:
-            self._listener.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._listener
+            await stop_tasks({self._listener})
         await self._redis.aclose()
 
     async def live(self, tenant: str) -> int:

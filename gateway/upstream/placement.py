@@ -48,6 +48,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from engine.router import KEY_BLOCKS
+from gateway.redis_connection import stop_tasks
 from gateway.upstream.upstream import Upstream
 
 log = logging.getLogger("kvgate.fleet")
@@ -187,9 +188,7 @@ class Placements:
         self._spawn(self._settle(key, asked, went))
 
     async def aclose(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await stop_tasks(set(self._tasks))
         await self._client.aclose()
 
     def _spawn(self, work: Coroutine[Any, Any, T]) -> asyncio.Task[T]:

@@ -26,7 +26,7 @@ from engine import AsyncLLM
 from gateway.auth import budgets as budgets_module
 from gateway.auth.budgets import Budgets
 from gateway.calls.errors import Refused as Refusal
-from gateway.redis_connection import connect
+from gateway.redis_connection import connect, stop_tasks
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.redis_fixtures import requires_redis_server
 from tests.gateway.wire import call
@@ -83,6 +83,32 @@ def servers(tmp_path: Path) -> Iterator[list[Server]]:
     yield started
     for server in started:
         server.kill()
+
+
+async def test_stopping_listeners_ends_even_when_one_ignores_its_cancel(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As a redis-py pub/sub close on a dead server did under load: the shutdown goes on."""
+
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await release.wait()
+            except asyncio.CancelledError:
+                continue
+
+    polite = asyncio.create_task(asyncio.sleep(3600), name="polite")
+    stuck = asyncio.create_task(stubborn(), name="stuck-listener")
+    await asyncio.sleep(0)
+    started = time.monotonic()
+    await stop_tasks({polite, stuck}, wait_s=0.3)
+    assert time.monotonic() - started < 2
+    assert polite.cancelled() and not stuck.done()
+    assert "stuck-listener did not stop" in caplog.text
+    release.set()
+    await stuck
 
 
 def test_bad_urls_name_the_problem() -> None:
