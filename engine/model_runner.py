@@ -52,7 +52,7 @@ class ModelRunner:
         """Run the step: a token for each sampling request, a vector for each pooling one."""
         sampling, pooling = batch.sampling, batch.pooling
         input_ids, metadata = self.prepare(batch)
-        outputs, is_pooled = self.output_rows(batch, metadata)
+        outputs, pooled_rows = self.output_rows(batch, metadata)
         sampled: list[SampledToken] = []
         pooled: list[list[float]] = []
         adapters = [request.lora for request in batch.requests]
@@ -62,8 +62,8 @@ class ModelRunner:
                 input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora, outputs
             )
             if pooling:  # last-token pooling, L2-normalized in fp32 (vLLM's default for embed)
-                rows = hidden[is_pooled]
-                pooled = F.normalize(rows.float(), dim=-1).tolist()
+                is_pooled = torch.tensor(pooled_rows, dtype=torch.bool, device=self.device)
+                pooled = F.normalize(hidden[is_pooled].float(), dim=-1).tolist()
                 hidden = hidden[~is_pooled]
             if sampling:
                 rows = hidden
@@ -110,7 +110,7 @@ class ModelRunner:
 
     def output_rows(
         self, batch: ScheduledBatch, metadata: AttentionMetadata
-    ) -> tuple[OutputRows | None, torch.Tensor]:
+    ) -> tuple[OutputRows | None, list[bool]]:
         """The rows the step samples or pools, in batch order, for the model to compute alone
         past its last K/V write (None: every row, as in a step of decodes), and which of them
         are pooled."""
@@ -123,9 +123,8 @@ class ModelRunner:
                 rows.append(end - 1)
                 pooled.append(request.pooling)
                 max_len = max(max_len, request.num_computed + n)
-        device = self.device
-        is_pooled = torch.tensor(pooled, dtype=torch.bool, device=device)
         if len(rows) == end:
-            return None, is_pooled
+            return None, pooled
+        device = self.device
         last = metadata.last_queries(torch.tensor(seqs, dtype=torch.int64, device=device), max_len)
-        return OutputRows(torch.tensor(rows, dtype=torch.int64, device=device), last), is_pooled
+        return OutputRows(torch.tensor(rows, dtype=torch.int64, device=device), last), pooled

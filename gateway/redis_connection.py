@@ -92,10 +92,10 @@ async def stop_tasks(tasks: set[asyncio.Task[Any]], wait_s: float = STOP_WAIT_S)
     is logged and left to the exiting process."""
     pending = set(tasks)
     for _ in range(2):  # a second cancel interrupts a wait_for stuck on its first
-        for task in pending:
-            task.cancel()
         if not pending:
             return
+        for task in pending:
+            task.cancel()
         _, pending = await asyncio.wait(pending, timeout=wait_s / 2)
     for task in pending:
         log.warning(

@@ -147,8 +147,9 @@ class Attention(nn.Module):
         if outputs is not None:
             q, metadata = q.index_select(0, outputs.rows), outputs.metadata
             lora = None if lora is None else lora.select(outputs.rows)
+        out = q  # no row wanted (a prompt's chunk before its last): nothing to attend
         if q.shape[0]:
-            q = backend.paged_attention(
+            out = backend.paged_attention(
                 q.contiguous(),
                 kv_cache,
                 metadata,
@@ -156,9 +157,7 @@ class Attention(nn.Module):
                 window=self.window,
                 softcap=self.softcap,
             )
-        out = q.reshape(
-            q.shape[0], q_size
-        )  # no row wanted (a prompt's chunk before its last): empty
+        out = out.reshape(q.shape[0], q_size)
         if residual is None:
             y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
         elif packed:

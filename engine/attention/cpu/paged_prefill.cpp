@@ -435,6 +435,7 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
         // or (sliding window) too far behind it.
         const bool masked = j0 + kChunk - 1 > first || (window > 0 && j0 <= last - window);
         for (int64_t r0 = 0; r0 < n_rows; r0 += kRowBlock) {
+          bool fused = false;  // the weights from `panel_weights`, else the generic passes
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
           if (Bf16 && cap == 0.f) {
             int64_t pos[kRowBlock];
@@ -443,65 +444,62 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
             panel_weights(rows.data() + r0, reinterpret_cast<const uint32_t*>(k_panels + c * panel_words),
                           dim, scale_f, pos, j0, masked, window, m.data() + r0, l.data() + r0,
                           alpha, pairs.data());
-            for (int64_t b = 0; b < kRowBlock; b += kValueRows)
-              values<Bf16, Vectors, kValueRows>(scores.data() + b * kChunk,
-                                                pairs.data() + b * (kChunk / 2), alpha + b,
-                                                v_panels + c * panel_words,
-                                                o.data() + (r0 + b) * dim);
-            continue;
+            fused = true;
           }
 #endif
-          panel_scores<Bf16>(rows.data() + r0, kRowBlock, k_panels + c * panel_words, dim,
-                             scores.data());
-          for (int64_t b = 0; b < kRowBlock; ++b) {
-            const int64_t r = r0 + b;
-            float* sr = scores.data() + b * kChunk;
-            if (r >= n_rows) {  // a padding row: no weights, nothing kept
-              std::fill(sr, sr + kChunk, 0.f);
-              alpha[b] = 0.f;
-              continue;
-            }
-            const int64_t pos = offset + item.t0 + r / group;
-            for (int64_t i = 0; i < kChunkVectors; ++i)
-              store(sr + i * kWidth, load(sr + i * kWidth) * splat(scale_f));
-            if (cap > 0.f)
-              for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
-            if (masked)
-              for (int64_t k = 0; k < kChunk; ++k) {
-                const int64_t j = j0 + k;
-                if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
+          if (!fused) {
+            panel_scores<Bf16>(rows.data() + r0, kRowBlock, k_panels + c * panel_words, dim,
+                               scores.data());
+            for (int64_t b = 0; b < kRowBlock; ++b) {
+              const int64_t r = r0 + b;
+              float* sr = scores.data() + b * kChunk;
+              if (r >= n_rows) {  // a padding row: no weights, nothing kept
+                std::fill(sr, sr + kChunk, 0.f);
+                alpha[b] = 0.f;
+                continue;
               }
-            Vec top_v = splat(kNegInf);
-            for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
-            const float top = std::max(m[r], max(top_v));
-            if (top == kNegInf) {  // nothing seen yet: the row stays empty
-              std::fill(sr, sr + kChunk, 0.f);
-              alpha[b] = 1.f;
-              continue;
-            }
-            alpha[b] = std::exp(m[r] - top);
-            Vec total = zero();
-            for (int64_t i = 0; i < kChunkVectors; ++i) {
-              const Vec e = exp_nonpositive(load(sr + i * kWidth) - splat(top));
-              store(sr + i * kWidth, e);
-              total = total + e;
-            }
-            float row_sum = sum(total);
-            if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
-              for (int64_t k = 0; k < kChunk; ++k)
-                if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
-                  row_sum -= sr[k];
-                  sr[k] = 0.f;
+              const int64_t pos = offset + item.t0 + r / group;
+              for (int64_t i = 0; i < kChunkVectors; ++i)
+                store(sr + i * kWidth, load(sr + i * kWidth) * splat(scale_f));
+              if (cap > 0.f)
+                for (int64_t k = 0; k < kChunk; ++k) sr[k] = cap * std::tanh(sr[k] / cap);
+              if (masked)
+                for (int64_t k = 0; k < kChunk; ++k) {
+                  const int64_t j = j0 + k;
+                  if (j > pos || (window > 0 && j <= pos - window)) sr[k] = kNegInf;
                 }
-            m[r] = top;
-            l[r] = l[r] * alpha[b] + row_sum;
-          }
+              Vec top_v = splat(kNegInf);
+              for (int64_t i = 0; i < kChunkVectors; ++i) top_v = vmax(top_v, load(sr + i * kWidth));
+              const float top = std::max(m[r], max(top_v));
+              if (top == kNegInf) {  // nothing seen yet: the row stays empty
+                std::fill(sr, sr + kChunk, 0.f);
+                alpha[b] = 1.f;
+                continue;
+              }
+              alpha[b] = std::exp(m[r] - top);
+              Vec total = zero();
+              for (int64_t i = 0; i < kChunkVectors; ++i) {
+                const Vec e = exp_nonpositive(load(sr + i * kWidth) - splat(top));
+                store(sr + i * kWidth, e);
+                total = total + e;
+              }
+              float row_sum = sum(total);
+              if (masked)  // exp_nonpositive(-inf) is ~e^-87, not 0
+                for (int64_t k = 0; k < kChunk; ++k)
+                  if (sr[k] != 0.f && (j0 + k > pos || (window > 0 && j0 + k <= pos - window))) {
+                    row_sum -= sr[k];
+                    sr[k] = 0.f;
+                  }
+              m[r] = top;
+              l[r] = l[r] * alpha[b] + row_sum;
+            }
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-          if constexpr (Bf16)  // the weights as bf16 pairs of keys (as the torch path rounds)
-            for (int64_t i = 0; i < kRowBlock * kChunkVectors; ++i)
-              _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs.data() + i * kWidth / 2),
-                                  (__m256i)_mm512_cvtneps_pbh(load(scores.data() + i * kWidth)));
+            if constexpr (Bf16)  // the weights as bf16 pairs of keys (as the torch path rounds)
+              for (int64_t i = 0; i < kRowBlock * kChunkVectors; ++i)
+                _mm256_storeu_si256(reinterpret_cast<__m256i*>(pairs.data() + i * kWidth / 2),
+                                    (__m256i)_mm512_cvtneps_pbh(load(scores.data() + i * kWidth)));
 #endif
+          }
           for (int64_t b = 0; b < kRowBlock; b += kValueRows)
             values<Bf16, Vectors, kValueRows>(scores.data() + b * kChunk,
                                               pairs.data() + b * (kChunk / 2), alpha + b,
