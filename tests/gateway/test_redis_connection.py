@@ -12,7 +12,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -35,17 +35,32 @@ REDIS_CLI = shutil.which("redis-cli")
 
 
 class Server:
-    """A redis-server (or sentinel) with arbitrary arguments on loopback."""
+    """A redis-server (or sentinel) with arbitrary arguments on loopback.
 
-    def __init__(self, workdir: Path, *args: str, port: int | None = None, tls: bool = False):
-        self.port = port or free_port()
-        self.workdir = workdir / str(self.port)
+    A port picked here is only free when picked: another process may take it before the
+    server binds it (seen under a loaded CI), so a server that exits at once gets a new one.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *args: str,
+        port: int | None = None,
+        pick_port: Callable[[], int] = free_port,
+        tls: bool = False,
+    ):
+        self.root, self.extra, self.tls = workdir, list(args), tls
+        self.pick_port = None if port else pick_port
+        self.use_port(port or pick_port())
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def use_port(self, port: int) -> None:
+        self.port = port
+        self.workdir = self.root / str(port)
         self.workdir.mkdir(parents=True, exist_ok=True)
-        port_args = (
-            ["--port", "0", "--tls-port", str(self.port)] if tls else ["--port", str(self.port)]
-        )
+        port_args = ["--port", "0", "--tls-port", str(port)] if self.tls else ["--port", str(port)]
         self.args = [
-            *args,
+            *self.extra,
             *port_args,
             "--bind",
             "127.0.0.1",
@@ -54,20 +69,25 @@ class Server:
             "--dir",
             str(self.workdir),
         ]
-        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Server:
         assert shutil.which("redis-server")
-        self.process = subprocess.Popen(
-            ["redis-server", *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
-                return self
-            except OSError:
-                time.sleep(0.02)
+        for _ in range(3):
+            self.process = subprocess.Popen(
+                ["redis-server", *self.args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and self.process.poll() is None:
+                try:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=0.1).close()
+                    return self
+                except OSError:
+                    time.sleep(0.02)
+            exited = self.process.poll() is not None
+            self.kill()
+            if not (exited and self.pick_port):
+                break
+            self.use_port(self.pick_port())
         raise RuntimeError(f"redis-server {self.args} did not start")
 
     def kill(self) -> None:
@@ -325,7 +345,7 @@ async def test_a_three_master_cluster(tmp_path: Path, servers: list[Server]) -> 
         Server(
             tmp_path,
             *("--cluster-enabled", "yes", "--cluster-config-file", f"nodes-{i}.conf"),
-            port=cluster_port(),
+            pick_port=cluster_port,
         )
         for i in range(3)
     ]
