@@ -8,6 +8,7 @@
 // compute in fp32, rounding once per output where the torch formula they replace rounds.
 // Built at first use by engine/cpu_ops.py (engine/native.py: -O3 -march=native).
 
+#include "kvgate_entries.h"
 #include "kvgate_simd.h"
 
 #include <torch/extension.h>
@@ -213,4 +214,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("rope", &rope, "RoPE (half-split) of q and k heads into contiguous q and k");
   m.def("write_kv", &write_kv, "K/V rows into the paged cache at their slots");
   m.def("argmax", &argmax, "torch.argmax over the last dim, on the caller's thread");
+  m.def("entries", [] {
+    using kvgate::address;
+    return kvgate::Entries{{"rms_norm", address(&rms_norm)}, {"rope", address(&rope)},
+                           {"write_kv", address(&write_kv)}};
+  }, "addresses of rms_norm, rope and write_kv for other extensions (kvgate_entries.h)");
 }

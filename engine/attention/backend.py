@@ -30,6 +30,9 @@ class AttentionBackend:
     write_kv: Callable[[KVCache, torch.Tensor, torch.Tensor, torch.Tensor], None]
     # paged_attention(q, cache, metadata, scale, window=None, softcap=None)
     paged_attention: Callable[..., torch.Tensor]
+    # The kernel paged_attention gives decode rows to, where it is a native one: a model may
+    # then run its decode layers natively end to end (`engine.models.decode_stack`).
+    decode_kernel: torch_backend.DecodeKernel | None = None
 
 
 TORCH_BACKEND = AttentionBackend("torch", torch_backend.write_kv, torch_backend.paged_attention)
@@ -50,7 +53,7 @@ def cpu_backend(
         decode_kernel=decode_kernel,
         prefill_kernel=prefill_kernel,
     )
-    return AttentionBackend("torch", torch_backend.write_kv, attention)
+    return AttentionBackend("torch", torch_backend.write_kv, attention, decode_kernel)
 
 
 def _triton_usable(device: torch.device) -> bool:

@@ -31,8 +31,9 @@ import torch.nn.functional as F
 from torch import nn
 
 import engine.cpu_ops as cpu_ops
+import engine.models.decode_stack as decode_stack
 import engine.models.gemm as gemm
-from engine.attention.backend import AttentionBackend
+from engine.attention.backend import TORCH_BACKEND, AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata, OutputRows
 from engine.model_config import ModelConfig
@@ -306,6 +307,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_packed: gemm.LinearWeight | None = None
         self.embed_quantized: QuantizedLinear | None = None  # then embed_weight is None
         self.lm_head_quantized: QuantizedLinear | None = None
+        # The decode layers as one native call, built at the first decode step for its caches
+        # and backend (None where it cannot serve this model).
+        self._decode_stack: tuple[list[KVCache], AttentionBackend, decode_stack.DecodeStack | None]
+        self._decode_stack = ([], TORCH_BACKEND, None)
 
     def pack_weights(self) -> None:
         """Prepack the matmul weights where that helps (bf16 and fp32 on CPU), after loading.
@@ -351,6 +356,10 @@ class LlamaForCausalLM(nn.Module):
             x = F.embedding(input_ids, self.embed_weight)
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
+        if lora is None and outputs is None and metadata.max_query_len == 1:  # decodes alone
+            stack = self._stack_for(kv_caches, backend)
+            if stack is not None and stack.serves(x):
+                return self.norm(stack.run(x, tables, metadata))
         last = len(self.layers) - 1
         for i, (layer, kv_cache, rope) in enumerate(
             zip(self.layers, kv_caches, self.layer_rope, strict=True)
@@ -359,6 +368,16 @@ class LlamaForCausalLM(nn.Module):
             layer_outputs = outputs if i == last else None
             x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora, layer_outputs)
         return self.norm(x)
+
+    def _stack_for(
+        self, kv_caches: list[KVCache], backend: AttentionBackend
+    ) -> decode_stack.DecodeStack | None:
+        """The decode stack over these caches and backend, built once (None: the layers serve)."""
+        caches, built_for, stack = self._decode_stack
+        if caches is not kv_caches or built_for is not backend:
+            stack = decode_stack.build(self, kv_caches, backend)
+            self._decode_stack = (kv_caches, backend, stack)
+        return stack
 
     def compute_logits(self, hidden: torch.Tensor, raw: bool = False) -> torch.Tensor:
         """fp32 logits of ``hidden``'s rows, soft-capped where the model caps them. ``raw``:

@@ -9,6 +9,7 @@
 // first use by engine/attention/cpu/__init__.py with -O3 -march=native, which picks the
 // AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
 
+#include "kvgate_entries.h"
 #include "kvgate_simd.h"
 
 #include <ATen/Parallel.h>
@@ -282,4 +283,6 @@ std::vector<int64_t> head_dims() {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("head_dims", &head_dims, "the head sizes paged_decode takes on this build");
   m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache");
+  m.def("entries", [] { return kvgate::Entries{{"paged_decode", kvgate::address(&paged_decode)}}; },
+        "the address of paged_decode for other extensions (kvgate_entries.h)");
 }

@@ -24,6 +24,7 @@
 // panel's 16 columns), so one packed copy serves both paths. 32 rows x the unit's 2 panels
 // accumulate in 4 tiles of 16 x 16 fp32, then go through the same epilogue.
 
+#include "kvgate_entries.h"
 #include "kvgate_simd.h"
 
 #include <ATen/Parallel.h>
@@ -492,4 +493,6 @@ std::tuple<int64_t, bool> layout() { return {kWidth, true}; }
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("layout", &layout, "(panel width, bf16 pairs) of the packed weights this build reads");
   m.def("gemm", &gemm, "y = x @ W^T over a packed weight, with its epilogue");
+  m.def("entries", [] { return kvgate::Entries{{"gemm", kvgate::address(&gemm)}}; },
+        "the address of gemm for other extensions (kvgate_entries.h)");
 }

@@ -29,6 +29,8 @@
 // output rows (torch's thread count). Built by engine/models/quantized_linear.py with
 // -march=native (or -march=haswell: the AVX2 path); without AVX2, a scalar path.
 
+#include "kvgate_entries.h"
+
 #include <torch/extension.h>
 
 #include <ATen/Parallel.h>
@@ -642,4 +644,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("dequantize_rows", &dequantize_rows, "rows of dequant(w): an embedding lookup");
   m.def("dequantize", &dequantize, "all of dequant(w)");
   m.def("isa", &isa, "the dot-product instructions of this build");
+  m.def("entries", [] {
+    using kvgate::address;
+    return kvgate::Entries{{"qlinear", address(&qlinear)},
+                           {"qlinear_swiglu", address(&qlinear_swiglu)}};
+  }, "addresses of qlinear and qlinear_swiglu for other extensions (kvgate_entries.h)");
 }
