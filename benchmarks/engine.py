@@ -17,7 +17,8 @@ roofline (benchmarks/machine.py):
 
 After each workload, kvgate runs it once more with its matmuls and attention timed
 (`benchmarks/step_shares.py`): the share of the wall time in GEMM, attention and the rest, and
-the GB/s at which the GEMMs read their weights against the machine's measured read rate.
+the GB/s at which the GEMMs read their weights against the machine's measured read rate
+(with the decode stack off, whose C++ calls the timers cannot see: there, the Python layers').
 
 The model is the "bench55m" tiny-model preset (~55M parameters, random weights), built once
 into the kvgate cache directory; `--model` takes a Hugging Face folder instead, or `smollm2`:
@@ -281,7 +282,7 @@ def shares(bench: Bench, machine: Machine, seqs: int, prompt: int, new: int) -> 
     params = SamplingParams(max_tokens=new, temperature=0, ignore_eos=True)
     with measured(bench.llm) as split:
         bench.llm.generate(prompts, params)
-    print(f"  kvgate's time: {split.describe(machine.gbps)}")
+    print(f"  kvgate's time, decode stack off: {split.describe(machine.gbps)}")
 
 
 if __name__ == "__main__":

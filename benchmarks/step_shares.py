@@ -7,6 +7,10 @@ rest": norms, rotary embedding, sampling, scheduling, Python. The timers cost ~0
 call (a few hundred calls a step), so the shares are those of an unprofiled run to within
 about 1%; the GEMM's GB/s is the weight bytes over its time, held against the machine's
 measured read rate.
+
+The decode stack (`engine.models.decode_stack`) calls the same kernels from C++, where these
+timers cannot see them, so it is off for the measured block: a decode's shares are those of
+the Python layers, whose "rest" is what the stack takes away (compare the timed runs).
 """
 
 from __future__ import annotations
@@ -102,6 +106,7 @@ def measured(llm: LLM) -> Iterator[StepShares]:
             backend,
             write_kv=_timed(backend.write_kv, shares, "attention"),
             paged_attention=_timed(backend.paged_attention, shares, "attention"),
+            decode_kernel=None,  # no decode stack: its kernel calls would go untimed
         )
     start = time.perf_counter()
     try:
