@@ -5,8 +5,11 @@ and which blocks a step publishes.
     request.block_table [    b7     |    b3      |    b9      ]   (append-only)
     published (hashed)  [   yes     |    yes     |    no: not full yet ]
 
-A prompt reuses every cached full block except that the last prompt token is always
-recomputed (its logits are needed), so a fully cached prompt still runs one token.
+A prompt reuses every cached full block, and its last token is always computed (its logits
+are needed): where the cached blocks hold that token too (a fully cached prompt of whole
+blocks), it runs as a one-token query over them and its K/V, already there, is not written
+(`Request.num_cached`). vLLM recomputes the whole last block then: 16 rows against one,
+and a rewrite of a shared block could change what other requests read.
 """
 
 from __future__ import annotations
@@ -36,12 +39,13 @@ class KVCacheManager:
         of tokens they cover (0 with prefix caching off)."""
         if not self.enable_prefix_caching:
             return 0
-        usable = (request.num_tokens - 1) // self.block_size
-        hashes = self._hashes(request, usable)
-        blocks = self.pool.match_and_acquire(hashes[:usable], self.replica)
+        full = request.num_tokens // self.block_size
+        hashes = self._hashes(request, full)
+        blocks = self.pool.match_and_acquire(hashes[:full], self.replica)
         request.block_table = blocks
         request.num_registered_blocks = len(blocks)
-        request.num_computed = len(blocks) * self.block_size
+        request.num_cached = len(blocks) * self.block_size
+        request.num_computed = min(request.num_cached, request.num_tokens - 1)
         return request.num_computed
 
     def record_lookup(self, request: Request, hit_tokens: int) -> None:
@@ -90,7 +94,7 @@ class KVCacheManager:
         """Release the request's blocks (tail first; cached ones stay matchable). Idempotent."""
         self.pool.release(request.block_table, self.replica)
         request.num_registered_blocks = 0
-        request.num_computed = 0
+        request.num_computed = request.num_cached = 0
 
     def _hashes(self, request: Request, num_blocks: int) -> list[bytes]:
         if len(request.block_hashes) < num_blocks:

@@ -90,7 +90,11 @@ class ModelRunner:
             table = request.block_table
             tokens += request.token_ids[start:end]
             positions += range(start, end)
-            slots += [table[p // bs] * bs + p % bs for p in range(start, end)]
+            # A cached block's tokens keep their K/V (-1: not written; see KVCacheManager).
+            slots += [
+                table[p // bs] * bs + p % bs if p >= request.num_cached else -1
+                for p in range(start, end)
+            ]
             starts.append(starts[-1] + n)
             seq_lens.append(end)
             tables.append(table)

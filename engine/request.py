@@ -59,6 +59,7 @@ class Request:
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
     num_registered_blocks: int = 0  # leading blocks already published in the pool
+    num_cached: int = 0  # leading tokens whose K/V came with matched blocks: never rewritten
     cached_tokens: int | None = None  # prefix-cache hit at first admission
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None

@@ -42,15 +42,23 @@ def test_only_full_blocks_are_published_and_they_stay_pending_until_marked_ready
     pool.check_invariants()
 
 
-def test_match_never_covers_the_last_prompt_token():
+def test_a_fully_cached_prompt_computes_only_its_last_token_and_writes_nothing():
     pool = BlockPool(16)
     kv = KVCacheManager(pool, 0, 16)
     first = make_request(tokens(48))
     pool.mark_ready(compute(kv, first, 48))
+    cached = list(first.block_table)
     kv.free(first)
     again = make_request(tokens(48))
-    assert kv.match_prefix(again) == 32  # the third block holds the last token: recomputed
+    assert kv.match_prefix(again) == 47  # the last token is computed, for its logits
+    assert again.num_cached == 48 and again.block_table == cached  # its K/V all cached
+    assert compute(kv, again, 1) == [] and again.block_table == cached  # no new block
     kv.free(again)
+    assert again.num_cached == 0
+    longer = make_request(tokens(50))  # past the cached blocks: they are matched, the rest run
+    assert kv.match_prefix(longer) == 48 and longer.num_cached == 48
+    kv.free(longer)
+    pool.check_invariants()
 
 
 def test_free_is_idempotent_and_keeps_written_blocks_cached():

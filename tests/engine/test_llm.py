@@ -81,7 +81,23 @@ def test_greedy_matches_transformers_batched_and_again_from_the_prefix_cache(
     assert [o.cached_tokens for o in first] == [0, 0, 0, 0]
     second = engine.generate(PROMPTS, GREEDY)
     assert [o.token_ids for o in second] == expected
-    assert [o.cached_tokens for o in second] == [0, 16, 16, 32]  # never the last token
+    # A prompt of whole cached blocks computes its last token alone (31 of 32 cached).
+    assert [o.cached_tokens for o in second] == [0, 16, 31, 32]
+    assert_no_leaks(engine)
+
+
+def test_a_fully_cached_prompt_writes_nothing_into_its_shared_blocks(tiny_model_dir: Path):
+    engine = LLM(str(tiny_model_dir), dtype="float32", kv_cache_memory="2MiB")
+    whole_blocks = PROMPTS[2]  # 32 tokens: the cached blocks hold its last token's K/V too
+    params = SamplingParams(max_tokens=1, temperature=0)
+    cold = engine.generate([whole_blocks], params)[0].token_ids
+    caches = engine.core.replicas[0].runner.kv_caches
+    for cache in caches:  # a marker in every row: any write by the cached run would show
+        cache.k.fill_(0.25)
+        cache.v.fill_(-0.25)
+    again = engine.generate([whole_blocks], params)[0]
+    assert again.cached_tokens == 31 and len(again.token_ids) == len(cold) == 1
+    assert all(bool((c.k == 0.25).all() and (c.v == -0.25).all()) for c in caches)
     assert_no_leaks(engine)
 
 
@@ -264,7 +280,7 @@ def test_two_replicas_share_one_pool_and_give_the_same_tokens(tiny_model_dir: Pa
         assert [o.token_ids for o in outs] == expected
     assert {o.replica for o in outs} <= {0, 1}
     stats = two.stats()
-    assert len(stats.per_replica) == 2 and stats.prefix_hits == 16 + 16 + 32
+    assert len(stats.per_replica) == 2 and stats.prefix_hits == 16 + 31 + 32
     assert_no_leaks(two)
 
 

@@ -108,7 +108,7 @@ def test_admission_keeps_the_free_block_reserve():
     assert second.status is RequestStatus.WAITING and second.block_table == []
 
 
-def test_a_fully_cached_prompt_still_recomputes_its_last_token():
+def test_a_fully_cached_prompt_computes_its_last_token_alone():
     pool = BlockPool(32)
     scheduler = make_scheduler(0, pool=pool)
     tokens = prompt(32, 3)
@@ -119,12 +119,13 @@ def test_a_fully_cached_prompt_still_recomputes_its_last_token():
     again = make_request(tokens, max_tokens=1)
     scheduler.add(again)
     batch = scheduled(step(scheduler))
-    assert again.cached_tokens == 16 and batch[again.request_id] == 16
+    assert again.cached_tokens == 31 and batch[again.request_id] == 1  # its logits' row
+    assert pool.num_cached() == 2  # no block of its own
     longer = make_request(tokens + [5], max_tokens=1)
     scheduler.add(longer)
     batch = scheduled(step(scheduler))
     assert longer.cached_tokens == 32 and batch[longer.request_id] == 1
-    assert scheduler.kv.prefix_hits == 48
+    assert scheduler.kv.prefix_hits == 63
 
 
 def test_generated_tokens_fill_blocks_that_later_prompts_reuse():
