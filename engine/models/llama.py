@@ -316,8 +316,9 @@ class LlamaForCausalLM(nn.Module):
         """Prepack the matmul weights where that helps (bf16 and fp32 on CPU), after loading.
 
         The unpacked matmul weights are freed (an untied lm_head's too), so the parameters
-        left are the embedding and the norms. A tied lm_head is the embedding, which the
-        lookup still needs."""
+        left are the embedding and the norms. A tied lm_head is the embedding: in our
+        kernel's layout the lookup reads that copy (`NativeLinear.rows`) and the embedding
+        is freed as well; oneDNN's layout cannot be read so, and keeps it."""
         if not gemm.packs(self.norm.weight):
             return
         for layer in self.layers:
@@ -327,6 +328,8 @@ class LlamaForCausalLM(nn.Module):
             return
         self.lm_head_packed = gemm.pack(self._lm_head_weight())
         self.lm_head_weight = None
+        if self.config.tie_word_embeddings and isinstance(self.lm_head_packed, gemm.NativeLinear):
+            self.embed_weight = None  # type: ignore[assignment]  # looked up in the packed copy
 
     def _lm_head_weight(self) -> torch.Tensor:
         return self.embed_weight if self.config.tie_word_embeddings else self.lm_head_weight
@@ -352,6 +355,9 @@ class LlamaForCausalLM(nn.Module):
         ]
         if self.embed_quantized is not None:
             x = self.embed_quantized.embedding(input_ids, self.norm.weight.dtype)
+        elif self.embed_weight is None:  # a tied table, held once in the lm_head's layout
+            assert isinstance(self.lm_head_packed, gemm.NativeLinear)
+            x = self.lm_head_packed.rows(input_ids)
         else:
             x = F.embedding(input_ids, self.embed_weight)
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does

@@ -154,6 +154,20 @@ def test_packed_panels_hold_the_weight_once_padded_with_zeros(
     assert not plain[n:].any() and not plain[:, k:].any()
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("n,k", SHAPES)
+def test_rows_of_the_packed_weight_are_the_weights_rows(
+    make: Kernel, dtype: torch.dtype, n: int, k: int
+) -> None:
+    """The embedding lookup a tied lm_head's packed copy serves."""
+    _, weight, _, _ = _case(1, n, k, dtype, seed=n)
+    ids = torch.tensor([0, n - 1, n // 2, 0, n - 1])
+    rows = make(weight, False).rows(ids)
+    assert rows.is_contiguous() and torch.equal(rows, F.embedding(ids, weight))
+    with pytest.raises(ValueError, match="gate/up"):
+        make(weight[: 2 * (n // 2)], True).rows(ids[:1])
+
+
 def test_zero_rows_and_a_mismatched_weight_are_handled(make: Kernel) -> None:
     x, weight, _, _ = _case(0, 40, 24, torch.bfloat16, seed=1)
     assert make(weight, False).linear(x).shape == (0, 40)

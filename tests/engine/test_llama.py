@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
 from engine.attention.metadata import OutputRows
 from engine.loader import LoadedModel, load_model
 from engine.model_config import ModelConfig
+from engine.models.gemm import NativeLinear
 from engine.models.llama import RMSNorm, rope_inv_freq
 
 BLOCK_SIZE = 16
@@ -153,11 +155,35 @@ def test_bfloat16_tracks_transformers(hf_checkpoint) -> None:
     assert (logits - expected).abs().max() < 0.05
 
 
-def test_compute_logits_uses_tied_embeddings(hf_checkpoint) -> None:
-    lm = load_model(hf_checkpoint("qwen2"), dtype="float32")
-    hidden = torch.randn(3, lm.config.hidden_size)
-    expected = hidden @ lm.model.embed_weight.T
-    torch.testing.assert_close(lm.model.compute_logits(hidden), expected)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_tied_table_is_held_once_for_the_lookup_and_the_logits(
+    hf_checkpoint, dtype: torch.dtype
+) -> None:
+    path = hf_checkpoint("qwen2")
+    table = load_file(path / "model.safetensors")["model.embed_tokens.weight"].to(dtype)
+    lm = load_model(path, dtype=dtype)
+    if isinstance(lm.model.lm_head_packed, NativeLinear):  # our kernel's copy serves both
+        assert lm.model.embed_weight is None
+    hidden = torch.randn(3, lm.config.hidden_size).to(dtype)
+    expected = (hidden.float() @ table.float().T).to(dtype).float()
+    torch.testing.assert_close(lm.model.compute_logits(hidden), expected, rtol=1e-2, atol=1e-3)
+    ids = torch.tensor([0, 5, table.shape[0] - 1])
+    metadata = AttentionMetadata.from_lists([3], [3], [[1]], BLOCK_SIZE)
+    caches = allocate_kv_caches(
+        lm.config.num_layers,
+        2,
+        lm.config.num_kv_heads,
+        BLOCK_SIZE,
+        lm.config.head_dim,
+        dtype,
+        "cpu",
+    )
+    looked_up = []
+    original = lm.model.layers[0].forward
+    lm.model.layers[0].forward = lambda x, *args: looked_up.append(x.clone()) or original(x, *args)
+    with torch.inference_mode():
+        lm.model(ids, metadata.positions, caches, metadata, get_attention_backend("torch"))
+    assert torch.equal(looked_up[0], table[ids])
 
 
 def test_raw_logits_are_the_lm_heads_output_and_refused_when_soft_capped(hf_checkpoint) -> None:
