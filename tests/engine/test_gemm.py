@@ -139,7 +139,7 @@ def test_bf16_outputs_round_to_nearest_even_as_torch_does(make: Kernel, rows: in
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 @pytest.mark.parametrize("n,k", SHAPES)
-def test_packed_panels_hold_the_weight_once_padded_with_zeros(
+def test_packed_panels_hold_the_weight_once_padded_with_zeros_and_give_its_rows(
     make: Kernel, dtype: torch.dtype, n: int, k: int
 ) -> None:
     _, weight, _, _ = _case(1, n, k, dtype, seed=n)
@@ -152,20 +152,11 @@ def test_packed_panels_hold_the_weight_once_padded_with_zeros(
     plain = plain.reshape(panels * width, -1)
     assert torch.equal(plain[:n, :k], weight)
     assert not plain[n:].any() and not plain[:, k:].any()
-
-
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("n,k", SHAPES)
-def test_rows_of_the_packed_weight_are_the_weights_rows(
-    make: Kernel, dtype: torch.dtype, n: int, k: int
-) -> None:
-    """The embedding lookup a tied lm_head's packed copy serves."""
-    _, weight, _, _ = _case(1, n, k, dtype, seed=n)
-    ids = torch.tensor([0, n - 1, n // 2, 0, n - 1])
-    rows = make(weight, False).rows(ids)
+    ids = torch.tensor([0, n - 1, n // 2, 0])  # the lookup a tied lm_head's copy serves
+    rows = linear.rows(ids)
     assert rows.is_contiguous() and torch.equal(rows, F.embedding(ids, weight))
     with pytest.raises(ValueError, match="gate/up"):
-        make(weight[: 2 * (n // 2)], True).rows(ids[:1])
+        make(weight[: 2 * (n // 2)], True).rows(ids)
 
 
 def test_zero_rows_and_a_mismatched_weight_are_handled(make: Kernel) -> None:
