@@ -7,10 +7,10 @@ same kernels (our GEMM or the GGUF blocks' `qgemm`, `cpu_ops`' norm, RoPE and K/
 paged decode attention) back to back from C++, by address (``engine/csrc/kvgate_entries.h``),
 with the GIL released: the Python path's results, bit for bit, at a fraction of its overhead.
 
-It serves the steps where that path would run exactly those kernels: every row a decode
-(one query, all wanted), no adapter in the step, a model without the per-layer extras (q/k
-norms, sandwich norms, experts, partial rotary), a bf16/fp32 cache of the model's dtype on the native decode
-kernel, every matmul on our kernels. Anything else runs the layers in Python, as does
+It serves the steps where that path would run exactly those kernels (and, for Qwen3's
+per-head q/k norms, the same ATen ops): every row a decode (one query, all wanted), no
+adapter in the step, a model without sandwich norms, experts or partial rotary, a bf16/fp32
+cache of the model's dtype on the native decode kernel, every matmul on our kernels. Anything else runs the layers in Python, as does
 ``KVGATE_DECODE_STACK=0`` (how `benchmarks/` compare the two).
 """
 
@@ -93,7 +93,6 @@ def build(
     if (
         not enabled()
         or not isinstance(decode_kernel, NativeDecode)
-        or config.qk_norm
         or config.rotary_dim not in (0, config.head_dim)  # partial rotary: the torch RoPE
         or config.sandwich_norms
         or config.hidden_act not in _ACTIVATIONS
@@ -129,6 +128,7 @@ def build(
                 layer.post_attention_norm.weight,
                 linears["qkv"],
                 layer.attn.qkv_bias,
+                *_head_norms(layer.attn),
                 linears["o"],
                 linears["gate_up"],
                 linears["down"],
@@ -146,6 +146,13 @@ def build(
     )  # fmt: skip
     max_rows = quantized_linear.DENSE_ROWS - 1 if quantized else None
     return DecodeStack(stack, kv_caches, max_rows)
+
+
+def _head_norms(attention: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The per-head q and k norms' weights (Qwen3), or none."""
+    if attention.q_norm is None:
+        return None, None
+    return attention.q_norm.weight, attention.k_norm.weight
 
 
 def _linear(module: ModuleType, weight: gemm.LinearWeight, act: int) -> Any:

@@ -47,10 +47,24 @@ struct Linear {
   }
 };
 
+// RMSNorm over each head of x [T, H, D] (Qwen3's q/k norms) through the ATen ops the Python
+// layers' `RMSNorm` runs for it (not one kernel), so that both give the same bits: a few
+// rows through LayerNorm over [x, -x] (mean 0, variance mean(x^2)), more through the formula.
+at::Tensor head_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const int64_t size = x.size(-1);
+  if (x.numel() <= 64 * size) {
+    const at::Tensor both = at::cat({x, -x}, -1);
+    return at::layer_norm(both, {2 * size}, {}, {}, eps).narrow(-1, 0, size) * weight;
+  }
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor scale = xf.square().mean(-1, true).add_(eps).rsqrt_();
+  return (xf * scale).to(x.scalar_type()).mul_(weight);
+}
+
 struct Layer {
   at::Tensor input_norm, post_norm;
   Linear qkv, o, gate_up, down;
-  Opt qkv_bias;
+  Opt qkv_bias, q_norm, k_norm;
   int64_t act = 1;
   at::Tensor k_cache, v_cache;
   int64_t rope_table = 0, window = 0;
@@ -79,9 +93,12 @@ class DecodeStack {
     for (const Layer& layer : layers_) {
       const at::Tensor qkv = layer.qkv(norm_(x, layer.input_norm, eps_), kLinear, layer.qkv_bias,
                                        c10::nullopt);
-      const auto [q, k] = rope_(qkv.narrow(1, 0, q_size + kv_size)
-                                    .view({rows, heads_ + kv_heads_, head_dim_}),
-                                heads_, cos.at(layer.rope_table), sin.at(layer.rope_table));
+      at::Tensor qk = qkv.narrow(1, 0, q_size + kv_size).view({rows, heads_ + kv_heads_, head_dim_});
+      if (layer.q_norm)
+        qk = at::cat({head_norm(qk.narrow(1, 0, heads_), *layer.q_norm, eps_),
+                      head_norm(qk.narrow(1, heads_, kv_heads_), *layer.k_norm, eps_)},
+                     1);
+      const auto [q, k] = rope_(qk, heads_, cos.at(layer.rope_table), sin.at(layer.rope_table));
       const at::Tensor v = qkv.narrow(1, q_size + kv_size, kv_size)
                                .view({rows, kv_heads_, head_dim_});
       at::Tensor k_cache = layer.k_cache, v_cache = layer.v_cache;
@@ -115,12 +132,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
                   "GGUF blocks: (blocks, type, qlinear address, qlinear_swiglu address)");
   pybind11::class_<Layer>(m, "Layer", "one decoder layer's weights and K/V cache")
       .def(pybind11::init([](at::Tensor input_norm, at::Tensor post_norm, Linear qkv, Opt qkv_bias,
-                             Linear o, Linear gate_up, Linear down, int64_t act,
-                             at::Tensor k_cache, at::Tensor v_cache, int64_t rope_table,
-                             int64_t window, double softcap) {
+                             Opt q_norm, Opt k_norm, Linear o, Linear gate_up, Linear down,
+                             int64_t act, at::Tensor k_cache, at::Tensor v_cache,
+                             int64_t rope_table, int64_t window, double softcap) {
+        TORCH_CHECK(q_norm.has_value() == k_norm.has_value(), "Layer: q and k norms go together");
         return Layer{std::move(input_norm), std::move(post_norm), std::move(qkv), std::move(o),
-                     std::move(gate_up), std::move(down), std::move(qkv_bias), act,
-                     std::move(k_cache), std::move(v_cache), rope_table, window, softcap};
+                     std::move(gate_up), std::move(down), std::move(qkv_bias),
+                     std::move(q_norm), std::move(k_norm), act, std::move(k_cache),
+                     std::move(v_cache), rope_table, window, softcap};
       }));
   pybind11::class_<DecodeStack>(m, "DecodeStack", "a model's layers for decode steps")
       .def(pybind11::init<std::vector<Layer>, const Entries&, int64_t, int64_t, int64_t, double,

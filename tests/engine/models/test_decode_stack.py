@@ -1,7 +1,8 @@
 """The decode stack (`engine.models.decode_stack`): a decode step's layers as one native call
 give the Python layers' logits and K/V bit for bit (the same kernels in the same order),
-bf16 and fp32, with qkv biases, over bf16 checkpoints and over GGUF blocks served quantized;
-and the models, caches and backends it cannot serve keep their Python layers."""
+bf16 and fp32, with qkv biases, Qwen3's q/k norms and sliding windows, over bf16 checkpoints
+and over GGUF blocks served quantized; and the models, caches and backends it cannot serve
+keep their Python layers."""
 
 from __future__ import annotations
 
@@ -39,7 +40,7 @@ def layer_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
     yield calls
 
 
-@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("arch", ["llama", "qwen2", "mistral", "qwen3", "qwen3-window"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_decode_steps_through_the_stack_equal_the_python_layers(
     hf_checkpoint, arch: str, dtype: str, layer_calls: list[int], monkeypatch: pytest.MonkeyPatch
@@ -78,7 +79,7 @@ def test_what_the_stack_cannot_serve_keeps_its_layers(hf_checkpoint) -> None:
         return decode_stack.build(lm.model, caches, backend or get_attention_backend("torch"))
 
     assert stack("llama") is not None
-    assert stack("qwen3") is None  # per-head q/k norms
+    assert stack("qwen3") is not None  # per-head q/k norms: the Python layers' ATen ops
     assert stack("gemma2") is None  # sandwich norms, GeGLU, soft-caps
     assert stack("phi4-partial") is None  # RoPE over part of each head
     assert stack("llama", torch.float32) is None  # a cache of another dtype
