@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from engine.attention.backend import AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata, OutputRows
+from engine.models.llama import LlamaForCausalLM
 from engine.models.lora_layers import Stacks, StepLoRA
 from engine.sampler import argmax, plain_greedy, sample
 from engine.scheduler import ScheduledBatch
@@ -47,6 +48,8 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.lora_stacks = Stacks()  # LoRA weights stacked per set of adapters in a step
+        if isinstance(model, LlamaForCausalLM):  # its decode stack (and kernels) built now:
+            model.decode_stack_for(kv_caches, backend)  # not in the first request's decode
 
     def execute(self, batch: ScheduledBatch) -> StepResult:
         """Run the step: a token for each sampling request, a vector for each pooling one."""

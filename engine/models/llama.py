@@ -363,7 +363,7 @@ class LlamaForCausalLM(nn.Module):
         if self.config.embed_scale is not None:  # rounded to the model dtype, as transformers does
             x = x * torch.tensor(self.config.embed_scale, dtype=x.dtype)
         if lora is None and outputs is None and metadata.max_query_len == 1:  # decodes alone
-            stack = self._stack_for(kv_caches, backend)
+            stack = self.decode_stack_for(kv_caches, backend)
             if stack is not None and stack.serves(x):
                 return self.norm(stack.run(x, tables, metadata))
         last = len(self.layers) - 1
@@ -375,7 +375,7 @@ class LlamaForCausalLM(nn.Module):
             x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora, layer_outputs)
         return self.norm(x)
 
-    def _stack_for(
+    def decode_stack_for(
         self, kv_caches: list[KVCache], backend: AttentionBackend
     ) -> decode_stack.DecodeStack | None:
         """The decode stack over these caches and backend, built once (None: the layers serve)."""
