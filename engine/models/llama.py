@@ -307,8 +307,8 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_packed: gemm.LinearWeight | None = None
         self.embed_quantized: QuantizedLinear | None = None  # then embed_weight is None
         self.lm_head_quantized: QuantizedLinear | None = None
-        # The decode layers as one native call, built at the first decode step for its caches
-        # and backend (None where it cannot serve this model).
+        # The decode layers as one native call, built for the caches and backend it serves
+        # (by the model runner at start; None where it cannot serve this model).
         self._decode_stack: tuple[list[KVCache], AttentionBackend, decode_stack.DecodeStack | None]
         self._decode_stack = ([], TORCH_BACKEND, None)
 
