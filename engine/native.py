@@ -46,8 +46,13 @@ _ISA_FLAGS = {
 }
 
 
+def switched_on(env: str) -> bool:
+    """A kernel switch read from ``env``: on unless set to 0/false/no/off."""
+    return os.environ.get(env, "1").lower() not in ("0", "false", "no", "off")
+
+
 def enabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "1").lower() not in ("0", "false", "no", "off")
+    return switched_on(DISABLE_ENV)
 
 
 def isa() -> str:

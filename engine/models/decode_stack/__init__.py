@@ -10,14 +10,14 @@ with the GIL released: the Python path's results, bit for bit, at a fraction of 
 It serves the steps where that path would run exactly those kernels (and, for Qwen3's
 per-head q/k norms, the same ATen ops): every row a decode (one query, all wanted), no
 adapter in the step, a model without sandwich norms, experts or partial rotary, a bf16/fp32
-cache of the model's dtype on the native decode kernel, every matmul on our kernels. Anything else runs the layers in Python, as does
-``KVGATE_DECODE_STACK=0`` (how `benchmarks/` compare the two).
+cache of the model's dtype on the native decode kernel, every matmul on our kernels.
+Anything else runs the layers in Python, as does ``KVGATE_DECODE_STACK=0`` (how
+`benchmarks/` compare the two).
 """
 
 from __future__ import annotations
 
 import functools
-import os
 from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -49,15 +49,14 @@ def load() -> ModuleType | None:
 
 
 def enabled() -> bool:
-    return os.environ.get(DISABLE_ENV, "1").lower() not in ("0", "false", "no", "off")
+    return native.switched_on(DISABLE_ENV)
 
 
 class DecodeStack:
     """A model's layers over its caches for the steps whose rows are all decodes."""
 
-    def __init__(self, stack: Any, kv_caches: list[KVCache], max_rows: int | None):
+    def __init__(self, stack: Any, max_rows: int | None):
         self._stack = stack
-        self.kv_caches = kv_caches
         self.max_rows = max_rows
 
     def serves(self, x: torch.Tensor) -> bool:
@@ -145,7 +144,7 @@ def build(
         config.rms_norm_eps, config.scale,
     )  # fmt: skip
     max_rows = quantized_linear.DENSE_ROWS - 1 if quantized else None
-    return DecodeStack(stack, kv_caches, max_rows)
+    return DecodeStack(stack, max_rows)
 
 
 def _head_norms(attention: Any) -> tuple[torch.Tensor | None, torch.Tensor | None]:
