@@ -1,11 +1,12 @@
 // Paged decode attention on the CPU, reading K/V where they lie in the cache.
 //
 // One query token per sequence. Work items are (sequence, KV head) pairs: the G query heads
-// sharing a KV head walk that head's blocks once for the scores and once for the values,
-// in fp32 throughout (a bf16 or fp8 cache is widened as it is read, fp8's per-token scales
-// applied to the scores and the weights), so nothing is gathered or padded and each K/V byte
-// is read from memory once. Block by block: a block's rows are contiguous, so no key costs
-// an index division, and kWidth keys' dot products are reduced in one shuffle tree. Built at
+// sharing a KV head walk that head's blocks once for the scores and once for the values, so
+// nothing is gathered or padded and each K/V byte is read from memory once. Block by block: a
+// block's rows are contiguous, so no key costs an index division, and kWidth keys' dot
+// products are reduced in one shuffle tree. Sums are fp32. A bf16 or fp8 row is widened once
+// for all G queries (fp8's per-token scales applied to the scores and the weights); where the
+// build has vdpbf16ps (AVX512-BF16), a bf16 cache is not widened at all (`PairsHead`). Built at
 // first use by engine/attention/cpu/__init__.py with -O3 -march=native, which picks the
 // AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
 
@@ -18,11 +19,16 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 namespace {
 
 using namespace kvgate;
+#ifndef KV_AHEAD
+#define KV_AHEAD 4
+#define KV_LOC 1
+#endif
 
 // In place: s = softmax(s) over n floats.
 inline void softmax(float* s, int64_t n) {
@@ -82,12 +88,27 @@ struct Rows {
   }
 };
 
+// Queries of a group a value row is widened once for: as many as keep their accumulators
+// (Vectors each) in half the vector registers, at most 4.
+#if defined(__AVX512F__)
+constexpr int64_t kVectorRegs = 32;
+#else
+constexpr int64_t kVectorRegs = 16;
+#endif
+template <int64_t Vectors>
+constexpr int64_t group_tile() {
+  return std::clamp<int64_t>(kVectorRegs / 2 / Vectors, 1, 4);
+}
+
 // ``Vectors`` vectors of kWidth floats make one head; fixed at compile time, the accumulators
 // of a head stay in registers.
 template <typename T, int64_t Vectors>
 struct Head {
+  static constexpr int64_t dim = Vectors * kWidth;
+
   // q . k as kWidth partial sums (their total is the dot product).
-  static Vec dot_lanes(const float* q, const T* k) {
+  template <typename K>
+  static Vec dot_lanes(const float* q, const K* k) {
     Vec partial[Vectors];
 #pragma GCC unroll 32
     for (int64_t i = 0; i < Vectors; ++i) partial[i] = load(q + i * kWidth) * load(k + i * kWidth);
@@ -98,60 +119,174 @@ struct Head {
   }
 
   // scores[g * stride + i] = q_g . rows[i] * scales[i] for the n rows of one block and each of
-  // the group's queries: kWidth keys' partial sums reduced together (`transpose_sum`), the
-  // rows read from L1 for every query after the first.
+  // the group's queries: kWidth keys' partial sums reduced together (`transpose_sum`). A bf16
+  // or fp8 chunk of rows is widened once into `wide` (L1), not once per query.
   static void score(const float* q, int64_t group, const T* rows, const float* scales, int64_t n,
                     float* scores, int64_t stride) {
+    alignas(64) float wide[std::is_same_v<T, float> ? 1 : kWidth * dim];
     int64_t i = 0;
-    for (; i + kWidth <= n; i += kWidth)
+    for (; i + kWidth <= n; i += kWidth) {
+      const float* chunk;
+      if constexpr (std::is_same_v<T, float>) {
+        chunk = rows + i * dim;
+      } else {
+        for (int64_t j = 0; j < kWidth * Vectors; ++j)
+          store(wide + j * kWidth, load(rows + i * dim + j * kWidth));
+        chunk = wide;
+      }
       for (int64_t g = 0; g < group; ++g) {
         Vec partial[kWidth];
-        for (int64_t j = 0; j < kWidth; ++j)
-          partial[j] = dot_lanes(q + g * Vectors * kWidth, rows + (i + j) * Vectors * kWidth);
+        for (int64_t j = 0; j < kWidth; ++j) partial[j] = dot_lanes(q + g * dim, chunk + j * dim);
         Vec s = transpose_sum(partial);
         if (scales != nullptr) s = s * load(scales + i);
         store(scores + g * stride + i, s);
       }
+    }
     for (; i < n; ++i)
       for (int64_t g = 0; g < group; ++g)
-        scores[g * stride + i] = sum(dot_lanes(q + g * Vectors * kWidth, rows + i * Vectors * kWidth)) *
+        scores[g * stride + i] = sum(dot_lanes(q + g * dim, rows + i * dim)) *
                                  (scales == nullptr ? 1.f : scales[i]);
   }
 
-  // out += sum over the n rows of weights[i] * scales[i] * rows[i]. Two keys at a time where a
-  // head is 4 vectors or fewer: FMA chains enough to hide their latency.
-  static void accumulate(const float* weights, const T* rows, const float* scales, int64_t n,
-                         float* out) {
-    constexpr int64_t Sets = Vectors <= 4 ? 2 : 1;
-    Vec acc[Sets][Vectors];
+  // out[g] += sum over the n rows of weights[g * stride + i] * scales[i] * rows[i] for the
+  // group's queries, Tile at a time: each row vector widened once for the tile's queries.
+  template <int64_t Tile>
+  static void accumulate_tile(const float* weights, int64_t stride, const T* rows,
+                              const float* scales, int64_t n, float* out) {
+    Vec acc[Tile][Vectors];
+#pragma GCC unroll 4
+    for (int64_t g = 0; g < Tile; ++g)
 #pragma GCC unroll 32
-    for (int64_t i = 0; i < Vectors; ++i) {
-      acc[0][i] = load(out + i * kWidth);
-      if constexpr (Sets == 2) acc[1][i] = zero();
-    }
-    int64_t key = 0;
-    for (; key + Sets <= n; key += Sets)
-#pragma GCC unroll 2
-      for (int64_t set = 0; set < Sets; ++set) {
-        const int64_t k = key + set;
-        const Vec w = splat(scales == nullptr ? weights[k] : weights[k] * scales[k]);
-        const T* v = rows + k * Vectors * kWidth;
+      for (int64_t i = 0; i < Vectors; ++i) acc[g][i] = load(out + g * dim + i * kWidth);
+    for (int64_t key = 0; key < n; ++key) {
+      const float scale = scales == nullptr ? 1.f : scales[key];
+      Vec w[Tile];
+#pragma GCC unroll 4
+      for (int64_t g = 0; g < Tile; ++g) w[g] = splat(weights[g * stride + key] * scale);
+      const T* v = rows + key * dim;
 #pragma GCC unroll 32
-        for (int64_t i = 0; i < Vectors; ++i) acc[set][i] = fmadd(w, load(v + i * kWidth), acc[set][i]);
+      for (int64_t i = 0; i < Vectors; ++i) {
+        const Vec vv = load(v + i * kWidth);
+#pragma GCC unroll 4
+        for (int64_t g = 0; g < Tile; ++g) acc[g][i] = fmadd(w[g], vv, acc[g][i]);
       }
-    for (; key < n; ++key) {
-      const Vec w = splat(scales == nullptr ? weights[key] : weights[key] * scales[key]);
-      const T* v = rows + key * Vectors * kWidth;
-#pragma GCC unroll 32
-      for (int64_t i = 0; i < Vectors; ++i) acc[0][i] = fmadd(w, load(v + i * kWidth), acc[0][i]);
     }
+#pragma GCC unroll 4
+    for (int64_t g = 0; g < Tile; ++g)
 #pragma GCC unroll 32
-    for (int64_t i = 0; i < Vectors; ++i) {
-      if constexpr (Sets == 2) acc[0][i] = acc[0][i] + acc[1][i];
-      store(out + i * kWidth, acc[0][i]);
-    }
+      for (int64_t i = 0; i < Vectors; ++i) store(out + g * dim + i * kWidth, acc[g][i]);
+  }
+
+  static void accumulate(const float* weights, int64_t stride, int64_t group, const T* rows,
+                         const float* scales, int64_t n, float* out) {
+    constexpr int64_t tile = group_tile<Vectors>();
+    int64_t g = 0;
+    for (; g + tile <= group; g += tile)
+      accumulate_tile<tile>(weights + g * stride, stride, rows, scales, n, out + g * dim);
+    for (; g < group; ++g) accumulate_tile<1>(weights + g * stride, stride, rows, scales, n, out + g * dim);
   }
 };
+
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+// bf16 queries over a bf16 cache, on vdpbf16ps: nothing is widened. Scores multiply the stored
+// pairs of dimensions as they are; values take the softmax weights rounded to bf16 (as the
+// prefill kernel's do) and pair two keys' rows a dimension at a time (`unpack`), so their
+// accumulators hold the head's dimensions permuted (`unpermute` restores them). A head is
+// Chunks vectors of 32 bf16.
+template <int64_t Chunks>
+struct PairsHead {
+  static constexpr int64_t dim = Chunks * 32;
+  static constexpr int64_t Vectors = 2 * Chunks;  // fp32 accumulators per query
+
+  static __m512bh chunk(const BF16* p, int64_t c) {
+    return (__m512bh)_mm512_loadu_si512(p + c * 32);
+  }
+
+  // scores[g * stride + i] = (q_g . rows[i]) * scale: kWidth keys' partial sums reduced together.
+  static void score(const BF16* q, int64_t group, const BF16* rows, int64_t n, float scale,
+                    float* scores, int64_t stride) {
+    int64_t i = 0;
+    for (; i + kWidth <= n; i += kWidth)
+      for (int64_t g = 0; g < group; ++g) {
+        __m512bh qv[Chunks];
+#pragma GCC unroll 16
+        for (int64_t c = 0; c < Chunks; ++c) qv[c] = chunk(q + g * dim, c);
+        Vec partial[kWidth];
+#pragma GCC unroll 16
+        for (int64_t j = 0; j < kWidth; ++j) {
+          Vec s = zero();
+#pragma GCC unroll 16
+          for (int64_t c = 0; c < Chunks; ++c) s = _mm512_dpbf16_ps(s, qv[c], chunk(rows + (i + j) * dim, c));
+          partial[j] = s;
+        }
+        store(scores + g * stride + i, transpose_sum(partial) * splat(scale));
+      }
+    for (; i < n; ++i)
+      for (int64_t g = 0; g < group; ++g) {
+        Vec s = zero();
+        for (int64_t c = 0; c < Chunks; ++c)
+          s = _mm512_dpbf16_ps(s, chunk(q + g * dim, c), chunk(rows + i * dim, c));
+        scores[g * stride + i] = sum(s) * scale;
+      }
+  }
+
+  // out[g] (permuted) += sum over the n rows of weights[g * stride + i] * rows[i], two keys per
+  // vdpbf16ps: weights are bf16, their pair (i, i+1) one 32-bit word; an odd last key is paired
+  // with a zero row and a zero weight.
+  template <int64_t Tile>
+  static void accumulate_tile(const uint16_t* weights, int64_t stride, const BF16* rows,
+                              int64_t n, float* out) {
+    Vec acc[Tile][Vectors];
+#pragma GCC unroll 4
+    for (int64_t g = 0; g < Tile; ++g)
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) acc[g][i] = load(out + g * dim + i * kWidth);
+    for (int64_t key = 0; key < n; key += 2) {
+      const bool pair = key + 1 < n;
+      __m512bh w[Tile];
+#pragma GCC unroll 4
+      for (int64_t g = 0; g < Tile; ++g) {
+        uint32_t word = weights[g * stride + key];
+        if (pair) word |= static_cast<uint32_t>(weights[g * stride + key + 1]) << 16;
+        w[g] = (__m512bh)_mm512_set1_epi32(static_cast<int32_t>(word));
+      }
+      const BF16* a = rows + key * dim;
+#pragma GCC unroll 16
+      for (int64_t c = 0; c < Chunks; ++c) {
+        const __m512i x = _mm512_loadu_si512(a + c * 32);
+        const __m512i y = pair ? _mm512_loadu_si512(a + dim + c * 32) : _mm512_setzero_si512();
+        const __m512bh low = (__m512bh)_mm512_unpacklo_epi16(x, y);
+        const __m512bh high = (__m512bh)_mm512_unpackhi_epi16(x, y);
+#pragma GCC unroll 4
+        for (int64_t g = 0; g < Tile; ++g) {
+          acc[g][2 * c] = _mm512_dpbf16_ps(acc[g][2 * c], w[g], low);
+          acc[g][2 * c + 1] = _mm512_dpbf16_ps(acc[g][2 * c + 1], w[g], high);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int64_t g = 0; g < Tile; ++g)
+#pragma GCC unroll 32
+      for (int64_t i = 0; i < Vectors; ++i) store(out + g * dim + i * kWidth, acc[g][i]);
+  }
+
+  static void accumulate(const uint16_t* weights, int64_t stride, int64_t group,
+                         const BF16* rows, int64_t n, float* out) {
+    constexpr int64_t tile = group_tile<Vectors>();
+    int64_t g = 0;
+    for (; g + tile <= group; g += tile)
+      accumulate_tile<tile>(weights + g * stride, stride, rows, n, out + g * dim);
+    for (; g < group; ++g) accumulate_tile<1>(weights + g * stride, stride, rows, n, out + g * dim);
+  }
+
+  // Accumulator lane 4l + t of vector 2c (2c + 1) holds dimension 32c + 8l + t (+ 4): the
+  // 128-bit lanes unpack interleaves.
+  static float at(const float* permuted, int64_t d) {
+    const int64_t c = d / 32, l = d % 32 / 8, t = d % 8;
+    return permuted[(2 * c + t / 4) * kWidth + 4 * l + t % 4];
+  }
+};
+#endif
 
 // A cache tensor's entries as T (fp8 has no typed pointer of its own here).
 template <typename T>
@@ -166,6 +301,12 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
             torch::Tensor& out) {
   using H = Head<TC, Vectors>;
   constexpr int64_t dim = Vectors * kWidth;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  constexpr bool pairs = std::is_same_v<TC, BF16> && Vectors % 2 == 0;
+  using P = PairsHead<Vectors / 2>;
+#else
+  constexpr bool pairs = false;
+#endif
   const int64_t seqs = q.size(0), heads = q.size(1);
   const int64_t kv_heads = k_cache.size(1), block_size = k_cache.size(2);
   const int64_t group = heads / kv_heads, table_width = block_tables.size(1);
@@ -179,6 +320,7 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 
   at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(group * dim), acc(group * dim), scores;
+    std::vector<uint16_t> weights;  // the pairs path's softmax weights, as bf16
     for (int64_t item = begin; item < end; ++item) {
       const int64_t seq = item / kv_heads, head = item % kv_heads;
       const int64_t len = lens[seq];
@@ -188,26 +330,49 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
       const Rows<TC> k_rows{k_ptr, k_scales, table, first, keys, kv_heads, head, block_size, dim};
       const Rows<TC> v_rows{v_ptr, v_scales, table, first, keys, kv_heads, head, block_size, dim};
       const TQ* q_heads = q_ptr + (seq * heads + head * group) * dim;
-      for (int64_t i = 0; i < group * dim; ++i)
-        qf[i] = static_cast<float>(q_heads[i]) * static_cast<float>(scale);
       scores.resize(group * keys);
 
       // Scores [group, keys]: each key of this head read once, against the group's queries.
-      k_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
-        H::score(qf.data(), group, rows, row_scales, n, scores.data() + key, keys);
-      });
+      if constexpr (pairs) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        k_rows.for_each_block([&](int64_t key, const TC* rows, const float*, int64_t n) {
+          P::score(q_heads, group, rows, n, static_cast<float>(scale), scores.data() + key, keys);
+        });
+#endif
+      } else {
+        for (int64_t i = 0; i < group * dim; ++i)
+          qf[i] = static_cast<float>(q_heads[i]) * static_cast<float>(scale);
+        k_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
+          H::score(qf.data(), group, rows, row_scales, n, scores.data() + key, keys);
+        });
+      }
       if (cap > 0.f)
         for (float& s : scores) s = cap * std::tanh(s / cap);
       for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * keys, keys);
 
       // Values: each block's rows read once from memory, then from L1 for the group's others.
       std::fill(acc.begin(), acc.end(), 0.f);
-      v_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
-        for (int64_t g = 0; g < group; ++g)
-          H::accumulate(scores.data() + g * keys + key, rows, row_scales, n, acc.data() + g * dim);
-      });
       TQ* o = out_ptr + (seq * heads + head * group) * dim;
-      for (int64_t i = 0; i < group * dim; ++i) o[i] = static_cast<TQ>(acc[i]);
+      if constexpr (pairs) {
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+        weights.resize(group * keys + kWidth);
+        const int64_t whole = group * keys - group * keys % kWidth;
+        for (int64_t i = 0; i < whole; i += kWidth)
+          store(reinterpret_cast<BF16*>(weights.data() + i), load(scores.data() + i));
+        for (int64_t i = whole; i < group * keys; ++i)
+          weights[i] = static_cast<BF16>(scores[i]).x;
+        v_rows.for_each_block([&](int64_t key, const TC* rows, const float*, int64_t n) {
+          P::accumulate(weights.data() + key, keys, group, rows, n, acc.data());
+        });
+        for (int64_t g = 0; g < group; ++g)
+          for (int64_t d = 0; d < dim; ++d) o[g * dim + d] = static_cast<TQ>(P::at(acc.data() + g * dim, d));
+#endif
+      } else {
+        v_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
+          H::accumulate(scores.data() + key, keys, group, rows, row_scales, n, acc.data());
+        });
+        for (int64_t i = 0; i < group * dim; ++i) o[i] = static_cast<TQ>(acc[i]);
+      }
     }
   });
 }
