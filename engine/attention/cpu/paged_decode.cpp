@@ -177,13 +177,16 @@ struct Head {
       for (int64_t i = 0; i < Vectors; ++i) store(out + g * dim + i * kWidth, acc[g][i]);
   }
 
+  // The group in tiles of Tile queries, what is left in smaller ones.
+  template <int64_t Tile = group_tile<Vectors>()>
   static void accumulate(const float* weights, int64_t stride, int64_t group, const T* rows,
                          const float* scales, int64_t n, float* out) {
-    constexpr int64_t tile = group_tile<Vectors>();
     int64_t g = 0;
-    for (; g + tile <= group; g += tile)
-      accumulate_tile<tile>(weights + g * stride, stride, rows, scales, n, out + g * dim);
-    for (; g < group; ++g) accumulate_tile<1>(weights + g * stride, stride, rows, scales, n, out + g * dim);
+    for (; g + Tile <= group; g += Tile)
+      accumulate_tile<Tile>(weights + g * stride, stride, rows, scales, n, out + g * dim);
+    if constexpr (Tile > 1)
+      if (g < group)
+        accumulate<Tile - 1>(weights + g * stride, stride, group - g, rows, scales, n, out + g * dim);
   }
 };
 
@@ -270,13 +273,14 @@ struct PairsHead {
       for (int64_t i = 0; i < Vectors; ++i) store(out + g * dim + i * kWidth, acc[g][i]);
   }
 
+  template <int64_t Tile = group_tile<Vectors>()>
   static void accumulate(const uint16_t* weights, int64_t stride, int64_t group,
                          const BF16* rows, int64_t n, float* out) {
-    constexpr int64_t tile = group_tile<Vectors>();
     int64_t g = 0;
-    for (; g + tile <= group; g += tile)
-      accumulate_tile<tile>(weights + g * stride, stride, rows, n, out + g * dim);
-    for (; g < group; ++g) accumulate_tile<1>(weights + g * stride, stride, rows, n, out + g * dim);
+    for (; g + Tile <= group; g += Tile)
+      accumulate_tile<Tile>(weights + g * stride, stride, rows, n, out + g * dim);
+    if constexpr (Tile > 1)
+      if (g < group) accumulate<Tile - 1>(weights + g * stride, stride, group - g, rows, n, out + g * dim);
   }
 
   // Accumulator lane 4l + t of vector 2c (2c + 1) holds dimension 32c + 8l + t (+ 4): the
