@@ -177,6 +177,16 @@ inline Vec if_nonnegative(Vec x, Vec a, Vec b) { return x >= 0.f ? a : b; }
 inline Vec transpose_sum(const Vec* v) { return v[0]; }
 #endif
 
+// Accumulators a kernel's inner loop may hold: half the build's vector registers, the rest
+// left to the operands.
+#if defined(__AVX512F__)
+constexpr int64_t kAccumulatorRegs = 16;
+#elif defined(__AVX2__)
+constexpr int64_t kAccumulatorRegs = 8;
+#else
+constexpr int64_t kAccumulatorRegs = 1;
+#endif
+
 // vdpbf16ps: bf16 pairs multiplied and summed into fp32, no widening.
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
 constexpr bool kBf16Dot = true;

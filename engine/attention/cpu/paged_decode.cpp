@@ -89,15 +89,10 @@ struct Rows {
 };
 
 // Queries of a group a value row is widened once for: as many as keep their accumulators
-// (Vectors each) in half the vector registers, at most 4.
-#if defined(__AVX512F__)
-constexpr int64_t kVectorRegs = 32;
-#else
-constexpr int64_t kVectorRegs = 16;
-#endif
+// (Vectors each) within kAccumulatorRegs, at most 4.
 template <int64_t Vectors>
 constexpr int64_t group_tile() {
-  return std::clamp<int64_t>(kVectorRegs / 2 / Vectors, 1, 4);
+  return std::clamp<int64_t>(kAccumulatorRegs / Vectors, 1, 4);
 }
 
 // ``Vectors`` vectors of kWidth floats make one head; fixed at compile time, the accumulators

@@ -272,18 +272,11 @@ void panel_weights(const void* const* rows, const uint32_t* k, int64_t dim, floa
 #endif
 
 // Rows of a row block whose value sums run together: each value vector loaded is used by
-// all of them, R * Vectors accumulators held in half the vector registers.
-#if defined(__AVX512F__)
-constexpr int64_t kAccRegs = 16;
-#elif defined(__AVX2__)
-constexpr int64_t kAccRegs = 8;
-#else
-constexpr int64_t kAccRegs = 1;
-#endif
+// all of them, R * Vectors accumulators (kAccumulatorRegs).
 template <int64_t Vectors>
 constexpr int64_t value_rows() {
   int64_t rows = 1;
-  while (rows * 2 <= kRowBlock && rows * 2 * Vectors <= kAccRegs) rows *= 2;
+  while (rows * 2 <= kRowBlock && rows * 2 * Vectors <= kAccumulatorRegs) rows *= 2;
   return rows;
 }
 
