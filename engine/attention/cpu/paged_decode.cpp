@@ -53,18 +53,20 @@ inline void softmax(float* s, int64_t n) {
   for (int64_t i = whole; i < n; ++i) s[i] *= 1.f / total;
 }
 
-// The K or V rows of one sequence's KV head (keys from position ``first``), walked a block at
-// a time: within a block a head's rows are contiguous, and so are fp8's per-token scales.
+// The K or V rows of `span` adjacent KV heads of one sequence from `head` on (keys from
+// position ``first``), walked a block at a time: within a block the span's rows are contiguous
+// (head after head), and so are fp8's per-token scales.
 template <typename T>
 struct Rows {
   const T* cache;
   const float* scales;  // [blocks, kv_heads, block_size], or nullptr
   const int32_t* table;
-  int64_t first, keys, kv_heads, head, block_size, dim;
+  int64_t first, keys, kv_heads, head, span, block_size, dim;
 
-  // fn(key, rows, scales, n) for each run of n keys sharing a block: rows [n, dim] from key
-  // ``key`` on, scales [n] (nullptr: all 1). The block after next is prefetched first (the
-  // blocks lie anywhere in the cache: the hardware prefetcher cannot guess the jump).
+  // fn(key, rows, scales, n) for each run of n keys sharing a block: the first head's rows
+  // [n, dim] from key ``key`` on (head h's block_size * dim entries further), scales [n]
+  // (nullptr: all 1; head h's block_size further). The block after next is prefetched first
+  // (the blocks lie anywhere in the cache: the hardware prefetcher cannot guess the jump).
   template <typename Fn>
   void for_each_block(Fn&& fn) const {
     for (int64_t key = 0; key < keys;) {
@@ -82,9 +84,10 @@ struct Rows {
     if (block * block_size >= first + keys) return;
     const int64_t slot = (static_cast<int64_t>(table[block]) * kv_heads + head) * block_size;
     const char* rows = reinterpret_cast<const char*>(cache + slot * dim);
-    const int64_t bytes = block_size * dim * static_cast<int64_t>(sizeof(T));
+    const int64_t bytes = span * block_size * dim * static_cast<int64_t>(sizeof(T));
     for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(rows + offset);
-    if (scales != nullptr) __builtin_prefetch(scales + slot);
+    if (scales != nullptr)
+      for (int64_t h = 0; h < span; ++h) __builtin_prefetch(scales + slot + h * block_size);
   }
 };
 
@@ -316,61 +319,79 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   const int32_t* lens = seq_lens.data_ptr<int32_t>();
   TQ* out_ptr = out.data_ptr<TQ>();
   const float cap = static_cast<float>(softcap);
+  // KV heads an item walks together: as many as leave two items a thread, so that where
+  // sequences are many each block is read whole (its heads lie side by side), not a head's
+  // rows at a time.
+  int64_t span = 1;
+  for (int64_t s = 2; s <= kv_heads; ++s)
+    if (kv_heads % s == 0 && seqs * (kv_heads / s) >= 2 * at::get_num_threads()) span = s;
+  const int64_t parts = kv_heads / span, queries = span * group;
+  const int64_t head_rows = block_size * dim;  // one head's rows in a block
 
-  at::parallel_for(0, seqs * kv_heads, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> qf(group * dim), acc(group * dim), scores;
+  at::parallel_for(0, seqs * parts, 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> qf(queries * dim), acc(queries * dim), scores;
     std::vector<uint16_t> weights;  // the pairs path's softmax weights, as bf16
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t seq = item / kv_heads, head = item % kv_heads;
+      const int64_t seq = item / parts, head = item % parts * span;
       const int64_t len = lens[seq];
       const int64_t first = window > 0 ? std::max<int64_t>(0, len - window) : 0;
       const int64_t keys = len - first;
       const int32_t* table = tables + seq * table_width;
-      const Rows<TC> k_rows{k_ptr, k_scales, table, first, keys, kv_heads, head, block_size, dim};
-      const Rows<TC> v_rows{v_ptr, v_scales, table, first, keys, kv_heads, head, block_size, dim};
+      const Rows<TC> k_rows{k_ptr, k_scales, table, first, keys, kv_heads, head, span, block_size, dim};
+      const Rows<TC> v_rows{v_ptr, v_scales, table, first, keys, kv_heads, head, span, block_size, dim};
       const TQ* q_heads = q_ptr + (seq * heads + head * group) * dim;
-      scores.resize(group * keys);
+      scores.resize(queries * keys);
 
-      // Scores [group, keys]: each key of this head read once, against the group's queries.
+      // Scores [queries, keys]: each key of each head read once, against its group's queries.
       if constexpr (pairs) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
         k_rows.for_each_block([&](int64_t key, const TC* rows, const float*, int64_t n) {
-          P::score(q_heads, group, rows, n, static_cast<float>(scale), scores.data() + key, keys);
+          for (int64_t h = 0; h < span; ++h)
+            P::score(q_heads + h * group * dim, group, rows + h * head_rows, n,
+                     static_cast<float>(scale), scores.data() + h * group * keys + key, keys);
         });
 #endif
       } else {
-        for (int64_t i = 0; i < group * dim; ++i)
+        for (int64_t i = 0; i < queries * dim; ++i)
           qf[i] = static_cast<float>(q_heads[i]) * static_cast<float>(scale);
         k_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
-          H::score(qf.data(), group, rows, row_scales, n, scores.data() + key, keys);
+          for (int64_t h = 0; h < span; ++h)
+            H::score(qf.data() + h * group * dim, group, rows + h * head_rows,
+                     row_scales == nullptr ? nullptr : row_scales + h * block_size, n,
+                     scores.data() + h * group * keys + key, keys);
         });
       }
       if (cap > 0.f)
         for (float& s : scores) s = cap * std::tanh(s / cap);
-      for (int64_t g = 0; g < group; ++g) softmax(scores.data() + g * keys, keys);
+      for (int64_t g = 0; g < queries; ++g) softmax(scores.data() + g * keys, keys);
 
       // Values: each block's rows read once from memory, then from L1 for the group's others.
       std::fill(acc.begin(), acc.end(), 0.f);
       TQ* o = out_ptr + (seq * heads + head * group) * dim;
       if constexpr (pairs) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-        weights.resize(group * keys + kWidth);
-        const int64_t whole = group * keys - group * keys % kWidth;
+        weights.resize(queries * keys + kWidth);
+        const int64_t whole = queries * keys - queries * keys % kWidth;
         for (int64_t i = 0; i < whole; i += kWidth)
           store(reinterpret_cast<BF16*>(weights.data() + i), load(scores.data() + i));
-        for (int64_t i = whole; i < group * keys; ++i)
+        for (int64_t i = whole; i < queries * keys; ++i)
           weights[i] = static_cast<BF16>(scores[i]).x;
         v_rows.for_each_block([&](int64_t key, const TC* rows, const float*, int64_t n) {
-          P::accumulate(weights.data() + key, keys, group, rows, n, acc.data());
+          for (int64_t h = 0; h < span; ++h)
+            P::accumulate(weights.data() + h * group * keys + key, keys, group,
+                          rows + h * head_rows, n, acc.data() + h * group * dim);
         });
-        for (int64_t g = 0; g < group; ++g)
+        for (int64_t g = 0; g < queries; ++g)
           for (int64_t d = 0; d < dim; ++d) o[g * dim + d] = static_cast<TQ>(P::at(acc.data() + g * dim, d));
 #endif
       } else {
         v_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
-          H::accumulate(scores.data() + key, keys, group, rows, row_scales, n, acc.data());
+          for (int64_t h = 0; h < span; ++h)
+            H::accumulate(scores.data() + h * group * keys + key, keys, group, rows + h * head_rows,
+                          row_scales == nullptr ? nullptr : row_scales + h * block_size, n,
+                          acc.data() + h * group * dim);
         });
-        for (int64_t i = 0; i < group * dim; ++i) o[i] = static_cast<TQ>(acc[i]);
+        for (int64_t i = 0; i < queries * dim; ++i) o[i] = static_cast<TQ>(acc[i]);
       }
     }
   });

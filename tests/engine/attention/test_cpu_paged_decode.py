@@ -112,6 +112,28 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_crowd(kernel: NativeDecode
     assert torch.equal(_decode(kernel, crowd)[0], by_itself[0])
 
 
+@pytest.mark.parametrize(
+    "cache_dtype,q_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8_DTYPE, torch.bfloat16)],
+)
+def test_many_sequences_read_whole_blocks_and_keep_each_ones_bits(
+    kernel: NativeDecode, cache_dtype: torch.dtype, q_dtype: torch.dtype
+) -> None:
+    """Where sequences outnumber the threads, a work item walks all its KV heads' rows of a
+    block together: each sequence still gets its own answer, bit for bit the one it gets alone
+    (one head at a time)."""
+    lens = [40, 17, 3, 64, 33, 16, 90, 1]
+    case = make_case(lens, [1] * 8, 8, 4, 64, cache_dtype=cache_dtype, q_dtype=q_dtype)
+    out = _decode(kernel, case)
+    torch.testing.assert_close(out.double(), expected_output(case), atol=TOLERANCE[q_dtype], rtol=0)
+    for i in (0, 6):
+        table = case.md.block_tables[i, : -(-lens[i] // 16)].tolist()
+        alone = AttentionMetadata.from_lists([lens[i]], [1], [table], 16)
+        by_itself = kernel(case.q[i : i + 1], case.cache, alone.block_tables, alone.seq_lens,
+                           case.scale, None, None)  # fmt: skip
+        assert torch.equal(out[i], by_itself[0])
+
+
 def test_bad_tables_are_refused_not_read(kernel: NativeDecode) -> None:
     case = make_case([20], [1], 4, 2, 64)
     md = case.md
