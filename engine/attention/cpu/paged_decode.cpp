@@ -1,8 +1,9 @@
 // Paged decode attention on the CPU, reading K/V where they lie in the cache.
 //
-// One query token per sequence. Work items are (sequence, KV head) pairs: the G query heads
-// sharing a KV head walk that head's blocks once for the scores and once for the values, so
-// nothing is gathered or padded and each K/V byte is read from memory once. Block by block: a
+// One query token per sequence. Work items are (sequence, KV head) pairs, or (sequence, span
+// of adjacent KV heads) where sequences outnumber the threads: the G query heads sharing a KV
+// head walk that head's blocks once for the scores and once for the values, so nothing is
+// gathered or padded and each K/V byte is read from memory once. Block by block: a
 // block's rows are contiguous, so no key costs an index division, and kWidth keys' dot
 // products are reduced in one shuffle tree. Sums are fp32. A bf16 or fp8 row is widened once
 // for all G queries (fp8's per-token scales applied to the scores and the weights); where the
