@@ -26,10 +26,6 @@
 namespace {
 
 using namespace kvgate;
-#ifndef KV_AHEAD
-#define KV_AHEAD 4
-#define KV_LOC 1
-#endif
 
 // In place: s = softmax(s) over n floats.
 inline void softmax(float* s, int64_t n) {
@@ -64,10 +60,10 @@ struct Rows {
   const int32_t* table;
   int64_t first, keys, kv_heads, head, span, block_size, dim;
 
-  // fn(key, rows, scales, n) for each run of n keys sharing a block: the first head's rows
-  // [n, dim] from key ``key`` on (head h's block_size * dim entries further), scales [n]
-  // (nullptr: all 1; head h's block_size further). The block after next is prefetched first
-  // (the blocks lie anywhere in the cache: the hardware prefetcher cannot guess the jump).
+  // fn(h, key, rows, scales, n) for each run of n keys sharing a block and each head h of the
+  // span (0 = `head`): that head's rows [n, dim] from key ``key`` on, scales [n] (nullptr: all
+  // 1). The block after next is prefetched first (the blocks lie anywhere in the cache: the
+  // hardware prefetcher cannot guess the jump).
   template <typename Fn>
   void for_each_block(Fn&& fn) const {
     for (int64_t key = 0; key < keys;) {
@@ -76,7 +72,10 @@ struct Rows {
       if (key == 0) prefetch(block + 1);
       prefetch(block + 2);
       const int64_t slot = (static_cast<int64_t>(table[block]) * kv_heads + head) * block_size + offset;
-      fn(key, cache + slot * dim, scales == nullptr ? nullptr : scales + slot, n);
+      for (int64_t h = 0; h < span; ++h) {
+        const int64_t at = slot + h * block_size;
+        fn(h, key, cache + at * dim, scales == nullptr ? nullptr : scales + at, n);
+      }
       key += n;
     }
   }
@@ -193,7 +192,7 @@ struct Head {
 // bf16 queries over a bf16 cache, on vdpbf16ps: nothing is widened. Scores multiply the stored
 // pairs of dimensions as they are; values take the softmax weights rounded to bf16 (as the
 // prefill kernel's do) and pair two keys' rows a dimension at a time (`unpack`), so their
-// accumulators hold the head's dimensions permuted (`unpermute` restores them). A head is
+// accumulators hold the head's dimensions permuted (`at` reads them back in order). A head is
 // Chunks vectors of 32 bf16.
 template <int64_t Chunks>
 struct PairsHead {
@@ -323,11 +322,11 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
   // KV heads an item walks together: as many as leave two items a thread, so that where
   // sequences are many each block is read whole (its heads lie side by side), not a head's
   // rows at a time.
+  const int64_t threads = at::get_num_threads();
   int64_t span = 1;
   for (int64_t s = 2; s <= kv_heads; ++s)
-    if (kv_heads % s == 0 && seqs * (kv_heads / s) >= 2 * at::get_num_threads()) span = s;
+    if (kv_heads % s == 0 && seqs * (kv_heads / s) >= 2 * threads) span = s;
   const int64_t parts = kv_heads / span, queries = span * group;
-  const int64_t head_rows = block_size * dim;  // one head's rows in a block
 
   at::parallel_for(0, seqs * parts, 1, [&](int64_t begin, int64_t end) {
     std::vector<float> qf(queries * dim), acc(queries * dim), scores;
@@ -346,20 +345,18 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
       // Scores [queries, keys]: each key of each head read once, against its group's queries.
       if constexpr (pairs) {
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
-        k_rows.for_each_block([&](int64_t key, const TC* rows, const float*, int64_t n) {
-          for (int64_t h = 0; h < span; ++h)
-            P::score(q_heads + h * group * dim, group, rows + h * head_rows, n,
-                     static_cast<float>(scale), scores.data() + h * group * keys + key, keys);
+        k_rows.for_each_block([&](int64_t h, int64_t key, const TC* rows, const float*, int64_t n) {
+          P::score(q_heads + h * group * dim, group, rows, n, static_cast<float>(scale),
+                   scores.data() + h * group * keys + key, keys);
         });
 #endif
       } else {
         for (int64_t i = 0; i < queries * dim; ++i)
           qf[i] = static_cast<float>(q_heads[i]) * static_cast<float>(scale);
-        k_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
-          for (int64_t h = 0; h < span; ++h)
-            H::score(qf.data() + h * group * dim, group, rows + h * head_rows,
-                     row_scales == nullptr ? nullptr : row_scales + h * block_size, n,
-                     scores.data() + h * group * keys + key, keys);
+        k_rows.for_each_block([&](int64_t h, int64_t key, const TC* rows, const float* row_scales,
+                                  int64_t n) {
+          H::score(qf.data() + h * group * dim, group, rows, row_scales, n,
+                   scores.data() + h * group * keys + key, keys);
         });
       }
       if (cap > 0.f)
@@ -377,20 +374,18 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
           store(reinterpret_cast<BF16*>(weights.data() + i), load(scores.data() + i));
         for (int64_t i = whole; i < queries * keys; ++i)
           weights[i] = static_cast<BF16>(scores[i]).x;
-        v_rows.for_each_block([&](int64_t key, const TC* rows, const float*, int64_t n) {
-          for (int64_t h = 0; h < span; ++h)
-            P::accumulate(weights.data() + h * group * keys + key, keys, group,
-                          rows + h * head_rows, n, acc.data() + h * group * dim);
+        v_rows.for_each_block([&](int64_t h, int64_t key, const TC* rows, const float*, int64_t n) {
+          P::accumulate(weights.data() + h * group * keys + key, keys, group, rows, n,
+                        acc.data() + h * group * dim);
         });
         for (int64_t g = 0; g < queries; ++g)
           for (int64_t d = 0; d < dim; ++d) o[g * dim + d] = static_cast<TQ>(P::at(acc.data() + g * dim, d));
 #endif
       } else {
-        v_rows.for_each_block([&](int64_t key, const TC* rows, const float* row_scales, int64_t n) {
-          for (int64_t h = 0; h < span; ++h)
-            H::accumulate(scores.data() + h * group * keys + key, keys, group, rows + h * head_rows,
-                          row_scales == nullptr ? nullptr : row_scales + h * block_size, n,
-                          acc.data() + h * group * dim);
+        v_rows.for_each_block([&](int64_t h, int64_t key, const TC* rows, const float* row_scales,
+                                  int64_t n) {
+          H::accumulate(scores.data() + h * group * keys + key, keys, group, rows, row_scales, n,
+                        acc.data() + h * group * dim);
         });
         for (int64_t i = 0; i < queries * dim; ++i) o[i] = static_cast<TQ>(acc[i]);
       }
