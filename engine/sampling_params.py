@@ -12,8 +12,11 @@ import array
 import functools
 import hashlib
 import json
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
+
+import orjson
 
 from engine.errors import InvalidArgument
 
@@ -31,6 +34,15 @@ class _Unknown(frozenset):  # type: ignore[type-arg]
 
 
 _UNKNOWN: frozenset[str] = _Unknown()
+
+
+def choice_grammar(choices: Sequence[str]) -> str:
+    """A choice list as an EBNF grammar (xgrammar's dialect): one string literal a choice.
+    Each character is written as itself, not as JSON's ``\\uXXXX``: xgrammar reads such an
+    escape as one code point, so a character past U+FFFF, escaped as its UTF-16 surrogate
+    pair, became two lone surrogates — bytes no UTF-8 text holds, which the engine never
+    samples (``utf8_guard``), so the choice could not be written."""
+    return "root ::= " + " | ".join(json.dumps(c, ensure_ascii=False) for c in choices)
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,7 @@ class StructuredOutputs:
                 "structured_outputs.choice must be a non-empty list of strings",
                 "structured_outputs",
             )
+        _ = self.document  # JSON text parsed here: bad text is refused whoever reads it
 
     @classmethod
     def from_dict(cls, fields: object) -> StructuredOutputs:
@@ -109,6 +122,22 @@ class StructuredOutputs:
     def value(self) -> object:
         value = getattr(self, self.kind)
         return list(value) if isinstance(value, tuple) else value
+
+    @functools.cached_property
+    def document(self) -> object:
+        """``value``, with the JSON text of a ``json`` or ``structural_tag`` parsed: parsed
+        once, when the spec is built, so that text which is not JSON is the caller's error
+        (``InvalidArgument``) on every path — the engine's compile and a reasoning parser's
+        wrapping of the spec read this, not the text."""
+        value = self.value
+        if self.kind not in ("json", "structural_tag") or not isinstance(value, str):
+            return value
+        try:
+            return orjson.loads(value)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidArgument(
+                f"structured_outputs.{self.kind}: not valid JSON: {exc}", "structured_outputs"
+            ) from None
 
     @functools.cached_property
     def _canonical(self) -> bytes:

@@ -39,7 +39,7 @@ import jsonschema
 import torch
 
 from engine.errors import InvalidArgument
-from engine.sampling_params import StructuredOutputs
+from engine.sampling_params import StructuredOutputs, choice_grammar
 from engine.tokenizer import Tokenizer
 from engine.utf8_guard import Utf8Guard
 
@@ -161,8 +161,7 @@ class GrammarCache:
             return len(self._compiled)
 
     def compile(self, spec: StructuredOutputs) -> Any:
-        kind, value = spec.kind, spec.value
-        key = spec.digest
+        kind, key = spec.kind, spec.digest
         with self._lock:
             if key in self._compiled:
                 self._compiled.move_to_end(key)
@@ -170,7 +169,7 @@ class GrammarCache:
         spec.check_size(self.max_spec_bytes)
         with self._build_lock:  # the compiler is built once
             compiler = self._compiler
-        compiled = self._compile(compiler, kind, value)
+        compiled = self._compile(compiler, kind, spec.document)
         size = int(compiled.memory_size_bytes)
         with self._lock:
             if key not in self._compiled and size <= self.max_bytes:
@@ -187,9 +186,8 @@ class GrammarCache:
         field = f"structured_outputs.{kind}"
         try:
             if kind in ("json", "json_object"):
-                schema = json.loads(value) if isinstance(value, str) else value
-                if kind == "json_object":
-                    schema = {"type": "object"}  # any object (not any JSON value)
+                # json_object: any object (not any JSON value)
+                schema = {"type": "object"} if kind == "json_object" else value
                 _check_schema(schema, field)
                 ebnf = str(
                     xgr.Grammar.from_json_schema(
@@ -198,21 +196,15 @@ class GrammarCache:
                 )
                 return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
             if kind == "structural_tag":
-                tag = json.loads(value) if isinstance(value, str) else value
-                for where, schema in _tag_schemas(tag, ""):
+                for where, schema in _tag_schemas(value, ""):
                     _check_schema(schema, field + where)
-                ebnf = str(xgr.Grammar.from_structural_tag(json.dumps(tag)))
+                ebnf = str(xgr.Grammar.from_structural_tag(json.dumps(value)))
                 return compiler.compile_grammar(ebnf.replace(*_BOUNDED_STRING_FIX))
             if kind == "regex":
                 return compiler.compile_regex(str(value))
             if kind == "choice":
-                choices = [str(c) for c in value]  # type: ignore[attr-defined]
-                return compiler.compile_grammar(
-                    "root ::= " + " | ".join(json.dumps(c) for c in choices)
-                )
+                return compiler.compile_grammar(choice_grammar(value))  # type: ignore[arg-type]
             return compiler.compile_grammar(str(value))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{field}: not valid JSON: {exc}") from None
         except RuntimeError as exc:
             raise ValueError(f"{field}: {_native_message(exc)}") from None
 

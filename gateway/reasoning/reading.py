@@ -13,13 +13,12 @@ upstreams split their own replies (``reasoning`` relayed by ``gateway.upstream``
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from dataclasses import dataclass, replace
 from typing import Any
 
-from engine.sampling_params import SamplingParams, StructuredOutputs
+from engine.sampling_params import SamplingParams, StructuredOutputs, choice_grammar
 from gateway.generation import Completion, Stream, TextDelta
 from gateway.reasoning.parser import END, START, ReasoningFormat, ThinkParser
 
@@ -54,20 +53,18 @@ class Reasoning:
 
 def _format(spec: StructuredOutputs) -> dict[str, Any]:
     """A structured output as an element of an xgrammar structural tag."""
-    value: Any = spec.value
+    value: Any = spec.document
     if spec.kind == "json":
-        schema = json.loads(value) if isinstance(value, str) else value
-        return {"type": "json_schema", "json_schema": schema}
+        return {"type": "json_schema", "json_schema": value}
     if spec.kind == "json_object":
         return {"type": "json_schema", "json_schema": {"type": "object"}}
     if spec.kind == "regex":
         return {"type": "regex", "pattern": value}
     if spec.kind == "choice":
-        return {"type": "grammar", "grammar": "root ::= " + " | ".join(map(json.dumps, value))}
+        return {"type": "grammar", "grammar": choice_grammar(value)}
     if spec.kind == "grammar":
         return {"type": "grammar", "grammar": value}
-    tag = json.loads(value) if isinstance(value, str) else value
-    return tag["format"] if isinstance(tag, dict) and "format" in tag else tag  # type: ignore[no-any-return]
+    return value["format"] if isinstance(value, dict) and "format" in value else value  # type: ignore[no-any-return]
 
 
 async def _split(stream: Stream, parser: ThinkParser) -> Items:

@@ -65,6 +65,9 @@ def test_bad_values_name_their_field(fields: dict, field: str) -> None:
         {"choice": []},
         {"choice": ["a", ""]},
         {"regexp": "a"},
+        {"json": "{not json"},
+        {"structural_tag": "{not json"},
+        {"json": "[" * 5000},
         "a+",
     ],
 )
@@ -75,6 +78,12 @@ def test_bad_constraints_name_structured_outputs(spec: object) -> None:
     if isinstance(spec, dict) and "regexp" not in spec:
         with pytest.raises(InvalidArgument, match="structured_outputs"):
             StructuredOutputs(**spec)
+
+
+def test_json_text_is_read_once_as_its_document() -> None:
+    text = StructuredOutputs(json='{"type": "object"}')
+    assert text.document == {"type": "object"} and text.value == '{"type": "object"}'
+    assert StructuredOutputs(regex="[a-z]").document == "[a-z]"  # not JSON text: as given
 
 
 def test_an_unknown_field_is_named() -> None:

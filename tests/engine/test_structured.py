@@ -131,6 +131,17 @@ def test_regex_choice_grammar_and_json_object(llm: LLM):
             assert re.fullmatch(r"\(([0-9x])(,[0-9x])*\)", text), text
 
 
+@pytest.mark.parametrize("choices", [["😀 ok", "𝄞"], ["é ok", "€"], ['"\\q\n', "\u2028"]])
+def test_every_character_of_a_choice_can_be_written(llm: LLM, choices: list[str]):
+    """Characters past U+FFFF included: written into the grammar as JSON's surrogate-pair
+    escapes, xgrammar would read them as two lone surrogates, which no token may spell."""
+    params = [_params({"choice": choices}, mode, max_tokens=30) for mode in SAMPLING_MODES[:5]]
+    for output in llm.generate(["Pick one"] * len(params), params):
+        assert (output.text, output.finish_reason, output.stop_reason) in [
+            (c, "stop", None) for c in choices
+        ]
+
+
 def test_a_complete_grammar_stops_the_request_whatever_min_tokens_and_ignore_eos_say(llm: LLM):
     params = _params({"choice": ["ok"]}, {"min_tokens": 5, "ignore_eos": True, "temperature": 0})
     output = llm.generate(["Hi"], params)[0]

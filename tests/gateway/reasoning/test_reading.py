@@ -80,3 +80,13 @@ def test_every_structured_output_is_held_after_the_thinking(
 def test_without_a_structured_output_nothing_is_added() -> None:
     params = SamplingParams(max_tokens=3)
     assert Reasoning(QWEN3).constrain(params) is params
+
+
+@pytest.mark.parametrize("form", [QWEN3, DEEPSEEK_R1])
+def test_choices_past_the_bmp_reach_the_grammar_as_themselves(form: ReasoningFormat) -> None:
+    spec = StructuredOutputs(choice=["😀 ok", "𝄞"])
+    held = Reasoning(form).constrain(SamplingParams(structured_outputs=spec)).structured_outputs
+    assert held is not None
+    grammar = str(xgr.Grammar.from_structural_tag(json.dumps(held.value)))
+    assert "\\U0001f600 ok" in grammar and "\\U0001d11e" in grammar
+    assert "\\ud83d" not in grammar  # no lone surrogate: no UTF-8 text holds one

@@ -125,3 +125,14 @@ def test_mcp_chat_returns_the_thinking_in_structured_content(
     structured = result["structuredContent"]
     assert structured["reasoning"] and structured["text"] == ""
     output_schema(live, "chat").validate(structured)
+
+
+@pytest.mark.parametrize("kind", ["json", "structural_tag"])
+def test_json_text_that_is_not_json_is_a_400_behind_a_parser(
+    servers: dict[str, LiveServer], kind: str
+) -> None:
+    body = {"messages": MESSAGES, "max_tokens": 4, "structured_outputs": {kind: "{not json"}}
+    answer = httpx.post(servers["qwen3"].base + "/v1/chat/completions", json=body, timeout=30)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == "structured_outputs" and "not valid JSON" in error["message"]
