@@ -98,18 +98,23 @@ def load_adapter(
     """Read and check the PEFT folder at ``path`` for the base model ``config``."""
     check_name(name)
     folder = Path(path)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
-        raise AdapterNotFound(f"Loading lora {name} failed: No adapter found for {path}")
-    if config.layout == "fused":
+    try:  # the path is the caller's: any error reading it (too long, no access) is theirs
+        if not (folder / CONFIG_FILE).is_file() or not (folder / WEIGHTS_FILE).is_file():
+            raise AdapterNotFound(f"Loading lora {name} failed: No adapter found for {path}")
+        if config.layout == "fused":
+            raise AdapterError(
+                f"{path}: LoRA needs separate q/k/v and gate/up projections in the base model "
+                f"(its {config.architecture} checkpoint fuses them)"
+            )
+        raw_config = _read_bounded(folder / CONFIG_FILE, MAX_CONFIG_BYTES)
+        rank, scaling = _read_config(raw_config, folder / CONFIG_FILE, max_rank)
+        weights = folder / WEIGHTS_FILE
+        limit = HEADER_SLACK + _max_weight_bytes(config, rank)
+        raw_weights = _read_bounded(weights, limit)
+    except OSError as exc:  # its message would quote the path, however long: the cause only
         raise AdapterError(
-            f"{path}: LoRA needs separate q/k/v and gate/up projections in the base model "
-            f"(its {config.architecture} checkpoint fuses them)"
-        )
-    raw_config = _read_bounded(folder / CONFIG_FILE, MAX_CONFIG_BYTES)
-    rank, scaling = _read_config(raw_config, folder / CONFIG_FILE, max_rank)
-    weights = folder / WEIGHTS_FILE
-    limit = HEADER_SLACK + _max_weight_bytes(config, rank)
-    raw_weights = _read_bounded(weights, limit)
+            f"Loading lora {name} failed: lora_path cannot be read ({exc.strerror or exc})"
+        ) from None
     tensors = _read_tensors(weights, raw_weights, config, rank)
     digest = hashlib.sha256(raw_config + b"\x00" + raw_weights).hexdigest()
     return LoRAAdapter(

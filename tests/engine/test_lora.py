@@ -229,6 +229,8 @@ def test_missing_and_unreadable_folders(
 ) -> None:
     with pytest.raises(AdapterNotFound, match="No adapter found for /nowhere"):
         llm.core.add_lora("x", "/nowhere")
+    with pytest.raises(AdapterError, match=r"lora_path cannot be read \(File name too long\)$"):
+        llm.core.add_lora("x", "/" + "x" * 100_000)  # the message does not quote it
     folder = _broken(adapters["a"], tmp_path / "junk")
     (folder / WEIGHTS_FILE).write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{junk!!}")
     with pytest.raises(AdapterError, match="not a readable safetensors file"):

@@ -108,6 +108,12 @@ def test_adapters_load_list_select_and_unload_over_http(
         ),
         (
             "/v1/load_lora_adapter",
+            {"lora_name": "x", "lora_path": "/" + "x" * 100_000},
+            400,
+            "lora_path cannot be read (File name too long)",
+        ),
+        (
+            "/v1/load_lora_adapter",
             {"lora_name": "b", "lora_path": "{b}"},
             400,
             "already been loaded",
