@@ -18,6 +18,7 @@ from engine.request import GRAMMAR_DEAD_END
 from engine.sampler import processed_logits
 from engine.sampling_params import StructuredOutputs
 from tests.engine.test_sampler import Row
+from tests.real_model import smollm2_file
 
 SCHEMAS = [
     {  # nested objects, required, additionalProperties false
@@ -137,6 +138,17 @@ def test_every_character_of_a_choice_can_be_written(llm: LLM, choices: list[str]
     escapes, xgrammar would read them as two lone surrogates, which no token may spell."""
     params = [_params({"choice": choices}, mode, max_tokens=30) for mode in SAMPLING_MODES[:5]]
     for output in llm.generate(["Pick one"] * len(params), params):
+        assert (output.text, output.finish_reason, output.stop_reason) in [
+            (c, "stop", None) for c in choices
+        ]
+
+
+@pytest.mark.slow  # loads the 135M model
+def test_a_real_vocabulary_writes_choices_past_the_bmp() -> None:
+    smollm2 = LLM(str(smollm2_file()), kv_cache_memory="16MiB")
+    choices = ["😀 ok", "𝄞"]
+    params = [_params({"choice": choices}, mode, max_tokens=30) for mode in SAMPLING_MODES[:3]]
+    for output in smollm2.generate(["Pick one"] * len(params), params):
         assert (output.text, output.finish_reason, output.stop_reason) in [
             (c, "stop", None) for c in choices
         ]
