@@ -6,9 +6,12 @@ Redis, on Redis's own clock — so N gateway processes together allow 1x the bud
 admitted while its tenant has a request left and a positive token balance; tokens (completion
 as they are produced, then the prompt) are debited afterwards and may run the balance into
 debt, so a budget is overshot by at most the calls already running. ``Retry-After`` is when
-the bucket will allow the call. With Redis unreachable each process enforces ``budget/N``
-locally (``N`` = ``budget_processes``), logs the outage once, and returns to Redis when it
-answers again (probed at most once a second).
+the bucket will allow the call. Without a shared store — no Redis configured, or Redis
+unreachable — each process enforces ``budget/N`` locally (``N`` = ``budget_processes``, which
+``--workers`` multiplies), so N processes together still allow 1x the budget; a share always
+holds at least one call, so a budget below N admits one call per process at a time rather
+than none ever. An outage is logged once, and Redis is used again when it answers (probed at
+most once a second).
 """
 
 from __future__ import annotations
@@ -174,13 +177,14 @@ class Budgets:
                     log.warning("budgets: Redis reachable again; budgets shared again")
                     self._down_since = None
                 return float(wait)
-        n = self.processes if self._script is not None else 1
-        return self._local.take([_share(t, n) for t in takes])
+        return self._local.take([_share(t, self.processes) for t in takes])
 
     def _redis_worth_trying(self) -> bool:
         return self._down_since is None or time.monotonic() - self._down_since >= PROBE_EVERY_S
 
 
 def _share(take: Take, n: int) -> Take:
-    """This process's 1/n of a bucket."""
-    return Take(take.key, take.capacity / n, take.rate_per_ms / n, take.cost, take.need)
+    """This process's 1/n of a bucket, holding at least one (a call's need): a share below it
+    would never admit anything."""
+    capacity = max(take.capacity / n, 1.0)
+    return Take(take.key, capacity, take.rate_per_ms / n, take.cost, take.need)

@@ -92,6 +92,16 @@ async def test_redis_down_falls_back_to_a_share_logs_once_and_recovers(
         await budgets.close()
 
 
+async def test_without_redis_each_process_enforces_its_share() -> None:
+    halves = Budgets(4, 0, None, processes=2)
+    assert (await admitted(halves, "acme", 5))[0] == 2  # one of two processes sharing 4
+    tiny = Budgets(1, 0, None, processes=4)  # a share under one call still admits one
+    ok, refused = await admitted(tiny, "acme", 3)
+    assert ok == 1 and 230 <= refused[0].retry_after_s <= 240  # 1/4 of a request a minute
+    await halves.close()
+    await tiny.close()
+
+
 def keys_file(path: Path) -> str:
     lines = [
         f"{t}: {hashlib.sha256(f'{t}-key'.encode()).hexdigest()}\n" for t in ("acme", "globex")
@@ -151,3 +161,26 @@ def test_mcp_tool_calls_spend_the_request_budget(engine, tmp_path: Path) -> None
     assert second.error["data"]["reason"] == "tenant_budget"
     assert 50 <= int(second.headers["retry-after"]) <= 60  # one call a minute
     assert listing.status == 200  # discovery is not a budgeted call
+
+
+def test_workers_without_redis_split_the_budget(kvgate_factory, tmp_path: Path) -> None:
+    """``--workers 2``, no Redis: each worker enforces budget / 2, so of 16 calls spread over
+    both at most 10 pass (5 a worker; refills add one a worker per 12 s)."""
+    flags = ("--api-keys-file", keys_file(tmp_path / "keys"), "--budget-requests-per-min", "10")
+    gateway = kvgate_factory("--workers", "2", *flags)
+    body = {"prompt": "Once", "max_tokens": 1, "temperature": 0}
+    headers = {"Authorization": "Bearer acme-key"}
+    deadline = time.monotonic() + 60
+    ready = 0
+    while ready < 8:  # eight fresh connections in a row found a ready worker: both are up
+        assert time.monotonic() < deadline, "a worker did not become ready"
+        ready = ready + 1 if httpx.get(gateway.base + "/readyz").status_code == 200 else 0
+    started = time.monotonic()
+    codes = [  # a new connection each: the kernel spreads them over both workers
+        httpx.post(gateway.base + "/v1/completions", json=body, headers=headers, timeout=60)
+        for _ in range(16)
+    ]
+    passed = sum(r.status_code == 200 for r in codes)
+    refills = 2 * int((time.monotonic() - started) / 12)
+    assert 5 <= passed <= 10 + refills, [r.status_code for r in codes]
+    assert {r.status_code for r in codes if r.status_code != 200} == {429}
