@@ -123,12 +123,13 @@ class StructuredOutputs:
         value = getattr(self, self.kind)
         return list(value) if isinstance(value, tuple) else value
 
-    @functools.cached_property
+    @property
     def document(self) -> object:
-        """``value``, with the JSON text of a ``json`` or ``structural_tag`` parsed: parsed
-        once, when the spec is built, so that text which is not JSON is the caller's error
-        (``InvalidArgument``) on every path — the engine's compile and a reasoning parser's
-        wrapping of the spec read this, not the text."""
+        """``value``, with the JSON text of a ``json`` or ``structural_tag`` parsed. Read when
+        the spec is built, so text that is not JSON is the caller's error
+        (``InvalidArgument``) on every path; the engine's compile and a reasoning parser's
+        wrapping of the spec read this, not the text. Not cached: the instance's fields are
+        its wire form (``vars``), and orjson parses the largest spec allowed in under 1 ms."""
         value = self.value
         if self.kind not in ("json", "structural_tag") or not isinstance(value, str):
             return value
