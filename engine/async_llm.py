@@ -115,10 +115,12 @@ class AsyncLLM:
         )
         return self.core.encode_prompt(text, add_special_tokens=False)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        """A prompt's token ids (a worker thread may call it); one whose length alone shows
-        it cannot fit is refused (``engine.errors.TooManyTokens``) without tokenizing it."""
-        return self.core.encode_prompt(text)
+    def checked_prompt(self, prompt: Prompt) -> list[int]:
+        """A prompt's token ids (a text tokenized; a worker thread may call it), checked as
+        ``submit`` checks them: ids in the vocabulary, at most ``max_prompt_len`` (a text whose
+        length alone shows it cannot fit is refused, ``TooManyTokens``, without tokenizing it),
+        so a prompt checked here is one ``submit`` takes."""
+        return self.core.prompts.checked_prompt(prompt)
 
     def encode_embedding_input(self, prompt: Prompt) -> list[int]:
         """An embedding input's token ids, checked as ``embed`` checks them (a worker thread

@@ -142,8 +142,8 @@ class EngineClient:
     ) -> list[int]:
         return self.prompts.chat_ids(messages, tools, documents, chat_template_kwargs)
 
-    def encode_prompt(self, text: str) -> list[int]:
-        return self.prompts.encode_prompt(text)
+    def checked_prompt(self, prompt: Prompt) -> list[int]:
+        return self.prompts.checked_prompt(prompt)
 
     def encode_embedding_input(self, prompt: Prompt) -> list[int]:
         return self.prompts.embedding_ids(prompt)

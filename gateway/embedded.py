@@ -100,7 +100,7 @@ class Engine(Protocol):
         chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]: ...
 
-    def encode_prompt(self, text: str) -> list[int]: ...
+    def checked_prompt(self, prompt: str | list[int]) -> list[int]: ...
 
     def grammar_compiled(self, spec: StructuredOutputs) -> bool: ...
 
@@ -213,6 +213,10 @@ class EngineBackend:
         """On a thread: an engine in a process of its own answers after a round trip."""
         return await asyncio.to_thread(self.engine.remove_lora, name)
 
+    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """The engine's own check (``checked_prompt``): what ``start`` submits, or its error."""
+        return await self.off_loop.run(len(prompt), self.engine.checked_prompt, prompt)
+
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         tokenizer, limit = self.engine.tokenizer, self.max_model_len
         return await self.off_loop.run(request.chars, tokenize_here, tokenizer, limit, request)
@@ -244,9 +248,7 @@ class EngineBackend:
         """The prompt's token ids (on a worker when it is large; its length is checked)."""
         if request.messages is None:
             assert request.prompt is not None
-            if isinstance(request.prompt, str):
-                return self.engine.encode_prompt(request.prompt)
-            return request.prompt
+            return self.engine.checked_prompt(request.prompt)
         try:
             return self.engine.apply_chat_template(
                 request.messages,

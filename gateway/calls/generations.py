@@ -126,6 +126,16 @@ class Generations:
         except AdmissionRefused as exc:
             raise _refused(exc) from None
 
+    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A completion prompt's token ids as the call would prefill them (BadInput naming
+        ``prompt`` where the call would refuse it)."""
+        try:
+            return await self.backend.prompt_ids(prompt)
+        except ValueError as exc:
+            raise _bad_input(exc, "prompt") from None
+        except AdmissionRefused as exc:
+            raise _refused(exc) from None
+
     async def embed(self, request: EmbeddingsRequest) -> Embeddings:
         """Every input's embedding, salted with the tenant and its prompt tokens debited from
         the tenant's budget: BadInput naming ``input``, Refused, or GenerationFailed."""

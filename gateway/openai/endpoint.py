@@ -30,7 +30,7 @@ from gateway.calls.errors import BadInput, CallError, DeadlineExceeded
 from gateway.calls.generations import Generations
 from gateway.calls.lifecycle import Call, Lifecycle
 from gateway.function_calls.functions import template_messages
-from gateway.generation import GenerationRequest, Stream, Tokenized, TokenizeRequest
+from gateway.generation import GenerationRequest, Stream, TokenizeRequest
 from gateway.http import io as http_io
 from gateway.openai import adapters, embeddings, render
 from gateway.openai import requests as parse
@@ -356,10 +356,7 @@ class OpenAIEndpoint:
             request.size, self._read_completions, request.fields
         )
         async with self.calls.admit(receive, headers) as call:
-            prompt_ids = [
-                p if isinstance(p, list) else (await call.run(self._tokenize_text(p))).ids
-                for p in prompts
-            ]
+            prompt_ids = [await call.run(self.generations.prompt_ids(p)) for p in prompts]
         ids = render.request_ids("cmpl-", len(prompts))
         answer = [
             self._rendered(i, p, base, sampling, request.fields, "prompt")
@@ -367,10 +364,6 @@ class OpenAIEndpoint:
         ]
         await http_io.send_response(send, 200, orjson.dumps(answer))
         return "ok"
-
-    def _tokenize_text(self, prompt: str) -> Awaitable[Tokenized]:
-        """A completion prompt's ids, as the call would prefill them (special tokens added)."""
-        return self.generations.tokenize(TokenizeRequest(prompt))
 
     def _rendered(
         self,

@@ -310,6 +310,13 @@ class Fleet:
     async def unload_adapter(self, name: str) -> bool:
         raise AdapterError("fleet mode: unload LoRA adapters on the upstream servers")
 
+    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
+        """A text tokenized as ``tokenize`` does; ids as given: the upstreams' vocabulary is
+        not known here, so their own calls check them."""
+        if isinstance(prompt, list):
+            return prompt
+        return (await self.tokenize(TokenizeRequest(prompt))).ids
+
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         """With a local tokenizer (``--tokenizer``) here; else by an upstream's ``/tokenize``."""
         if self._tokenizer is not None:

@@ -231,7 +231,7 @@ async def test_a_prompt_that_cannot_fit_is_refused_without_tokenizing(tiny_model
         with pytest.raises(TooManyTokens, match=no_room):
             await anext(engine.generate(too_long, SamplingParams(max_tokens=1)))
         with pytest.raises(TooManyTokens, match=no_room):
-            engine.encode_prompt(too_long)
+            engine.checked_prompt(too_long)
         with pytest.raises(TooManyTokens, match="prompt: at least"):
             engine.apply_chat_template([{"role": "user", "content": too_long}])
         assert counting.calls == 0

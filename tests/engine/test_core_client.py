@@ -106,7 +106,9 @@ async def test_the_same_tokens_as_the_offline_llm(client: EngineClient, tiny_mod
     embedding = await client.embed("an embedding")
     assert embedding.prompt_token_ids == reference.prompt_token_ids
     assert embedding.embedding == pytest.approx(reference.embedding, abs=1e-5)
-    assert client.encode_prompt("hello") == offline.core.encode_prompt("hello")
+    assert client.checked_prompt("hello") == offline.core.encode_prompt("hello")
+    with pytest.raises(ValueError, match=r"token ids must be in \[0, "):
+        client.checked_prompt([5, -7])
     assert await idle(client)
 
 

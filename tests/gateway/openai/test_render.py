@@ -6,7 +6,7 @@ build is installed (skipped otherwise)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -172,6 +172,24 @@ def test_bad_input_is_refused_in_openai_errors(
     assert set(error) == {"message", "type", "param", "code"}
     if param is not None:
         assert error["param"] == param
+
+
+@pytest.mark.parametrize(
+    "prompt_of",
+    [lambda v: [v, 5], lambda v: [-7, 5], lambda v: [[5], [v]]],
+    ids=["past-the-vocabulary", "negative", "in-the-second-prompt"],
+)
+def test_completions_render_refuses_the_ids_the_call_refuses(
+    server: LiveServer, engine: AsyncLLM, prompt_of: Callable[[int], list[Any]]
+) -> None:
+    vocab = engine.core.model_config.vocab_size
+    body = {"prompt": prompt_of(vocab), "max_tokens": 1}
+    call = post(server, "/v1/completions", body)
+    rendered = post(server, "/v1/completions/render", body)
+    assert call.status_code == rendered.status_code == 400, rendered.text
+    error = rendered.json()["error"]
+    assert error["param"] == "prompt" and f"token ids must be in [0, {vocab})" in error["message"]
+    assert error["message"] == call.json()["error"]["message"]
 
 
 def test_render_takes_only_post(server: LiveServer) -> None:
