@@ -58,7 +58,10 @@ def render(
     special_tokens: Mapping[str, str] | None = None,
     variables: Mapping[str, Any] | None = None,
 ) -> str:
-    """The rendered conversation; ValueError names a malformed message, tool or document."""
+    """The rendered conversation; ValueError names a malformed message, tool or document, or
+    says the template refused to render (its ``raise_exception``, or any error the caller's
+    messages and variables lead it into: a variable named like an argument, a number where
+    it loops): what the caller sent, so every door answers it as bad input."""
     if not messages:
         raise ValueError("messages: a conversation needs at least one message")
     chat = []
@@ -70,13 +73,17 @@ def render(
         if items is not None and not all(isinstance(item, Mapping) for item in items):
             raise ValueError(f"{name}: each entry must be a JSON object")
     context = {**(special_tokens or {}), **_plain(dict(variables or {}))}
-    return _compile(template).render(
-        messages=_alias_reasoning(_plain(chat)),
-        tools=_plain(None if tools is None else list(tools)),
-        documents=_plain(None if documents is None else list(documents)),
-        add_generation_prompt=add_generation_prompt,
-        **context,
-    )
+    compiled = _compile(template)  # the server's own template: its errors are not the caller's
+    try:
+        return compiled.render(
+            messages=_alias_reasoning(_plain(chat)),
+            tools=_plain(None if tools is None else list(tools)),
+            documents=_plain(None if documents is None else list(documents)),
+            add_generation_prompt=add_generation_prompt,
+            **context,
+        )
+    except Exception as exc:
+        raise ValueError(f"messages: the chat template rejected them ({exc})") from exc
 
 
 def _alias_reasoning(chat: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -15,7 +15,6 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
-from engine.errors import TooManyTokens
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
@@ -181,7 +180,7 @@ class EngineBackend:
         self.grammars.close()
 
     async def start(self, request: GenerationRequest) -> Stream:
-        prompt = await self.off_loop.run(prompt_chars(request), self._prompt, request)
+        prompt = await self.prompt_ids(request)
         check_max_tokens(request.params, len(prompt), self.max_model_len)
         spec = request.params.structured_outputs
         if spec is not None and not self.engine.grammar_compiled(spec):
@@ -213,9 +212,9 @@ class EngineBackend:
         """On a thread: an engine in a process of its own answers after a round trip."""
         return await asyncio.to_thread(self.engine.remove_lora, name)
 
-    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """The engine's own check (``checked_prompt``): what ``start`` submits, or its error."""
-        return await self.off_loop.run(len(prompt), self.engine.checked_prompt, prompt)
+    async def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """What ``start`` submits, or its error (on a worker when the prompt is large)."""
+        return await self.off_loop.run(prompt_chars(request), self._prompt, request)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         tokenizer, limit = self.engine.tokenizer, self.max_model_len
@@ -245,20 +244,17 @@ class EngineBackend:
         return [self.engine.encode_embedding_input(i) for i in inputs]
 
     def _prompt(self, request: GenerationRequest) -> list[int]:
-        """The prompt's token ids (on a worker when it is large; its length is checked)."""
-        if request.messages is None:
-            assert request.prompt is not None
-            return self.engine.checked_prompt(request.prompt)
-        try:
-            return self.engine.apply_chat_template(
+        """The prompt's token ids, checked as the engine checks what it is submitted (a
+        rendered chat too: its template bounds only what its length alone shows)."""
+        prompt = request.prompt
+        if request.messages is not None:
+            prompt = self.engine.apply_chat_template(
                 request.messages,
                 tools=request.template_tools,
                 chat_template_kwargs=request.chat_template_kwargs,
             )
-        except TooManyTokens:
-            raise
-        except Exception as exc:  # a template may refuse a conversation it cannot format
-            raise ValueError(f"messages: the chat template rejected them ({exc})") from exc
+        assert prompt is not None
+        return self.engine.checked_prompt(prompt)
 
     async def _run(
         self, stream: EngineStream, request: GenerationRequest

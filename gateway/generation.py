@@ -238,9 +238,9 @@ class Backend(Protocol):
 
     async def start(self, request: GenerationRequest) -> Stream: ...
 
-    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """The token ids a completion of ``prompt`` would prefill, refused (ValueError) where
-        the call would be: what a render answers, so it never shows ids the call refuses."""
+    async def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """The token ids ``request`` would prefill, refused (ValueError) where ``start`` would
+        refuse its prompt: what a render answers, so it never shows a prompt the call refuses."""
         ...
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized: ...

@@ -126,13 +126,14 @@ class Generations:
         except AdmissionRefused as exc:
             raise _refused(exc) from None
 
-    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """A completion prompt's token ids as the call would prefill them (BadInput naming
-        ``prompt`` where the call would refuse it)."""
+    async def prompt_ids(self, request: GenerationRequest, field: str) -> list[int]:
+        """The token ids ``request`` would prefill (BadInput where its call would refuse its
+        prompt, naming ``field``, the door's name for the prompt, unless the error names
+        one)."""
         try:
-            return await self.backend.prompt_ids(prompt)
+            return await self.backend.prompt_ids(request)
         except ValueError as exc:
-            raise _bad_input(exc, "prompt") from None
+            raise _bad_input(exc, field) from None
         except AdmissionRefused as exc:
             raise _refused(exc) from None
 

@@ -336,14 +336,9 @@ class OpenAIEndpoint:
         receive: Receive,
         send: Send,
     ) -> str:
-        """A chat's render (the chat form of ``/tokenize``: its template with its tools)."""
-        tokenize = TokenizeRequest(
-            messages=generation.messages,
-            tools=generation.template_tools,
-            chat_template_kwargs=generation.chat_template_kwargs,
-        )
+        """A chat's render: the prompt its call would prefill (its template with its tools)."""
         async with self.calls.admit(receive, headers) as call:
-            ids = (await call.run(self.generations.tokenize(tokenize))).ids
+            ids = await call.run(self.generations.prompt_ids(generation, prompt))
         (request_id,) = render.request_ids(prefix, 1)
         answer = self._rendered(request_id, ids, generation, sampling, request.fields, prompt)
         await _send_json(send, answer)
@@ -356,7 +351,10 @@ class OpenAIEndpoint:
             request.size, self._read_completions, request.fields
         )
         async with self.calls.admit(receive, headers) as call:
-            prompt_ids = [await call.run(self.generations.prompt_ids(p)) for p in prompts]
+            prompt_ids = [
+                await call.run(self.generations.prompt_ids(replace(base, prompt=p), "prompt"))
+                for p in prompts
+            ]
         ids = render.request_ids("cmpl-", len(prompts))
         answer = [
             self._rendered(i, p, base, sampling, request.fields, "prompt")

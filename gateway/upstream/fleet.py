@@ -310,12 +310,19 @@ class Fleet:
     async def unload_adapter(self, name: str) -> bool:
         raise AdapterError("fleet mode: unload LoRA adapters on the upstream servers")
 
-    async def prompt_ids(self, prompt: str | list[int]) -> list[int]:
-        """A text tokenized as ``tokenize`` does; ids as given: the upstreams' vocabulary is
-        not known here, so their own calls check them."""
-        if isinstance(prompt, list):
-            return prompt
-        return (await self.tokenize(TokenizeRequest(prompt))).ids
+    async def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """A text or a conversation tokenized as ``tokenize`` does; token ids as given: the
+        upstreams' vocabulary is not known here, so their own calls check them."""
+        if isinstance(request.prompt, list):
+            return request.prompt
+        if request.messages is None:
+            return (await self.tokenize(TokenizeRequest(request.prompt))).ids
+        conversation = TokenizeRequest(
+            messages=request.messages,
+            tools=request.template_tools,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
+        return (await self.tokenize(conversation)).ids
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         """With a local tokenizer (``--tokenizer``) here; else by an upstream's ``/tokenize``."""

@@ -54,14 +54,11 @@ class PrefixKeys:
             assert request.prompt is not None
             ids = self.tokenizer.encode(request.prompt)
         else:
-            try:
-                ids = self.tokenizer.encode_chat(
-                    request.messages,
-                    tools=request.template_tools,
-                    chat_template_kwargs=request.chat_template_kwargs,
-                )
-            except Exception as exc:  # a template may refuse a conversation it cannot format
-                raise ValueError(f"messages: the chat template rejected them ({exc})") from exc
+            ids = self.tokenizer.encode_chat(
+                request.messages,
+                tools=request.template_tools,
+                chat_template_kwargs=request.chat_template_kwargs,
+            )
         return block_hashes(ids[: KEY_BLOCKS * BLOCK_SIZE], ROOT)
 
 

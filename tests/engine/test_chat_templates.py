@@ -203,6 +203,7 @@ def test_template_inputs_are_not_modified(tiny_model_dir: Path, tmp_path: Path) 
         (dict(messages=["hi"]), r"messages\[0\]"),
         (dict(messages=PLAIN, tools=["get_weather"]), "tools"),
         (dict(messages=PLAIN, documents=[1]), "documents"),
+        (dict(messages=PLAIN, chat_template_kwargs={"tools": 5}), "template rejected them"),
     ],
 )
 def test_bad_chat_inputs_are_named(pair_tokenizer: Tokenizer, options: dict, message: str) -> None:

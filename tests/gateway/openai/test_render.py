@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import AsyncLLM, SamplingParams
+from engine import AsyncLLM, EngineConfig, SamplingParams
 from engine.tiny_model import default_model_dir
 from gateway.calls.errors import BadInput
 from gateway.openai import render
@@ -190,6 +190,40 @@ def test_completions_render_refuses_the_ids_the_call_refuses(
     error = rendered.json()["error"]
     assert error["param"] == "prompt" and f"token ids must be in [0, {vocab})" in error["message"]
     assert error["message"] == call.json()["error"]["message"]
+
+
+def test_renders_refuse_a_prompt_over_the_servers_bound_as_the_calls_do(
+    tiny_engine_config: dict[str, Any],
+) -> None:
+    """``--max-prompt-tokens``: a prompt within the context but over the server's bound."""
+    engine = AsyncLLM(EngineConfig(**tiny_engine_config, max_prompt_tokens=40))
+    long = "word " * 60
+    chat = {"messages": [{"role": "user", "content": long}], "max_tokens": 1}
+    pairs = [
+        ("/v1/chat/completions", chat, "messages"),
+        ("/v1/completions", {"prompt": long, "max_tokens": 1}, "prompt"),
+        ("/v1/responses", {"input": long, "max_output_tokens": 1}, "input"),
+    ]
+    try:
+        with LiveServer(engine) as live:
+            for path, body, field in pairs:
+                call, rendered = post(live, path, body), post(live, path + "/render", body)
+                assert call.status_code == rendered.status_code == 400, (path, rendered.text)
+                error = rendered.json()["error"]
+                assert "at most 40 on this server" in error["message"]
+                assert error["param"] == field
+    finally:
+        engine.shutdown()
+
+
+def test_a_chat_the_template_refuses_is_a_400_at_every_door(server: LiveServer) -> None:
+    """A variable named like one of the template's own arguments: the call, its render and
+    ``/tokenize`` each answer the template's refusal as bad input."""
+    body = {"messages": CHAT, "max_tokens": 1, "chat_template_kwargs": {"tools": 5}}
+    for path in ("/v1/chat/completions", "/v1/chat/completions/render", "/tokenize"):
+        answer = post(server, path, body)
+        assert answer.status_code == 400, (path, answer.text)
+        assert "the chat template rejected them" in answer.json()["error"]["message"]
 
 
 def test_render_takes_only_post(server: LiveServer) -> None:
