@@ -245,7 +245,7 @@ def _call(call: Any, i: int, j: int) -> Any:
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments) if arguments.strip() else {}
-        except ValueError:
+        except (ValueError, RecursionError):  # not JSON, or nested past the parser's stack
             # A call cut short by max_tokens ('{"a":') stays in an agent's history; as vLLM
             # does, the next turn renders it with no arguments rather than refusing the turn.
             log.warning("%s.function.arguments is not JSON text: rendered as {}", where)

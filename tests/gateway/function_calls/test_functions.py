@@ -98,6 +98,9 @@ def test_earlier_calls_reach_the_template_with_object_arguments() -> None:
     cut = {**call, "function": {"name": "f", "arguments": '{"a":'}}  # cut short by max_tokens
     out = template_messages([{"role": "assistant", "content": None, "tool_calls": [cut]}])
     assert out[0]["tool_calls"][0]["function"]["arguments"] == {}  # as vLLM: the turn goes on
+    deep = {**call, "function": {"name": "f", "arguments": "[" * 100_000}}  # past the stack
+    out = template_messages([{"role": "assistant", "content": None, "tool_calls": [deep]}])
+    assert out[0]["tool_calls"][0]["function"]["arguments"] == {}
 
 
 def test_a_tool_request_is_none_without_tools_and_checks_parallel_calls() -> None:
