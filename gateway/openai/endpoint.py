@@ -285,7 +285,7 @@ class OpenAIEndpoint:
         if "messages" in body:  # vLLM's chat form: the template's tools and variables too
             functions = parse.chat_functions(body)
             tokenize = TokenizeRequest(
-                messages=parse.chat_messages(body),
+                messages=template_messages(parse.chat_messages(body)),  # as the call renders
                 token_strs=strs,
                 tools=None if functions is None else functions.raw,
                 chat_template_kwargs=_template_kwargs(body),

@@ -352,6 +352,17 @@ def test_tokenize_renders_a_chat_as_vllm_does(server: LiveServer, engine: AsyncL
     text = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=False)
     assert unopened["tokens"] == engine.tokenizer.encode(text, add_special_tokens=False)
     assert unopened["count"] < with_tools["count"]
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+    history = [
+        *messages,
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "ok"},
+    ]
+    counted = httpx.post(server.base + "/tokenize", json={"messages": history, "tools": tools})
+    rendered = httpx.post(  # the call's own prompt: the arguments rendered as an object
+        server.base + "/v1/chat/completions/render", json={"messages": history, "tools": tools}
+    )
+    assert counted.json()["tokens"] == rendered.json()["token_ids"]
     bad = httpx.post(
         server.base + "/tokenize", json={"messages": messages, "chat_template_kwargs": [1]}
     )
