@@ -13,6 +13,17 @@ A connection goes back to the pool only once its response was read to the end an
 sides keep it alive; one closed early is closed, which aborts the request upstream. Idle
 connections expire before the usual server keep-alive (uvicorn's 5 s); a request on a
 reused connection that the server closed before answering is sent again once on a new one.
+
+The upstream is outside data, so its framing is bounded as the bytes arrive, not once a
+piece is complete (httptools buffers a header's value until its line ends, growing it by
+concatenation): at most ``MAX_FRAMING_BYTES`` are fed to the parser without a body byte
+among them (the status line and headers; a chunk's size line and extensions; trailers),
+at most ``MAX_HEADERS`` header lines, and the connection is closed at once past either.
+A response is delimited by its own framing and nothing after it is read: bytes that come
+after a complete response (a second response in the same write, bytes past its
+Content-Length, anything on an idle connection) or before the request close the connection,
+and none of them reaches a caller. A transfer coding other than ``chunked`` is refused, as
+llhttp refuses Content-Length beside one.
 """
 
 from __future__ import annotations
@@ -29,7 +40,9 @@ import httptools
 
 IDLE_EXPIRY_S = 4.0  # below uvicorn's (so vLLM's and kvgate's) 5 s keep-alive timeout
 HIGH_WATER = 1 << 20  # body bytes buffered before reading pauses
-MAX_HEAD_BYTES = 64 << 10  # status line and headers
+PIECE_BYTES = 64  # what a buffered piece costs beyond its bytes (a flood of 1-byte chunks)
+MAX_FRAMING_BYTES = 64 << 10  # the head, and any framing between two body bytes
+MAX_HEADERS = 128  # header lines in a response (interim ones and trailers included)
 
 
 class ConnectError(OSError):
@@ -54,7 +67,10 @@ class _Connection(asyncio.Protocol):
         self.parser = httptools.HttpResponseParser(self)
         self.status = 0
         self.headers: dict[str, str] = {}
-        self.head_bytes = 0
+        self.header_lines = 0
+        self.framing = 0  # bytes fed since the last body byte
+        self.body_bytes = 0
+        self.expecting = False  # a request was sent and its answer is not complete yet
         self.headers_done = False
         self.complete = False
         self.keep_alive = False
@@ -71,13 +87,33 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)  # uvloop's is no subclass of it
 
     def data_received(self, data: bytes) -> None:
+        if not self.expecting:
+            self._unasked()
+            return
         self.received_any = True
+        view = memoryview(data)
         try:
-            self.parser.feed_data(data)
+            # Fed in pieces that end where the framing bound would be reached, so the
+            # parser never holds more than it allows.
+            while view and self.expecting:
+                room = MAX_FRAMING_BYTES - self.framing
+                piece, view = view[:room], view[room:]
+                body = self.body_bytes
+                self.parser.feed_data(piece)
+                carried = self.body_bytes - body
+                self.framing = len(piece) - carried if carried else self.framing + len(piece)
+                if self.framing >= MAX_FRAMING_BYTES and self.expecting:
+                    self._refuse(f"over {MAX_FRAMING_BYTES} bytes of headers or framing")
+                    return
         except httptools.HttpParserError as exc:
-            self._fail(ProtocolError(f"malformed HTTP from the upstream: {exc}"))
-            self.close()
-        if self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
+            if self.complete:  # what follows the answer is not read
+                self._unasked()
+            else:
+                self._refuse(str(exc))
+            return
+        if view:  # bytes after the complete answer
+            self._unasked()
+        elif self.buffered > HIGH_WATER and not self.paused and self.transport is not None:
             self.paused = True
             self.transport.pause_reading()
 
@@ -94,15 +130,17 @@ class _Connection(asyncio.Protocol):
 
     # -- httptools callbacks ---------------------------------------------------------------
 
+    def on_message_begin(self) -> None:
+        if not self.expecting:  # a second response in the same read: the parser stops here
+            raise httptools.HttpParserError("a response nobody asked for")
+
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.head_bytes += len(name) + len(value)
-        if self.head_bytes > MAX_HEAD_BYTES:
-            self._fail(
-                ProtocolError(
-                    f"malformed HTTP from the upstream: headers over {MAX_HEAD_BYTES} bytes"
-                )
-            )
-            raise httptools.HttpParserError("headers too large")
+        self.header_lines += 1
+        if self.header_lines > MAX_HEADERS:
+            self._refuse(f"over {MAX_HEADERS} header lines")
+            raise httptools.HttpParserError("too many headers")
+        if self.headers_done:  # a trailer: read (and bounded), never merged into the headers
+            return
         key = name.decode("latin-1").lower()
         text = value.decode("latin-1")
         previous = self.headers.get(key)
@@ -111,20 +149,26 @@ class _Connection(asyncio.Protocol):
     def on_headers_complete(self) -> None:
         self.status = self.parser.get_status_code()
         if 100 <= self.status < 200:  # an interim answer: the real one follows
-            self.headers, self.head_bytes = {}, 0
+            self.headers = {}
             return
+        coding = self.headers.get("transfer-encoding")
+        if coding is not None and coding.strip().lower() != "chunked":
+            self._refuse(f"transfer coding {coding!r:.64}")
+            raise httptools.HttpParserError("a transfer coding")
         self.headers_done = True
         self._wake()
 
     def on_body(self, body: bytes) -> None:
         self.body.append(body)
-        self.buffered += len(body)
+        self.body_bytes += len(body)
+        self.buffered += len(body) + PIECE_BYTES
         self._wake()
 
     def on_message_complete(self) -> None:
         if 100 <= self.status < 200:
             return
         self.complete = True
+        self.expecting = False
         self.keep_alive = self.parser.should_keep_alive()  # known only until the next one
         self._wake()
 
@@ -139,6 +183,27 @@ class _Connection(asyncio.Protocol):
         waiter = self.waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _refuse(self, why: str) -> None:
+        """The upstream's bytes are not an answer this client reads: the call fails, the
+        connection is closed at once."""
+        self._fail(ProtocolError(f"malformed HTTP from the upstream: {why}"))
+        self.close()
+
+    def _unasked(self) -> None:
+        """Bytes no request asked for: the connection is closed and they are dropped; a
+        complete answer stands, one not begun fails."""
+        if not self.complete:
+            self._fail(ProtocolError("the upstream sent bytes before it was asked"))
+        self.close()
+
+    def send(self, data: bytes) -> None:
+        """Write a request; its answer is expected from here on."""
+        if self.error is not None:  # the upstream spoke first
+            raise self.error
+        assert self.transport is not None
+        self.expecting = True
+        self.transport.write(data)
 
     def _fail(self, exc: BaseException) -> None:
         if self.error is None:
@@ -284,8 +349,7 @@ class Pool:
         self, connection: _Connection, data: bytes, read_timeout_s: float | None
     ) -> Response:
         try:
-            assert connection.transport is not None
-            connection.transport.write(data)
+            connection.send(data)
             while not connection.headers_done:
                 await connection.wait(read_timeout_s)
         except BaseException:

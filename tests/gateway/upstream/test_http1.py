@@ -192,13 +192,144 @@ def test_malformed_answers_and_silence() -> None:
     asyncio.run(run())
 
 
-def test_headers_are_bounded() -> None:
-    huge = b"HTTP/1.1 200 OK\r\n" + b"x-pad: " + b"a" * (http1.MAX_HEAD_BYTES + 1) + b"\r\n\r\n"
+CHUNKED = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n"
+BLOCK = b"a" * (64 << 10)
+FLOOD_BYTES = 256 << 20
+
+
+@pytest.mark.parametrize(
+    ("head", "block"),
+    [
+        (b"HTTP/1.1 200 OK\r\nx-endless: ", BLOCK),  # a header line that never ends
+        (b"HTTP/1.1 200 OK\r\n", b"x-h: a\r\n" * 4096),  # header lines that never end
+        (CHUNKED + b"1;", BLOCK),  # a chunk extension that never ends
+        (CHUNKED + b"2\r\n{}\r\n0\r\nx-trailer: ", BLOCK),  # a trailer that never ends
+    ],
+    ids=["header-line", "header-lines", "chunk-extension", "trailer"],
+)
+def test_framing_that_never_ends_is_cut_as_it_arrives(head: bytes, block: bytes) -> None:
+    """At most ``MAX_FRAMING_BYTES`` are fed to the parser without a body byte: the call
+    fails at once and the connection is closed, so the upstream gets little out (what the
+    loopback socket buffers hold)."""
+    sent: list[int] = []
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await read_request(reader)
+        writer.write(head)
+        total = 0
+        try:
+            while total < FLOOD_BYTES:
+                writer.write(block)
+                await writer.drain()
+                total += len(block)
+        except ConnectionError:
+            pass
+        sent.append(total)
 
     async def run() -> None:
-        async with serving(lambda r, w: answer_each(r, w, huge)) as (pool, _):
-            with pytest.raises(http1.ProtocolError, match="headers over"):
+        async with serving(flood) as (pool, _):
+            with pytest.raises(http1.ProtocolError, match=r"over (65536 bytes|128 header)"):
+                response = await pool.request("GET", "/", read_timeout_s=2)
+                await response.read()
+            for _ in range(200):  # the server sees the hang-up
+                if sent:
+                    break
+                await asyncio.sleep(0.01)
+
+    asyncio.run(run())
+    assert sent and sent[0] < 16 << 20, sent
+
+
+def test_header_lines_are_counted() -> None:
+    many = b"HTTP/1.1 200 OK\r\n" + b"x-h: a\r\n" * (http1.MAX_HEADERS + 1) + b"\r\n"
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, many)) as (pool, _):
+            with pytest.raises(http1.ProtocolError, match="header lines"):
                 await pool.request("GET", "/")
+
+    asyncio.run(run())
+
+
+EXTRA = b"HTTP/1.1 200 OK\r\ncontent-length: 8\r\n\r\nSMUGGLED"
+
+
+@pytest.mark.parametrize(
+    "after",
+    [EXTRA, b"SMUGGLED", b"\r\n" + EXTRA],
+    ids=["a-second-response", "past-the-content-length", "after-a-blank-line"],
+)
+@pytest.mark.parametrize("framing", ["sized", "chunked"])
+def test_bytes_after_a_complete_answer_close_the_connection(after: bytes, framing: str) -> None:
+    """Nothing after the answer reaches the caller, in the same write or not, and the
+    connection is never reused: the next call opens a new one and gets its own answer."""
+    answer = OK if framing == "sized" else CHUNKED + b"2\r\n{}\r\n0\r\n\r\n"
+    heads = {"sized": {"content-type", "content-length"}, "chunked": {"transfer-encoding"}}
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, answer + after)) as (pool, opened):
+            for _ in range(3):
+                response = await pool.request("GET", "/")
+                assert await response.read() == b"{}"
+                assert set(response.headers) == heads[framing]  # none of the second's
+            assert len(opened) == 3
+
+    asyncio.run(run())
+
+
+def test_bytes_on_an_idle_connection_close_it() -> None:
+    async def late(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while True:
+            try:
+                await read_request(reader)
+            except asyncio.IncompleteReadError:
+                return
+            writer.write(OK)
+            await asyncio.sleep(0.05)  # the connection is back in the pool
+            writer.write(EXTRA)  # an answer to a request never sent
+            await writer.drain()
+
+    async def run() -> None:
+        async with serving(late) as (pool, opened):
+            for _ in range(2):
+                response = await pool.request("GET", "/")
+                assert await response.read() == b"{}"
+                await asyncio.sleep(0.15)
+            assert len(opened) == 2
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("head", "error"),
+    [
+        (b"transfer-encoding: gzip, chunked", "transfer coding"),
+        (b"transfer-encoding: gzip", "transfer coding"),
+        (b"content-length: 2\r\ntransfer-encoding: chunked", "Content-Length"),
+        (b"content-length: 2\r\ncontent-length: 3", "Content-Length"),
+    ],
+)
+def test_framing_it_does_not_read_is_refused(head: bytes, error: str) -> None:
+    reply = b"HTTP/1.1 200 OK\r\n" + head + b"\r\n\r\n2\r\n{}\r\n0\r\n\r\n"
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, reply)) as (pool, _):
+            with pytest.raises(http1.ProtocolError, match=error):
+                await (await pool.request("GET", "/")).read()
+
+    asyncio.run(run())
+
+
+def test_trailers_are_read_not_merged_into_the_headers() -> None:
+    reply = CHUNKED + b"2\r\n{}\r\n0\r\nx-trailer: late\r\n\r\n"
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, reply)) as (pool, opened):
+            for _ in range(2):
+                response = await pool.request("GET", "/")
+                assert await response.read() == b"{}"
+                assert "x-trailer" not in response.headers
+            assert len(opened) == 1  # a trailer is framing, not a fault
 
     asyncio.run(run())
 
@@ -229,6 +360,22 @@ def test_a_large_body_flows_with_reading_paused_and_resumed() -> None:
             response = await pool.request("GET", "/")
             await asyncio.sleep(0.2)  # let the server fill the buffer past the high water
             assert len(await response.read()) == size
+
+    asyncio.run(run())
+
+
+def test_one_byte_chunks_pause_reading_by_what_they_hold() -> None:
+    """A piece buffered costs more than its bytes: a flood of 1-byte chunks pauses reading
+    long before a megabyte of pieces (~50 MiB of objects) is held."""
+    count = 300_000
+    reply = CHUNKED + b"1\r\na\r\n" * count + b"0\r\n\r\n"
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, reply)) as (pool, _):
+            response = await pool.request("GET", "/")
+            await asyncio.sleep(0.3)  # the server has written it all
+            assert len(response._connection.body) < 100_000
+            assert await response.read() == b"a" * count
 
     asyncio.run(run())
 
