@@ -3,13 +3,16 @@
 An upstream is outside data. Its stream is split into lines on ``\\n`` (a ``\\r`` before it
 dropped) and nothing else — ``str.splitlines`` and httpx's ``aiter_lines`` also break on
 U+2028, U+2029 and U+0085, which are text inside a JSON string. A line over
-``MAX_LINE_BYTES``, an event over ``MAX_EVENT_BYTES``, a stream over its byte budget, bytes
-that are not UTF-8 or a body in a content coding (a gzip bomb is decoded by httpx in one
-piece) are a ``wire.StreamError``: the reply is malformed. Bodies that are not streams (an
-error answer, ``/v1/models``, ``/health``, ``/metrics``) are read up to a limit.
+``MAX_LINE_BYTES``, an event over ``MAX_EVENT_BYTES``, a stream over its byte budget or its
+line budget (lines that carry no event, comments and blank lines, count too), bytes that are
+not UTF-8 or a body in a content coding (a gzip bomb is decoded by httpx in one piece) are a
+``wire.StreamError``: the reply is malformed. Bodies that are not streams (an error answer,
+``/v1/models``, ``/health``, ``/metrics``) are read up to a limit.
 
 What the gateway holds per call is thus at most one line (1 MiB) and the text relayed so
-far (bounded by the stream's budget), whatever the upstream sends.
+far (bounded by the stream's budget), whatever the upstream sends. What it spends is bounded
+too: a megabyte read at once may hold half a million two-byte lines, so the lines are
+handed on ``YIELD_LINES`` at a time between turns of the event loop, never all in one.
 """
 
 from __future__ import annotations
@@ -32,6 +35,10 @@ MAX_METRICS_BYTES = 8 << 20  # a /metrics page (vLLM's is ~100-300 KiB)
 # logprobs is ~2 KiB), comments and keep-alives included.
 STREAM_BASE_BYTES = 1 << 20
 STREAM_BYTES_PER_TOKEN = 16 << 10
+# A stream may carry this many lines per event it may carry (an event is a data line and a
+# blank one; the rest is room for comments, ``event:`` and ``id:`` lines, keep-alives).
+LINES_PER_EVENT = 4
+YIELD_LINES = 256
 # Headers every upstream request carries: no content coding (identity bodies only).
 HEADERS = {"accept-encoding": "identity"}
 
@@ -50,12 +57,14 @@ def coded(response: Response | httpx.Response) -> str | None:
 async def sse_lines(
     chunks: AsyncIterator[bytes],
     budget: int,
+    max_lines: int,
     max_line: int = MAX_LINE_BYTES,
     max_event: int = MAX_EVENT_BYTES,
 ) -> AsyncGenerator[str]:
-    """The stream's lines (without their ends), each decoded as UTF-8."""
+    """The stream's lines (without their ends), each decoded as UTF-8: at most
+    ``max_lines`` of them in at most ``budget`` bytes."""
     buffer = bytearray()
-    total = event = 0
+    total = event = lines = 0
     async for piece in chunks:
         total += len(piece)
         if total > budget:
@@ -71,6 +80,11 @@ async def sse_lines(
                 raise StreamError(
                     f"malformed stream from the upstream: a line or event over {max_line} bytes"
                 )
+            lines += 1
+            if lines > max_lines:
+                raise StreamError(f"malformed stream from the upstream: over {max_lines} lines")
+            if lines % YIELD_LINES == 0:
+                await asyncio.sleep(0)  # the loop's other work runs between these lines
             yield _text(line)
         del buffer[:start]
         if len(buffer) > max_line:

@@ -7,7 +7,8 @@ the stream, one after is ``UpstreamFailed``. ``Call.aclose`` always releases the
 
 The stream is read within bounds (``bounded``: lines, events, bytes) and no further than the
 request asked: more than ``max_tokens`` + ``TOKEN_SLACK`` tokens, or ``EVENT_SLACK`` more
-events than that, is a malformed reply; once ``max_tokens`` tokens or a ``finish_reason``
+events than that (or ``bounded.LINES_PER_EVENT`` lines per such event, comments and blank
+lines included), is a malformed reply; once ``max_tokens`` tokens or a ``finish_reason``
 have come, the rest of the stream (finish, usage, ``[DONE]``) has ``TAIL_S`` to arrive —
 an upstream that stalls or streams on after its answer is cut there (a 502 when it never
 said it had finished, else the answer as it stands).
@@ -190,7 +191,10 @@ class Call:
         upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
         calls, thought = wire.ToolCalls(), list[str]()
         asked = self.request.params.max_tokens
-        lines = bounded.sse_lines(self.response.chunks(), bounded.stream_budget(asked))
+        most = asked + TOKEN_SLACK + EVENT_SLACK
+        lines = bounded.sse_lines(
+            self.response.chunks(), bounded.stream_budget(asked), bounded.LINES_PER_EVENT * most
+        )
         tail_at: float | None = None
         try:
             while True:
@@ -217,7 +221,7 @@ class Call:
                 if chunk is None:
                     continue
                 events += 1
-                if events > asked + TOKEN_SLACK + EVENT_SLACK:
+                if events > most:
                     raise wire.StreamError(f"over {events - 1} events for max_tokens {asked}")
                 if chunk.done:  # read on to the body's end: a drained connection is pooled,
                     continue  # one left mid-body is closed (a TCP connect per call, ~0.5 ms)

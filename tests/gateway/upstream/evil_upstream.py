@@ -67,6 +67,13 @@ async def endless_empty() -> AsyncIterator[bytes]:
         await asyncio.sleep(0)
 
 
+async def endless_comments() -> AsyncIterator[bytes]:
+    yield text_chunk("x")
+    while True:  # SSE comments, two bytes each: no event, ever
+        yield b":\n" * 4096
+        await asyncio.sleep(0)
+
+
 async def endless_line() -> AsyncIterator[bytes]:
     yield b'data: {"choices": [{"index": 0, "text": "'
     piece = b"a" * 65536
@@ -120,6 +127,7 @@ STREAMS: dict[str, Callable[[], AsyncIterator[bytes]]] = {
     "malformed": sequence([data(b"{not json"), data(b"[DONE]")]),
     "endless": endless,
     "endless-empty": endless_empty,
+    "endless-comments": endless_comments,
     "endless-line": endless_line,
     "huge-events": huge_events,
     "stall-after-tokens": stall_after_tokens,

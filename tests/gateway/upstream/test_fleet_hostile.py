@@ -136,6 +136,7 @@ def test_malformed_replies_never_take_the_upstream_out(fleet: Process) -> None:
 FLOODS = [
     "endless",
     "endless-empty",
+    "endless-comments",
     "endless-line",
     "huge-events",
     "stall-after-tokens",
