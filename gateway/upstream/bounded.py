@@ -30,7 +30,9 @@ from gateway.upstream.wire import StreamError
 MAX_LINE_BYTES = 1 << 20
 MAX_EVENT_BYTES = 1 << 20
 MAX_BODY_BYTES = 1 << 20  # an answer that is not a stream: /v1/models, /health, an error
-MAX_METRICS_BYTES = 8 << 20  # a /metrics page (vLLM's is ~100-300 KiB)
+# A /metrics page: vLLM's is ~100-300 KiB per engine. Read whole, decoded, then searched,
+# a page costs about three times its size at once.
+MAX_METRICS_BYTES = 4 << 20
 # A stream may carry this much, plus this much per token asked for (a chunk with 20 top
 # logprobs is ~2 KiB), comments and keep-alives included.
 STREAM_BASE_BYTES = 1 << 20

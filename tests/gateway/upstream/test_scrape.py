@@ -15,7 +15,7 @@ import pytest
 from gateway.settings import Settings
 from gateway.upstream.fleet import Fleet
 from gateway.upstream.routing import QUEUE_SLACK, Load
-from gateway.upstream.scrape import Scraped, ScrapeError, parse
+from gateway.upstream.scrape import MAX_MENTIONS, Scraped, ScrapeError, parse
 from tests.gateway.live_server import LiveServer
 from tests.gateway.upstream.processes import Process, gateway, generate, running
 
@@ -71,6 +71,30 @@ def test_invalid_figures_are_dropped_and_counted_garbage_refused() -> None:
     for garbage in ("vllm:num_requests_waiting{engine=0 7\n", "vllm:num_requests_waiting x y z"):
         with pytest.raises(ScrapeError):
             parse(garbage)
+
+
+def test_only_the_lines_naming_a_figure_are_parsed() -> None:
+    """A longer name, a mention in a label or in another family's help, and a line the
+    parser would refuse elsewhere on the page are not the figures'."""
+    text = (
+        "# HELP other Unlike vllm:num_requests_waiting, it counts nothing.\n"
+        'other{of="vllm:num_requests_running"} 9\n'
+        "vllm:num_requests_waiting_by_reason 8\n"
+        "this line { is not Prometheus text\n" + VLLM
+    )
+    assert parse(text) == (Scraped(waiting=7, running=5, kv_usage=0.5), 0)
+
+
+def test_a_huge_page_costs_milliseconds_and_is_refused_past_its_mentions() -> None:
+    """The Prometheus parser spends seconds on an 8 MiB page, on the event loop; the scrape
+    parses only the lines that name its figures, and at most ``MAX_MENTIONS`` of those."""
+    noise = "".join(f'vllm:other_total{{le="{i}"}} 1.0\n' for i in range(200_000))
+    flood = "".join(f'vllm:num_requests_waiting{{engine="{i}"}} 0\n' for i in range(200_000))
+    started = time.perf_counter()
+    assert parse(noise + VLLM) == (Scraped(waiting=7, running=5, kv_usage=0.5), 0)
+    with pytest.raises(ScrapeError, match=f"over {MAX_MENTIONS} lines"):
+        parse(flood)
+    assert time.perf_counter() - started < 0.5
 
 
 @pytest.fixture(scope="module")
