@@ -78,8 +78,8 @@ class _Connection(asyncio.Protocol):
         self.body: deque[bytes] = deque()
         self.buffered = 0
         self.paused = False
-        self.error: BaseException | None = None
-        self.waiter: asyncio.Future[None] | None = None
+        self.error: ProtocolError | None = None  # never raised itself: see raised()
+        self.waiter: asyncio.Future[bool] | None = None  # True: news; False: silence
 
     # -- asyncio.Protocol ----------------------------------------------------------------
 
@@ -182,7 +182,7 @@ class _Connection(asyncio.Protocol):
     def _wake(self) -> None:
         waiter = self.waiter
         if waiter is not None and not waiter.done():
-            waiter.set_result(None)
+            waiter.set_result(True)
 
     def _refuse(self, why: str) -> None:
         """The upstream's bytes are not an answer this client reads: the call fails, the
@@ -200,32 +200,41 @@ class _Connection(asyncio.Protocol):
     def send(self, data: bytes) -> None:
         """Write a request; its answer is expected from here on."""
         if self.error is not None:  # the upstream spoke first
-            raise self.error
+            raise self.raised()
         assert self.transport is not None
         self.expecting = True
         self.transport.write(data)
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, exc: ProtocolError) -> None:
         if self.error is None:
             self.error = exc
-        waiter = self.waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_exception(exc)
+        self._wake()
+
+    def raised(self) -> ProtocolError:
+        """The connection's error as a new exception. The one kept is never raised: raised,
+        it would hold the frames it passed through, one of them holding this connection — a
+        cycle keeping the call's buffers until the cyclic GC runs. For the same reason the
+        waiter only ever gets a result."""
+        assert self.error is not None
+        return ProtocolError(*self.error.args)
 
     async def wait(self, timeout_s: float | None) -> None:
-        """Until the parser has news (headers, body, the end) or ``timeout_s`` of silence."""
+        """Until the parser has news (headers, body, the end, an error: the next wait raises
+        it) or ``timeout_s`` of silence."""
         if self.error is not None:
-            raise self.error
+            raise self.raised()
         waiter = self.waiter = self.loop.create_future()
         timer = None
         if timeout_s is not None:
             timer = self.loop.call_later(timeout_s, _expire, waiter)
         try:
-            await waiter
+            news = await waiter
         finally:
             self.waiter = None
             if timer is not None:
                 timer.cancel()
+        if not news:
+            raise TimeoutError("no data from the upstream within the read timeout")
 
     def take(self) -> bytes | None:
         """The body bytes buffered so far (None: none yet), reading resumed if paused."""
@@ -247,10 +256,18 @@ class _Connection(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def forget(self) -> None:
+        """Drop what a discarded connection holds now: the parser's callbacks make it a
+        reference cycle, freed only when the cyclic GC runs, and the old parser holds a
+        partial header (up to ``MAX_FRAMING_BYTES``), the deque an unread body."""
+        self.parser = httptools.HttpResponseParser(self)
+        self.body.clear()
+        self.buffered = 0
 
-def _expire(waiter: asyncio.Future[None]) -> None:
+
+def _expire(waiter: asyncio.Future[bool]) -> None:
     if not waiter.done():
-        waiter.set_exception(TimeoutError("no data from the upstream within the read timeout"))
+        waiter.set_result(False)
 
 
 class Response:
@@ -410,6 +427,7 @@ class Pool:
 
     def _discard(self, connection: _Connection) -> None:
         connection.close()
+        connection.forget()
         self._open.discard(connection)
 
     def aclose(self) -> None:

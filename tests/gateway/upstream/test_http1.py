@@ -240,6 +240,30 @@ def test_framing_that_never_ends_is_cut_as_it_arrives(head: bytes, block: bytes)
     assert sent and sent[0] < 16 << 20, sent
 
 
+def test_a_failed_connection_keeps_no_frames_and_no_body() -> None:
+    """The error a connection keeps was never raised: raised, it would hold the frames it
+    passed through, one of them holding the connection (a cycle that kept a call's buffers
+    until the cyclic GC ran). Discarded, a connection lets its unread body go at once."""
+    garbage = b"SPDY/9 nonsense\r\n\r\n"
+    partial = b"HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\nunread"
+
+    async def run() -> None:
+        async with serving(lambda r, w: answer_each(r, w, garbage)) as (pool, _):
+            connection = await pool._connect()
+            with pytest.raises(http1.ProtocolError):
+                await pool._exchange(connection, b"GET / HTTP/1.1\r\n\r\n", 2)
+            assert connection.error is not None and connection.error.__traceback__ is None
+        async with serving(lambda r, w: answer_each(r, w, partial)) as (pool, _):
+            response = await pool.request("GET", "/")
+            connection = response._connection
+            await asyncio.sleep(0.1)  # the body's start has come
+            assert connection.body
+            response.close()  # unread: the connection is discarded
+            assert not connection.body
+
+    asyncio.run(run())
+
+
 def test_header_lines_are_counted() -> None:
     many = b"HTTP/1.1 200 OK\r\n" + b"x-h: a\r\n" * (http1.MAX_HEADERS + 1) + b"\r\n"
 
