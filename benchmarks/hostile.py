@@ -1,13 +1,16 @@
 """A server under hostile input: its RSS and /healthz latency while a 64 MiB header line and
 three ~1 MiB bodies arrive (issue 16); then /healthz and another tenant's stream while three
 ~1 MiB bodies of 128 tools' JSON Schemas and two 70k-entry ``choice`` grammars arrive, and
-the compiled-grammar cache's resident bytes against its limit (issue 27). Loopback only;
+the compiled-grammar cache's resident bytes against its limit (issue 27); then a fleet
+gateway's RSS and /healthz while its own upstream attacks it (issue 44). Loopback only;
 every loop is bounded.
 
     python -m benchmarks.hostile [--header-mib 64] [--body-kib 1000] [--probe-ms 10]
                                  [--tools generate,chat,tokenize]   ("" for the header alone)
                                  [--tool-bodies 3] [--choices 70000] [--choice-bodies 2]
-                                 [--cases bodies,tools]
+                                 [--cases bodies,tools,upstream]
+                                 [--upstream-attacks endless-header,endless-comments,...]
+                                 [--attack-s 3]
                                  [--kvgate-flags "--model DIR"]
 
 Starts ``python -m gateway serve`` (the embedded tiny model) on a free port, measures its RSS
@@ -30,6 +33,15 @@ chunks inside the attack window. Targets: /healthz p99 < 100 ms, no gap > 100 ms
 ``grammar_cache`` is read from the engine (``/metrics`` ``kvgate_grammar_cache_bytes`` and
 ``kvgate_grammar_cache_limit_bytes``); where the server does not expose them, the server's
 RSS growth stands in (``source: "rss"``).
+
+The ``upstream`` case runs ``kvgate serve --upstream`` in front of
+``tests.gateway.upstream.raw_upstream``, an upstream that writes its answers byte for byte.
+Each attack is a completion prompt that names what the upstream answers (a header line that
+never ends, endless two-byte SSE comments, one SSE line that never ends, …; two callers, one
+streamed and one not, back to back for ``--attack-s``), or ``pages``: no caller at all, the
+gateway's own health checks and scrapes (every 0.25 s) meeting an endless header line on
+``/health`` and a ``/metrics`` page just under the scrape's limit. ``rss_growth_mib`` is the
+peak over the RSS before the attack. Targets: growth <= 16 MiB, /healthz p99 < 50 ms.
 """
 
 from __future__ import annotations
@@ -63,6 +75,7 @@ from benchmarks.hostile_tools import (
     victim_stream,
 )
 from benchmarks.loopback import free_port
+from tests.gateway.upstream.evil_upstream import MODEL
 
 CHUNK = 64 * 1024
 TARGET_MS = 100
@@ -243,12 +256,15 @@ def tools_case(base: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 @contextmanager
-def serving(*flags: str) -> Iterator[tuple[str, int]]:
-    """``kvgate serve`` on a free port: its base URL and pid, stopped afterwards."""
+def serving(
+    *flags: str, command: tuple[str, ...] = ("gateway", "serve")
+) -> Iterator[tuple[str, int]]:
+    """``kvgate serve`` (or another server module taking ``--port``) on a free port: its base
+    URL and pid, stopped afterwards."""
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     server = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *flags],
+        [sys.executable, "-m", *command, "--port", str(port), *flags],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -295,6 +311,104 @@ def bodies_case(base: str, pid: int, args: argparse.Namespace) -> dict[str, Any]
     }
 
 
+RAW_UPSTREAM = ("tests.gateway.upstream.raw_upstream",)
+# A breaker that never opens (an attack that took the upstream out would stop reaching the
+# gateway) and a read timeout that bounds a call the attack holds silent.
+UPSTREAM_FLAGS = ("--upstream-unhealthy-after", "1000000", "--upstream-read-timeout", "3")
+PAGE_FLAGS = ("--upstream-health-interval", "0.25", "--upstream-scrape-interval", "0.25")
+UPSTREAM_TARGETS = {"rss_growth_mib": 16, "healthz_p99_ms": 50}
+
+
+def attack_calls(base: str, prompt: str, seconds: float, streamed: bool) -> dict[str, int]:
+    """Completions naming ``prompt`` back to back for ``seconds``: how many ended how (the
+    status, ``error`` for a stream that carried an error event, or ``timeout``: no answer
+    within 30 s)."""
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "stream": streamed}
+    outcomes: dict[str, int] = {}
+    deadline = time.monotonic() + seconds
+    with httpx.Client(base_url=base, timeout=30) as http:
+        while time.monotonic() < deadline and sum(outcomes.values()) < 100_000:
+            try:
+                response = http.post("/v1/completions", json=body)
+            except httpx.TimeoutException:
+                outcome = "timeout"
+            else:
+                error = response.status_code == 200 and b'"error"' in response.content
+                outcome = f"{response.status_code}{' error' if error else ''}"
+            outcomes[outcome] = outcomes.get(outcome, 0) + 1
+    return outcomes
+
+
+def upstream_attack(
+    base: str,
+    pid: int,
+    args: argparse.Namespace,
+    prompt: str | None,
+    pool: ProcessPoolExecutor,
+) -> dict[str, Any]:
+    """RSS and /healthz while two callers (one streamed) name ``prompt`` for ``--attack-s``
+    in ``pool``'s processes, or, with no prompt, while the gateway's own checks and scrapes
+    run that long."""
+    good = {"model": MODEL, "prompt": "good", "max_tokens": 5}
+    httpx.post(base + "/v1/completions", json=good, timeout=30).raise_for_status()
+    baseline = rss_mib(pid)
+    futures: list[Future[Any]] = []
+
+    def launch(streamed: bool) -> threading.Thread:
+        def run() -> None:
+            futures.append(pool.submit(attack_calls, base, prompt, args.attack_s, streamed))
+
+        return threading.Thread(target=run)
+
+    if prompt is None:
+        attack = [threading.Thread(target=time.sleep, args=(args.attack_s,))]
+    else:
+        attack = [launch(False), launch(True)]
+    hostile = measure(base, pid, args.probe_ms / 1000, attack, futures)
+    calls: dict[str, int] = {}
+    for future in futures:
+        for outcome, count in future.result().items():
+            calls[outcome] = calls.get(outcome, 0) + count
+    growth = round(hostile["rss_peak_mib"] - baseline, 1)
+    return {
+        "rss_baseline_mib": round(baseline, 1),
+        "rss_growth_mib": growth,
+        "hostile": hostile,
+        "calls": calls,
+        "targets_met": {
+            "rss_growth_le_16mib": growth <= UPSTREAM_TARGETS["rss_growth_mib"],
+            "healthz_p99_lt_50ms": hostile["healthz_p99_ms"] < UPSTREAM_TARGETS["healthz_p99_ms"],
+        },
+    }
+
+
+def upstream_case(args: argparse.Namespace) -> dict[str, Any]:
+    """Each of ``--upstream-attacks`` against a fleet gateway in front of the raw upstream:
+    the completion attacks one after the other on one pair, ``pages`` on a pair of its own.
+    The callers run in processes of their own (started before the clock runs), so their work
+    does not slow the probe."""
+    attacks = [attack for attack in args.upstream_attacks.split(",") if attack]
+    figures: dict[str, Any] = {}
+    prompts = [attack for attack in attacks if attack != "pages"]
+    with ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(time.sleep, [0.2, 0.2]))
+        if prompts:
+            with (
+                serving(command=RAW_UPSTREAM) as (upstream, _),
+                serving("--upstream", upstream, *UPSTREAM_FLAGS) as (base, pid),
+            ):
+                for prompt in prompts:
+                    figures[prompt] = upstream_attack(base, pid, args, prompt, pool)
+        if "pages" in attacks:
+            pages = ("--health", "endless-header", "--metrics", "huge")
+            with (
+                serving(*pages, command=RAW_UPSTREAM) as (upstream, _),
+                serving("--upstream", upstream, *UPSTREAM_FLAGS, *PAGE_FLAGS) as (base, pid),
+            ):
+                figures["pages"] = upstream_attack(base, pid, args, None, pool)
+    return figures
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--header-mib", type=int, default=64)
@@ -309,7 +423,13 @@ def main() -> None:
     parser.add_argument("--tool-bodies", type=int, default=3, help="chats of 128 tools")
     parser.add_argument("--choices", type=int, default=70_000, help="entries per choice list")
     parser.add_argument("--choice-bodies", type=int, default=2, help="distinct choice lists")
-    parser.add_argument("--cases", default="bodies,tools", help="bodies, tools or both")
+    parser.add_argument("--cases", default="bodies,tools,upstream", help="a list of cases")
+    parser.add_argument(
+        "--upstream-attacks",
+        default="endless-header,endless-headers,endless-trailer,endless-comments,endless-line,pages",
+        help="raw_upstream answers (completion prompts) and pages (its /health and /metrics)",
+    )
+    parser.add_argument("--attack-s", type=float, default=3.0, help="seconds per attack")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
     flags = args.kvgate_flags.split()
@@ -323,6 +443,8 @@ def main() -> None:
             serving(*flags, "--api-keys-file", keys_file(folder)) as (base, pid),
         ):
             figures["tools_and_grammars"] = tools_case(base, pid, args)
+    if "upstream" in cases:
+        figures["upstream"] = upstream_case(args)
     figures["load_average"] = os.getloadavg()
     print(json.dumps(figures))
 

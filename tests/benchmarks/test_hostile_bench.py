@@ -1,10 +1,14 @@
 """benchmarks.hostile's tools case builds what it claims: 128 distinct tools in ~1 MiB,
-70k distinct choices, and reads the grammar cache's figures off /metrics."""
+70k distinct choices, and reads the grammar cache's figures off /metrics; its upstream case,
+one second per attack, meets its targets."""
 
 from __future__ import annotations
 
+import argparse
+
 import orjson
 
+from benchmarks.hostile import upstream_case
 from benchmarks.hostile_tools import choice_body, grammar_figures, tool_body
 
 
@@ -41,3 +45,16 @@ def test_grammar_figures_are_read_from_metrics() -> None:
         "spec_limit_bytes": 131072,
     }
     assert grammar_figures("kvgate_grammar_cache_limit_bytes 0.0\n") is None
+
+
+def test_a_fleet_gateway_under_its_upstreams_attacks_keeps_memory_and_healthz() -> None:
+    """A header line that never ends, endless two-byte SSE comments and one SSE line that
+    never ends, each for a second from two callers: RSS at most 16 MiB above idle and
+    /healthz p99 under 50 ms (``benchmarks.hostile --cases upstream`` runs them longer)."""
+    attacks = "endless-header,endless-comments,endless-line"
+    args = argparse.Namespace(upstream_attacks=attacks, attack_s=1.0, probe_ms=10)
+    figures = upstream_case(args)
+    assert list(figures) == attacks.split(",")
+    for attack, result in figures.items():
+        assert sum(result["calls"].values()) > 10, (attack, result)
+        assert all(result["targets_met"].values()), (attack, result)
