@@ -30,6 +30,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
+import engine.native as native  # noqa: E402
 from benchmarks import moe  # noqa: E402
 from benchmarks.engine import bench_model_dir, random_prompts  # noqa: E402
 from benchmarks.machine import memory_gbps  # noqa: E402
@@ -101,9 +102,9 @@ def main() -> None:
         engine_ratio(args.dtype, args.rounds, args.engine_model)
         return
     dtype = getattr(torch, args.dtype)
-    module = gemm.load()
-    if module is None:
-        raise SystemExit("the gemm kernel could not be built (KVGATE_CPU_KERNELS=0?)")
+    ops = native.library()
+    if ops is None:
+        raise SystemExit("no native library (KVGATE_CPU_KERNELS=0? not installed?)")
     print(f"threads {torch.get_num_threads()}, {args.dtype}, plain read {memory_gbps():.1f} GB/s")
     rows_list = [int(r) for r in args.rows.split(",")]
     print(f"{'shape':18} {'rows':>4} {'kernel us':>10} {'GB/s':>6} {'oneDNN us':>10} {'GB/s':>6}")
@@ -113,7 +114,7 @@ def main() -> None:
             copies = max(2, FOOTPRINT // size)
             weights = [torch.randn(out, inp).div_(inp**0.5).to(dtype) for _ in range(copies)]
             ours: list[gemm.LinearWeight] = [
-                gemm.NativeLinear(module, w, kind == "gated") for w in weights
+                gemm.NativeLinear(ops, w, kind == "gated") for w in weights
             ]
             theirs: list[gemm.LinearWeight] = [
                 gemm.OneDnnLinear(w, kind == "gated") for w in weights

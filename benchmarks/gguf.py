@@ -65,8 +65,8 @@ if engine.startswith("kvgate"):
     import torch
     torch.set_num_threads(threads)
     from engine import LLM, SamplingParams
-    from engine.models import gemm, quantized_linear
-    gemm.load(), quantized_linear.load()  # built (or loaded) first: not the file's load
+    from engine import native
+    native.library()  # loaded first: not the file's load
 base = rss_mb()
 start = time.perf_counter()
 if engine.startswith("kvgate"):

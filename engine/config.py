@@ -9,6 +9,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.native_variants import read_cpu_flags
+
 log = logging.getLogger(__name__)
 
 CACHE_ENV = "KVGATE_CACHE_DIR"  # where built things live: tiny models, compiled CPU kernels
@@ -136,16 +138,8 @@ def cache_dir() -> Path:
 
 @functools.cache
 def cpu_flags() -> frozenset[str]:
-    """This CPU's feature flags, read once (x86 "flags", Arm "Features"; empty if unknown)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                key, _, value = line.partition(":")
-                if key.strip() in ("flags", "Features"):
-                    return frozenset(value.split())
-    except OSError:
-        pass
-    return frozenset()
+    """This CPU's feature flags, read once (`native_variants.read_cpu_flags`)."""
+    return read_cpu_flags()
 
 
 def native_bf16_flags(flags: frozenset[str] | None = None) -> list[str]:

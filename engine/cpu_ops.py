@@ -1,5 +1,5 @@
 """The small operations of a step (RMSNorm, RoPE, the K/V write, greedy argmax) as one native
-call each on CPU (`cpu_ops.cpp`), with the torch formula wherever the kernel does not apply.
+call each on CPU (``engine/csrc/kernels/cpu_ops.cpp``), with the torch formula wherever the kernel does not apply.
 
 Why: a batch-8 decode step of bench55m on the 2-core Zen 4 spent ~24% of its single-thread
 time outside the matmuls and attention, in ~25 torch ops per layer (dispatch, fresh tensors,
@@ -8,40 +8,32 @@ each opened an OpenMP region, which under the neighbours' load waits millisecond
 second thread. These kernels run decode-sized inputs on the caller's thread (rows split over
 torch's threads only from 64 up).
 
-Each function returns None where its kernel cannot serve (no build, another device or dtype),
-and the caller runs its torch path.
+Each function returns None where its kernel cannot serve (no native library, another device or
+dtype), and the caller runs its torch path.
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import torch
 
 import engine.native as native
 
-SOURCES = [Path(__file__).with_name("cpu_ops.cpp")]
 _DTYPES = (torch.bfloat16, torch.float32)
 
 
-@functools.cache
-def load() -> ModuleType | None:
-    """The compiled kernels, or None where they cannot be had."""
-    return native.build("cpu_ops", SOURCES)
-
-
-def _served(*tensors: torch.Tensor) -> ModuleType | None:
-    """The module when every tensor is a CPU bf16/fp32 one of a single dtype. Kept to
-    attribute reads: it runs several times a layer (``Tensor.device.type`` builds a string)."""
+def _served(*tensors: torch.Tensor) -> Any | None:
+    """The native library's ops when every tensor is a CPU bf16/fp32 one of a single dtype.
+    Kept to attribute reads: it runs several times a layer (``Tensor.device.type`` builds a
+    string)."""
     dtype = tensors[0].dtype
     if dtype not in _DTYPES:
         return None
     for t in tensors:
         if not t.is_cpu or t.dtype != dtype:
             return None
-    return load()
+    return native.library()
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:

@@ -1,14 +1,11 @@
-// What kvgate's CPU kernels (engine/models/gemm/gemm.cpp, engine/attention/cpu/paged_*.cpp)
-// share: the build's widest float vector as a handful of operations, bf16 and fp8 widening,
-// the softmax exponential, and the paged cache's slot arithmetic and argument checks.
-//
-// engine/native.py puts this folder on every build's include path and hashes it into every
-// build's name, so an edit here rebuilds every kernel family. Each kernel is its own extension:
-// everything here is inline.
+// What kvgate's CPU kernels (engine/csrc/kernels/) share: the build's widest float vector as a
+// handful of operations, bf16 and fp8 widening, the softmax exponential, and the paged cache's
+// slot arithmetic and argument checks. Everything here is inline; each ISA variant of the
+// library compiles it with its own vectors.
 
 #pragma once
 
-#include <torch/extension.h>
+#include <ATen/core/Tensor.h>
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Float8_e4m3fn.h>
@@ -52,8 +49,8 @@ inline __m256 transpose_sum8(const __m256* v) {
 }
 #endif
 
-// The widest float vector of the build (-march=native, or KVGATE_CPU_ISA=avx2's haswell); a
-// plain float elsewhere. GCC and Clang give the vector types + - * /; a bf16 is the top half
+// The widest float vector of the build (AVX-512 or AVX2, by the library's ISA variant); a plain
+// float elsewhere. GCC and Clang give the vector types + - * /; a bf16 is the top half
 // of an fp32, so it widens by a shift.
 #if defined(__AVX512F__)
 constexpr int64_t kWidth = 16;

@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from gguf import GGUFReader
 
+import engine.native as native
 from engine.gguf.metadata import gguf_architecture, model_config
 from engine.gguf.quantized import attach, quantized_tensors
 from engine.gguf.tensors import load_gguf_weights
@@ -22,7 +23,6 @@ from engine.gguf.vocab import gguf_tokenizer
 from engine.loader import LoadedModel, bounded_context, resolve_dtype, sampled_digest
 from engine.memory import return_freed_memory
 from engine.model_config import ModelLoadError
-from engine.models import quantized_linear
 from engine.models.registry import model_class
 
 
@@ -45,7 +45,7 @@ def load_gguf(
     model = model_class(config.architecture)(config, torch_dtype, device)
     kernels = None
     if not dequantize and torch.device(device).type == "cpu" and torch_dtype != torch.float16:
-        kernels = quantized_linear.load()
+        kernels = native.library()
     types = quantized_tensors(reader, model) if kernels is not None else {}
     unpermute = gguf_architecture(reader) == "llama"
     blocks = load_gguf_weights(model, reader, unpermute, frozenset(types))

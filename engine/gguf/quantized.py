@@ -13,8 +13,7 @@ parameters for them, allocated but never written, are released.
 
 from __future__ import annotations
 
-from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from gguf import GGUFReader
@@ -60,7 +59,7 @@ def attach(
     model: LlamaForCausalLM,
     blocks: dict[str, torch.Tensor],
     types: dict[str, int],
-    kernels: ModuleType,
+    kernels: Any,
 ) -> None:
     """Hand ``blocks`` (by GGUF name, from `load_gguf_weights`; ``types`` from
     `quantized_tensors`) to the modules they belong to and release the dense parameters they

@@ -4,9 +4,9 @@ quantized.
 A decode step on CPU reads every weight once per token: bandwidth-bound, so a weight read as
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
 memory. `QuantizedLinear` keeps a ``[out, in]`` weight as the file's own blocks (one row of
-blocks per output feature, as llama.cpp lays them out) and computes with `quant/qgemm.cpp`:
-activations quantized to int8 per 32-block once per call and integer dot products, as
-llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
+blocks per output feature, as llama.cpp lays them out) and computes with
+``engine/csrc/kernels/qgemm.cpp``: activations quantized to int8 per 32-block once per call and
+integer dot products, as llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
 rounded once after the fused epilogue (SwiGLU, a residual add).
 
 That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
@@ -14,22 +14,17 @@ rows), and loses to a dense bf16 GEMM on prefill-sized batches. From `DENSE_ROWS
 weight is dequantized for the call into a scratch tensor and multiplied densely (its cost then
 shared by the rows). The threshold is measured (see `DENSE_ROWS`).
 
-Where the kernels cannot be built (no compiler, ``KVGATE_CPU_KERNELS=0``), `load` returns
-None and the GGUF loader dequantizes at load instead.
+Where the native library is not to be had (``KVGATE_CPU_KERNELS=0``, not installed), the GGUF
+loader dequantizes at load instead.
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
-import engine.native as native
-
-SOURCES = [Path(__file__).with_name("quant") / "qgemm.cpp"]
 # ggml type id -> (weights per block, bytes per block): the K-quants' blocks are super-blocks
 # of 256 (Q4_K_M files hold Q4_K and Q6_K tensors, Q5_K_M files Q5_K and Q6_K; where a
 # model's rows are not whole super-blocks, llama.cpp writes Q5_0, Q5_1 or Q8_0 instead).
@@ -56,17 +51,11 @@ TYPE_NAMES = {
 DENSE_ROWS = 64
 
 
-@functools.cache
-def load() -> ModuleType | None:
-    """The compiled kernels, or None where they cannot be had."""
-    return native.build("qgemm", SOURCES)
-
-
 class QuantizedLinear:
     """A ``[out_features, in_features]`` weight as GGUF blocks (``uint8 [out, in/32 * bytes]``)
     of ggml type `qtype`, and the products the model takes of it."""
 
-    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, module: ModuleType):
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, ops: Any):
         if qtype not in BLOCKS:
             raise ValueError(f"ggml type {qtype} is not one the quantized kernels compute")
         values, nbytes = BLOCKS[qtype]
@@ -78,7 +67,7 @@ class QuantizedLinear:
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = int(blocks.shape[0])
-        self._kernels = module
+        self._kernels = ops
 
     @property
     def nbytes(self) -> int:

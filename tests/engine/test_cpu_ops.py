@@ -7,10 +7,11 @@ import pytest
 import torch
 
 import engine.cpu_ops as cpu_ops
+import engine.native as native
 from engine.attention.kv_cache import KVCache
 from engine.attention.torch_backend import write_kv
 
-pytestmark = pytest.mark.skipif(cpu_ops.load() is None, reason="the kernels could not be built")
+pytestmark = pytest.mark.skipif(native.library() is None, reason="no native library")
 DTYPES = [torch.bfloat16, torch.float32]
 
 

@@ -1,9 +1,8 @@
 """The small-batch GEMM kernel (`engine.models.gemm`) against fp64 products, on this machine's
-build and on the forced AVX2 one; and the oneDNN and plain handles behind the same interface."""
+library and on every other variant it runs (AVX2 on any x86); and the oneDNN and plain handles behind the same interface."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Callable
 
 import pytest
@@ -12,35 +11,21 @@ import torch.nn.functional as F
 
 import engine.models.gemm as gemm
 import engine.native as native
-from engine.config import cpu_flags
+from engine.native_variants import BY_NAME
+from tests.engine.kernel_variants import ops_for
 
 Kernel = Callable[[torch.Tensor, bool], gemm.NativeLinear]
 
 
-@pytest.fixture(scope="module", params=["native", "avx512", "avx2"])
+@pytest.fixture(scope="module", params=["native", *BY_NAME])
 def make(request: pytest.FixtureRequest) -> Kernel:
-    """`NativeLinear` over the kernel built for this machine (AMX tiles where it has them), over
-    its AVX-512 vector path on a machine with AMX (``KVGATE_CPU_ISA=avx512``), or over its AVX2
-    path (``KVGATE_CPU_ISA=avx2``: AVX2 + FMA, bf16 widened to fp32), forced on any x86 machine."""
-    if not native.enabled():
-        pytest.skip(f"{native.DISABLE_ENV}=0: oneDNN serves")
-    if request.param == "native":
-        module = gemm.load()
-    else:
-        if request.param == "avx512" and "amx_bf16" not in cpu_flags():
-            pytest.skip("without AMX the native build is the AVX-512 path")
-        if not {"avx2", "fma"} <= cpu_flags():
-            pytest.skip("the vector paths need an x86 CPU with AVX2 and FMA")
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv(native.ISA_ENV, request.param)
-            module = native.build("gemm", gemm.SOURCES)
-    if module is None:
-        # Not a skip where a compiler is present: a build that broke must fail the suite.
-        assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
-        pytest.skip("no C++ compiler: oneDNN serves")
+    """`NativeLinear` over this machine's library (AMX tiles where it has them), and over each
+    other variant its CPU runs: the vector paths (``avx512bf16``: vdpbf16ps without AMX,
+    ``avx512``, ``avx2``: AVX2 + FMA, bf16 widened to fp32)."""
+    ops = ops_for(request.param)
     if request.param == "avx2":
-        assert module.layout() == (8, True)  # 8-wide fp32 vectors, bf16 pairs widened
-    return lambda weight, gated: gemm.NativeLinear(module, weight, gated)
+        assert ops.gemm_layout() == (8, True)  # 8-wide fp32 vectors, bf16 pairs widened
+    return lambda weight, gated: gemm.NativeLinear(ops, weight, gated)
 
 
 # Inputs are exact in their dtype and sums run in fp32: bf16 is off by its one final rounding.
@@ -196,9 +181,9 @@ def test_pack_picks_the_kernel_then_onednn_then_the_plain_weight(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     weight = torch.randn(32, 16)
-    if gemm.load() is not None:
+    if native.library() is not None:
         assert isinstance(gemm.pack(weight), gemm.NativeLinear)
-    monkeypatch.setattr(gemm, "load", lambda: None)  # as KVGATE_CPU_KERNELS=0 makes it
+    monkeypatch.setattr(native, "library", lambda: None)  # as KVGATE_CPU_KERNELS=0 makes it
     assert isinstance(gemm.pack(weight), gemm.OneDnnLinear)
     assert isinstance(gemm.pack(weight.half()), gemm.PlainLinear)
     assert isinstance(gemm.pack(weight.to("meta")), gemm.PlainLinear)

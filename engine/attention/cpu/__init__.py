@@ -1,20 +1,18 @@
-"""Native CPU attention kernels, compiled for this machine on first use (`engine.native`).
+"""The native CPU attention kernels (``engine/csrc/kernels/paged_*.cpp``, in the library
+`engine.native` loads) as the torch backend's decode and prefill kernels.
 
-`paged_prefill.cpp` (its own extension, ``load_prefill``) is a fused, flash-style prefill
-attention over the same cache: tiles of queries against 16-key panels, an online softmax, no
-score matrix in memory.
+`paged_prefill.cpp` is a fused, flash-style prefill attention over the paged cache: tiles of
+queries against 16-key panels, an online softmax, no score matrix in memory.
 
 `paged_decode.cpp` reads K/V where they lie in the paged cache, bf16, fp32 or fp8 (no gather
 into a padded tensor, each byte read once, fp32 softmax): decode attention 1.6-5x faster than the torch
-reference's gather + two batched matmuls on a 2-core Zen 4. Where nothing can be built,
-`load()` returns None and the torch path serves.
+reference's gather + two batched matmuls on a 2-core Zen 4. Where the library is not to be
+had, `native_decode` and `native_prefill` return None and the torch path serves.
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from types import ModuleType
+from typing import Any
 
 import torch
 
@@ -22,28 +20,13 @@ import engine.native as native
 from engine.attention.kv_cache import FP8_DTYPE, KVCache
 from engine.attention.metadata import AttentionMetadata
 
-SOURCES = [Path(__file__).with_name("paged_decode.cpp")]
-PREFILL_SOURCES = [Path(__file__).with_name("paged_prefill.cpp")]
-
-
-@functools.cache
-def load() -> ModuleType | None:
-    """The compiled kernels (``paged_decode``), or None where they cannot be had."""
-    return native.build("cpu_attention", SOURCES)
-
-
-@functools.cache
-def load_prefill() -> ModuleType | None:
-    """The compiled prefill kernel (``paged_prefill``), or None where it cannot be had."""
-    return native.build("cpu_prefill", PREFILL_SOURCES)
-
 
 class NativeDecode:
     """`paged_decode` as the torch backend's decode kernel (`torch_backend.DecodeKernel`)."""
 
-    def __init__(self, module: ModuleType):
-        self._decode = module.paged_decode
-        self._head_dims = frozenset(module.head_dims())
+    def __init__(self, ops: Any):
+        self._decode = ops.paged_decode.default
+        self._head_dims = frozenset(ops.decode_head_dims())
         self._no_scales = torch.empty(0)
 
     def takes(self, q: torch.Tensor, cache: KVCache) -> bool:
@@ -69,19 +52,19 @@ class NativeDecode:
 
 
 def native_decode() -> NativeDecode | None:
-    """The decode kernel for this machine, or None (see `load`)."""
-    module = load()
-    return None if module is None else NativeDecode(module)
+    """The decode kernel for this machine, or None (see `engine.native.library`)."""
+    ops = native.library()
+    return None if ops is None else NativeDecode(ops)
 
 
 class NativePrefill:
     """`paged_prefill` as the torch backend's prefill kernel (`torch_backend.PrefillKernel`)."""
 
-    def __init__(self, module: ModuleType):
-        self._prefill = module.paged_prefill
-        self._head_dims = frozenset(module.head_dims())
+    def __init__(self, ops: Any):
+        self._prefill = ops.paged_prefill.default
+        self._head_dims = frozenset(ops.prefill_head_dims())
         self._no_scales = torch.empty(0)
-        self.bf16_dot: bool = module.bf16_dot()
+        self.bf16_dot: bool = ops.prefill_bf16_dot()
 
     def takes(self, q: torch.Tensor, cache: KVCache) -> bool:
         """bf16 or fp32 queries over a cache of the same dtype or of fp8, of a built head size."""
@@ -108,6 +91,6 @@ class NativePrefill:
 
 
 def native_prefill() -> NativePrefill | None:
-    """The prefill kernel for this machine, or None (see `load_prefill`)."""
-    module = load_prefill()
-    return None if module is None else NativePrefill(module)
+    """The prefill kernel for this machine, or None (see `engine.native.library`)."""
+    ops = native.library()
+    return None if ops is None else NativePrefill(ops)

@@ -1,11 +1,11 @@
-"""A decode step's layers in one native call (`decode_stack.cpp`).
+"""A decode step's layers in one native call (``engine/csrc/kernels/decode_stack.cpp``).
 
 On a small model the Python between a decode layer's ~10 kernel calls costs as much as the
 kernels: SmolLM2-135M on a 2-core Zen 4 spent ~2 ms of a 10 ms token in its 30 layers outside
 the GEMMs and attention (argument checks, fresh views, the module calls). The stack calls the
 same kernels (our GEMM or the GGUF blocks' `qgemm`, `cpu_ops`' norm, RoPE and K/V write, the
-paged decode attention) back to back from C++, by address (``engine/csrc/kvgate_entries.h``),
-with the GIL released: the Python path's results, bit for bit, at a fraction of its overhead.
+paged decode attention) back to back from C++, calling them directly (one library), with the
+GIL released: the Python path's results, bit for bit, at a fraction of its overhead.
 
 It serves the steps where that path would run exactly those kernels (and, for Qwen3's
 per-head q/k norms, the same ATen ops): every row a decode (one query, all wanted), no
@@ -17,15 +17,10 @@ Anything else runs the layers in Python, as does ``KVGATE_DECODE_STACK=0`` (how
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-import engine.attention.cpu as cpu_attention
-import engine.cpu_ops as cpu_ops
 import engine.models.gemm as gemm
 import engine.models.quantized_linear as quantized_linear
 import engine.native as native
@@ -37,15 +32,8 @@ if TYPE_CHECKING:
     from engine.attention.backend import AttentionBackend
     from engine.models.llama import LlamaForCausalLM
 
-SOURCES = [Path(__file__).with_name("decode_stack.cpp")]
 DISABLE_ENV = "KVGATE_DECODE_STACK"
 _ACTIVATIONS = {"silu": 1, "gelu_pytorch_tanh": 2}
-
-
-@functools.cache
-def load() -> ModuleType | None:
-    """The compiled stack, or None where it cannot be had."""
-    return native.build("decode_stack", SOURCES)
 
 
 def enabled() -> bool:
@@ -109,20 +97,20 @@ def build(
         for cache in kv_caches
     ):
         return None
-    module, ops, attention = load(), cpu_ops.load(), cpu_attention.load()
-    if module is None or ops is None or attention is None:
+    ops = native.library()
+    if ops is None:
         return None
-    kernels = {**ops.entries(), **attention.entries()}
+    classes = getattr(torch.classes, ops.name)  # the stack's classes: the library's namespace
     act = _ACTIVATIONS[config.hidden_act]
     layers, quantized = [], False
     for i, (layer, cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
         weights = {**layer.attn.packed, **layer.mlp.packed}
-        linears = {name: _linear(module, weight, act) for name, weight in weights.items()}
-        if len(linears) != 4 or None in linears.values():
+        linears = {name: _linear(classes, weight, act) for name, weight in weights.items()}
+        if len(linears) != 4 or any(linear is None for linear in linears.values()):
             return None
         quantized |= any(isinstance(w, quantized_linear.QuantizedLinear) for w in weights.values())
         layers.append(
-            module.Layer(
+            classes.Layer(
                 layer.input_norm.weight,
                 layer.post_attention_norm.weight,
                 linears["qkv"],
@@ -139,9 +127,9 @@ def build(
                 config.attn_softcap or 0.0,
             )  # fmt: skip
         )
-    stack = module.DecodeStack(
-        layers, kernels, config.num_heads, config.num_kv_heads, config.head_dim,
-        config.rms_norm_eps, config.scale,
+    stack = classes.DecodeStack(
+        layers, config.num_heads, config.num_kv_heads, config.head_dim, config.rms_norm_eps,
+        config.scale,
     )  # fmt: skip
     max_rows = quantized_linear.DENSE_ROWS - 1 if quantized else None
     return DecodeStack(stack, max_rows)
@@ -154,17 +142,10 @@ def _head_norms(attention: Any) -> tuple[torch.Tensor | None, torch.Tensor | Non
     return attention.q_norm.weight, attention.k_norm.weight
 
 
-def _linear(module: ModuleType, weight: gemm.LinearWeight, act: int) -> Any:
+def _linear(classes: Any, weight: gemm.LinearWeight, act: int) -> Any:
     """``weight`` as the stack's `Linear`, or None where its kernel is not one the stack calls."""
     if isinstance(weight, gemm.NativeLinear):
-        kernels = gemm.load()
-        assert kernels is not None  # a NativeLinear was made by it
-        return module.Linear.packed(weight.packed, weight.n, weight.half, kernels.entries()["gemm"])
+        return classes.Linear(weight.packed, weight.n, weight.half, -1)
     if isinstance(weight, quantized_linear.QuantizedLinear) and act == _ACTIVATIONS["silu"]:
-        kernels = quantized_linear.load()
-        assert kernels is not None
-        entries = kernels.entries()
-        return module.Linear.blocks(
-            weight.blocks, weight.qtype, entries["qlinear"], entries["qlinear_swiglu"]
-        )
+        return classes.Linear(weight.blocks, 0, 0, weight.qtype)
     return None

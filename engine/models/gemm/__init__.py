@@ -1,4 +1,5 @@
-"""The model's CPU matmuls through a small-batch GEMM of our own (`gemm.cpp`).
+"""The model's CPU matmuls through a small-batch GEMM of our own
+(``engine/csrc/kernels/gemm.cpp``, in the library `engine.native` loads).
 
 Decode multiplies a few rows by every weight: the matmuls are memory-bound, and oneDNN's
 prepacked kernels read the weights at about half the rate a plain read reaches on a 2-core
@@ -11,8 +12,8 @@ the kernel also runs prefills (rows tiled 8 at a time over each panel pair, the 
 L2) within 0.85-1.05x of oneDNN's time from 64 to 1,024 rows on the bench shapes (2-core
 Zen 4, `benchmarks/gemm.py`; noisy), so no oneDNN copy is kept beside it: an unpack per
 call for oneDNN cost 2-4x at 128 rows. `OneDnnLinear` is the same interface
-over `packed_linear` (oneDNN's prepacked copy), where the kernel cannot be built
-(``KVGATE_CPU_KERNELS=0``, no compiler). A quantized handle can join them: the model only
+over `packed_linear` (oneDNN's prepacked copy), where the library is not to be had
+(``KVGATE_CPU_KERNELS=0``, not installed). A quantized handle can join them: the model only
 calls `linear`, `linear_add` and `linear_gated`.
 """
 
@@ -20,9 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -30,19 +29,12 @@ import torch.nn.functional as F
 import engine.models.packed_linear as pl
 import engine.native as native
 
-SOURCES = [Path(__file__).with_name("gemm.cpp")]
 Activation = Literal["silu", "gelu"]
 _MODES = {"silu": 1, "gelu": 2}
 _ACT: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "silu": F.silu,
     "gelu": functools.partial(F.gelu, approximate="tanh"),
 }
-
-
-@functools.cache
-def load() -> ModuleType | None:
-    """The compiled kernel (``gemm``, ``layout``), or None where it cannot be had."""
-    return native.build("gemm", SOURCES)
 
 
 class LinearWeight(Protocol):
@@ -78,9 +70,9 @@ def pack_panels(weight: torch.Tensor, width: int, pairs: bool) -> torch.Tensor:
 class NativeLinear:
     """One weight in `gemm.cpp`'s layout; a gate/up pair with their panels alternating."""
 
-    def __init__(self, module: ModuleType, weight: torch.Tensor, gated: bool = False):
-        width, pairs = module.layout()
-        self._gemm: Callable[..., torch.Tensor] = module.gemm
+    def __init__(self, ops: Any, weight: torch.Tensor, gated: bool = False):
+        width, pairs = ops.gemm_layout()
+        self._gemm: Callable[..., torch.Tensor] = ops.gemm.default
         self.pairs = pairs and weight.dtype == torch.bfloat16
         self.width = width
         n, self.k = weight.shape
@@ -176,10 +168,10 @@ def packs(weight: torch.Tensor) -> bool:
 
 def pack(weight: torch.Tensor, gated: bool = False) -> LinearWeight:
     """``weight [n, K]`` (gate rows then up rows where ``gated``) as the kernel's one copy, or
-    oneDNN's where the kernel cannot be built, or as it is where nothing packs it."""
+    oneDNN's where the library is not to be had, or as it is where nothing packs it."""
     if not packs(weight):
         return PlainLinear(weight, gated)
-    module = load()
-    if module is not None:
-        return NativeLinear(module, weight, gated)
+    ops = native.library()
+    if ops is not None:
+        return NativeLinear(ops, weight, gated)
     return OneDnnLinear(weight, gated)

@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import shutil
-
 import pytest
 import torch
 from attention_cases import expected_output, make_case
 
-import engine.attention.cpu as cpu_attention
-import engine.native as native
 from engine.attention import AttentionMetadata, get_attention_backend, paged_attention
-from engine.attention.cpu import NativeDecode, native_decode
+from engine.attention.cpu import NativeDecode
 from engine.attention.kv_cache import FP8_DTYPE, KVCache
-from engine.config import cpu_flags
+from tests.engine.kernel_variants import ops_for
 
 
 @pytest.fixture(scope="module", params=["native", "avx2"])
@@ -23,22 +19,9 @@ def isa(request: pytest.FixtureRequest) -> str:
 
 @pytest.fixture(scope="module")
 def kernel(isa: str) -> NativeDecode:
-    """The kernel built for this machine, and its AVX2 path (``KVGATE_CPU_ISA=avx2``: the
-    build a Zen 3 gets), forced on any x86 machine that has AVX2 and FMA."""
-    if isa == "native":
-        found = native_decode()
-    else:
-        if not {"avx2", "fma"} <= cpu_flags():
-            pytest.skip("the AVX2 path needs an x86 CPU with AVX2 and FMA")
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv(native.ISA_ENV, "avx2")
-            module = native.build("cpu_attention", cpu_attention.SOURCES)
-        found = None if module is None else NativeDecode(module)
-    if found is None:
-        # Not a skip where a compiler is present: a build that broke must fail the suite.
-        assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
-        pytest.skip("no C++ compiler: the torch path serves")
-    return found
+    """The kernel of this machine's library, and of its AVX2 variant (``KVGATE_CPU_ISA=avx2``:
+    the library a Zen 3 loads) on any x86 machine that has AVX2 and FMA."""
+    return NativeDecode(ops_for(isa))
 
 
 def _decode(kernel: NativeDecode, case, window=None, softcap=None) -> torch.Tensor:  # type: ignore[no-untyped-def]

@@ -25,7 +25,6 @@ import engine.native as native
 from engine import LLM, SamplingParams
 from engine.gguf.loader import load_gguf
 from engine.lora import LoRARequest
-from engine.models import quantized_linear
 from engine.models.llama import LlamaForCausalLM
 from engine.models.quantized_linear import QuantizedLinear, StackedLinear
 
@@ -52,8 +51,8 @@ def _file_name(kinds: tuple[Q, dict[str, Q]]) -> str:
 def quantized_file(
     request: pytest.FixtureRequest, tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> Path:
-    if quantized_linear.load() is None:
-        pytest.skip("no C++ compiler: GGUF weights are dequantized at load")
+    if native.library() is None:
+        pytest.skip("no native library: GGUF weights are dequantized at load")
     qtype, mixed = request.param
     path = tmp_path_factory.mktemp("q") / f"{_file_name(request.param)}.gguf"
     return folder_to_gguf(tiny_model_dir, path, qtype, mixed)
@@ -125,11 +124,11 @@ def test_dequantize_and_disabled_kernels_both_load_dense(
     dense = _model(quantized_file, dequantize=True).layers[0].attn.packed
     assert not any(isinstance(h, QuantizedLinear | StackedLinear) for h in dense.values())
     monkeypatch.setenv(native.DISABLE_ENV, "0")
-    quantized_linear.load.cache_clear()
+    native.library.cache_clear()
     try:
         model = _model(quantized_file, dequantize=False)
     finally:
-        quantized_linear.load.cache_clear()
+        native.library.cache_clear()
     handles = model.layers[0].attn.packed.values()
     assert not any(isinstance(h, QuantizedLinear | StackedLinear) for h in handles)
     assert model.embed_quantized is None

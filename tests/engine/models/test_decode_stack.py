@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import engine.native as native
 from engine import LLM, SamplingParams
 from engine.attention import allocate_kv_caches, get_attention_backend
 from engine.attention.backend import TORCH_BACKEND
@@ -21,8 +22,8 @@ from tests.engine.gguf.gguf_files import Q, folder_to_gguf
 from tests.engine.test_llama import PROMPTS, PagedRun
 
 pytestmark = pytest.mark.skipif(
-    decode_stack.load() is None or get_attention_backend("torch").decode_kernel is None,
-    reason="no C++ compiler: the native kernels the stack calls are not built",
+    native.library() is None or get_attention_backend("torch").decode_kernel is None,
+    reason="no native library: the kernels the stack calls are not there",
 )
 
 

@@ -13,8 +13,7 @@ they are, and the difference must stay within the bound the activation rounding 
 
 from __future__ import annotations
 
-import shutil
-from types import ModuleType
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,10 +22,9 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-import engine.native as native
-from engine.config import cpu_flags
 from engine.models import quantized_linear as ql
 from engine.models.quantized_linear import QuantizedLinear, StackedLinear, concat
+from tests.engine.kernel_variants import ops_for
 
 Q = GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -41,22 +39,11 @@ def _inputs(qtype: Q) -> int:
 
 
 @pytest.fixture(scope="module", params=["native", "avx2"])
-def kernels(request: pytest.FixtureRequest) -> ModuleType:
-    """The build for this machine, and its AVX2 path forced (``KVGATE_CPU_ISA=avx2``)."""
-    if request.param == "native":
-        module = ql.load()
-    else:
-        if not {"avx2", "fma"} <= cpu_flags():
-            pytest.skip("the AVX2 path needs an x86 CPU with AVX2 and FMA")
-        with pytest.MonkeyPatch.context() as env:
-            env.setenv(native.ISA_ENV, "avx2")
-            module = native.build("qgemm", ql.SOURCES)
-        assert module is None or module.isa() == "avx2"
-    if module is None:
-        # Not a skip where a compiler is present: a build that broke must fail the suite.
-        assert shutil.which("c++") is None and shutil.which("g++") is None, "kernel build failed"
-        pytest.skip("no C++ compiler: GGUF weights are dequantized at load")
-    return module
+def kernels(request: pytest.FixtureRequest) -> Any:
+    """This machine's library, and its AVX2 variant (``KVGATE_CPU_ISA=avx2``)."""
+    ops = ops_for(request.param)
+    assert request.param != "avx2" or ops.isa() == "avx2"
+    return ops
 
 
 def _weight(qtype: Q, out: int = OUT, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -77,7 +64,7 @@ def _weight(qtype: Q, out: int = OUT, seed: int = 0) -> tuple[np.ndarray, np.nda
     return blocks, dequantize(blocks, qtype).astype(np.float64)
 
 
-def _linear(kernels: ModuleType, qtype: Q, blocks: np.ndarray) -> QuantizedLinear:
+def _linear(kernels: Any, qtype: Q, blocks: np.ndarray) -> QuantizedLinear:
     return QuantizedLinear(torch.from_numpy(blocks.copy()), int(qtype), _inputs(qtype), kernels)
 
 
@@ -111,7 +98,7 @@ def _close(got: torch.Tensor, want: np.ndarray, scale: np.ndarray, dtype: torch.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_products_match_the_dequantized_weights_for_1_to_33_rows(
-    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+    kernels: Any, qtype: Q, dtype: torch.dtype
 ) -> None:
     blocks, w = _weight(qtype)
     layer = _linear(kernels, qtype, blocks)
@@ -129,7 +116,7 @@ def test_products_match_the_dequantized_weights_for_1_to_33_rows(
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: ModuleType, qtype: Q) -> None:
+def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: Any, qtype: Q) -> None:
     blocks, w = _weight(qtype)
     layer = _linear(kernels, qtype, blocks)
     x = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(7))
@@ -155,7 +142,7 @@ def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: ModuleType, qty
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_embedding_rows_are_gguf_dequantized_rows(
-    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+    kernels: Any, qtype: Q, dtype: torch.dtype
 ) -> None:
     blocks, w = _weight(qtype)
     ids = torch.tensor([[3, 0], [36, 3]])
@@ -167,7 +154,7 @@ def test_embedding_rows_are_gguf_dequantized_rows(
         _linear(kernels, qtype, blocks).embedding(torch.tensor([OUT]), dtype)
 
 
-def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
+def test_mismatched_blocks_are_refused(kernels: Any) -> None:
     blocks, _ = _weight(Q.Q4_1)
     with pytest.raises(ValueError, match="do not hold 64 inputs"):
         QuantizedLinear(torch.from_numpy(blocks), int(Q.Q4_1), 64, kernels)
@@ -181,7 +168,7 @@ def test_mismatched_blocks_are_refused(kernels: ModuleType) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_prefill_sized_batches_multiply_the_dequantized_weight(
-    kernels: ModuleType, qtype: Q, dtype: torch.dtype
+    kernels: Any, qtype: Q, dtype: torch.dtype
 ) -> None:
     """From DENSE_ROWS rows on: the weight dequantized (as gguf does) and a dense product.
     bf16: the dequantized weight is rounded to bf16 (2^-8 relative per value: up to 2^-8 of
@@ -208,7 +195,7 @@ def test_prefill_sized_batches_multiply_the_dequantized_weight(
     close(concat([layer, layer]).linear_gated(x, "silu"), swiglu, scale * (1 + 2 * np.abs(plain)))
 
 
-def test_weights_of_mixed_types_stack_into_one_handle(kernels: ModuleType) -> None:
+def test_weights_of_mixed_types_stack_into_one_handle(kernels: Any) -> None:
     """q and k of one type and v of another (a Q4_K_M file's Q6_K v): one product per run of
     one type, side by side, with the fused epilogues applied over the whole."""
     kinds = [Q.Q4_K, Q.Q4_K, Q.Q6_K]

@@ -15,10 +15,11 @@
 // path does). On AVX512_BF16 without soft-capping a row block's scores go from the dot
 // products to its weights without leaving registers (`panel_weights`).
 //
-// Built at first use by engine/attention/cpu/__init__.py (-O3, -march=native or, with
-// KVGATE_CPU_ISA=avx2, -march=haswell).
+// The library's ISA variant picks the vectors: AVX-512 (vdpbf16ps in avx512bf16 and amx) or
+// AVX2 + FMA.
 
 #include "kvgate_simd.h"
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -31,9 +32,8 @@
 #include <type_traits>
 #include <vector>
 
+namespace kvgate {
 namespace {
-
-using namespace kvgate;
 
 #ifndef KVGATE_PREFILL_CHUNK
 #define KVGATE_PREFILL_CHUNK 64
@@ -329,9 +329,9 @@ void values(const float* p, const uint32_t* pairs, const float* alpha,
 }
 
 template <typename TQ, typename TC, bool Bf16, int64_t Vectors>
-void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
+void prefill(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
              const float* k_scales, const float* v_scales, std::vector<Seq>& seqs, double scale,
-             int64_t window, double softcap, torch::Tensor& out) {
+             int64_t window, double softcap, at::Tensor& out) {
   using Word = typename Panels<Bf16>::Word;
   constexpr int64_t dim = Vectors * kWidth;
   const int64_t heads = q.size(1), kv_heads = k_cache.size(1), block_size = k_cache.size(2);
@@ -513,10 +513,10 @@ void prefill(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::
 #define KVGATE_HEAD_VECTORS(X) X(1) X(2) X(4) X(5) X(6) X(8) X(10) X(12) X(16) X(32)
 
 template <typename TQ, typename TC, bool Bf16>
-void prefill_any(const torch::Tensor& q, const torch::Tensor& k_cache,
-                 const torch::Tensor& v_cache, const float* k_scales, const float* v_scales,
+void prefill_any(const at::Tensor& q, const at::Tensor& k_cache,
+                 const at::Tensor& v_cache, const float* k_scales, const float* v_scales,
                  std::vector<Seq>& seqs, double scale, int64_t window, double softcap,
-                 torch::Tensor& out) {
+                 at::Tensor& out) {
   switch (q.size(2) % kWidth == 0 ? q.size(2) / kWidth : 0) {
 #define KVGATE_DIM(n)                                                                        \
   case n:                                                                                    \
@@ -536,16 +536,16 @@ void prefill_any(const torch::Tensor& q, const torch::Tensor& k_cache,
 // seq_lens [B], query_start [B + 1] int32 (the step's metadata); seqs [S] int32: the
 // sequences to serve (their query rows of `out` are written, no others). window <= 0: none;
 // softcap <= 0: none.
-void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
-                   const torch::Tensor& v_cache, const torch::Tensor& k_scales,
-                   const torch::Tensor& v_scales, const torch::Tensor& block_tables,
-                   const torch::Tensor& seq_lens, const torch::Tensor& query_start,
-                   const torch::Tensor& seqs, double scale, int64_t window, double softcap,
-                   torch::Tensor& out) {
+void paged_prefill(const at::Tensor& q, const at::Tensor& k_cache,
+                   const at::Tensor& v_cache, const at::Tensor& k_scales,
+                   const at::Tensor& v_scales, const at::Tensor& block_tables,
+                   const at::Tensor& seq_lens, const at::Tensor& query_start,
+                   const at::Tensor& seqs, double scale, int64_t window, double softcap,
+                   at::Tensor& out) {
   const bool fp8 = check_cache("paged_prefill", q, k_cache, v_cache, k_scales, v_scales,
                                block_tables);
-  for (const torch::Tensor* t : {&seq_lens, &query_start, &seqs})
-    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == torch::kInt32,
+  for (const at::Tensor* t : {&seq_lens, &query_start, &seqs})
+    TORCH_CHECK(t->device().is_cpu() && t->is_contiguous() && t->scalar_type() == at::kInt,
                 "paged_prefill: contiguous CPU int32 metadata only");
   TORCH_CHECK(out.device().is_cpu() && out.is_contiguous() && out.sizes() == q.sizes() &&
                   out.scalar_type() == q.scalar_type(),
@@ -573,7 +573,7 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
   if (list.empty()) return;
   const float* ks = fp8 ? k_scales.data_ptr<float>() : nullptr;
   const float* vs = fp8 ? v_scales.data_ptr<float>() : nullptr;
-  if (q.scalar_type() == torch::kBFloat16) {
+  if (q.scalar_type() == at::kBFloat16) {
     if (fp8)
       prefill_any<c10::BFloat16, Fp8, false>(q, k_cache, v_cache, ks, vs, list, scale, window,
                                              softcap, out);
@@ -590,17 +590,13 @@ void paged_prefill(const torch::Tensor& q, const torch::Tensor& k_cache,
   }
 }
 
-std::vector<int64_t> head_dims() {
+std::vector<int64_t> prefill_head_dims() {
   std::vector<int64_t> dims;
   for (int64_t n : {1, 2, 4, 5, 6, 8, 10, 12, 16, 32})
     if (!kBf16Dot || n * kWidth % 2 == 0) dims.push_back(n * kWidth);
   return dims;
 }
 
-bool bf16_dot() { return kBf16Dot; }
+bool prefill_bf16_dot() { return kBf16Dot; }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("head_dims", &head_dims, "the head sizes paged_prefill takes on this build");
-  m.def("bf16_dot", &bf16_dot, "whether bf16 caches run on vdpbf16ps in this build");
-  m.def("paged_prefill", &paged_prefill, "fused causal prefill attention over the paged cache");
-}
+}  // namespace kvgate

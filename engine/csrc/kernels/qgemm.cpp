@@ -26,12 +26,10 @@
 // after the fused epilogue (SwiGLU over the two halves of the rows, or a residual add).
 //
 // One weight block is decoded once and used for up to 4 activation rows; threads split the
-// output rows (torch's thread count). Built by engine/models/quantized_linear.py with
-// -march=native (or -march=haswell: the AVX2 path); without AVX2, a scalar path.
+// output rows (torch's thread count). AVX-512BW in the AVX-512 variants of the library, AVX2 in
+// avx2 (engine/native_variants.py); without AVX2, a scalar path.
 
-#include "kvgate_entries.h"
-
-#include <torch/extension.h>
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -47,6 +45,7 @@
 #include <cstring>
 #include <vector>
 
+namespace kvgate {
 namespace {
 
 // ggml's type ids.
@@ -453,7 +452,7 @@ RowFn row_fn(int64_t type) {
   return nullptr;
 }
 
-Activations quantize(const torch::Tensor& x) {
+Activations quantize(const at::Tensor& x) {
   const int64_t rows = x.size(0), k = x.size(1);
   if (x.scalar_type() == at::kBFloat16) {
     return quantize_rows(x.data_ptr<at::BFloat16>(), rows, k);
@@ -471,7 +470,7 @@ struct Output {
   }
 };
 
-void check(const torch::Tensor& x, const torch::Tensor& w, int64_t type) {
+void check(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "qgemm: x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "qgemm: x must be bf16 or fp32");
@@ -490,20 +489,19 @@ constexpr int64_t kGrain = 16;
 }  // namespace
 
 // y = x @ dequant(w).T (+ bias) (+ residual): [M, N] in x's dtype (fp32 with float_out: logits).
-torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, int64_t type,
-                      const c10::optional<torch::Tensor>& bias,
-                      const c10::optional<torch::Tensor>& residual, bool float_out) {
+at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const OptTensor& bias,
+                   const OptTensor& residual, bool float_out) {
   check(x, w, type);
   const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0);
   const Activations a = quantize(x);
   const RowFn fn = row_fn(type);
-  torch::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : torch::Tensor();
-  torch::Tensor res = residual.has_value() ? residual->contiguous() : torch::Tensor();
+  at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
+  at::Tensor res = residual.has_value() ? residual->contiguous() : at::Tensor();
   if (res.defined()) {
     TORCH_CHECK(res.size(0) == rows && res.size(1) == n_out, "qgemm: residual shape");
     res = res.to(at::kFloat);
   }
-  torch::Tensor out = torch::empty({rows, n_out}, x.options().dtype(float_out ? at::kFloat : x.scalar_type()));
+  at::Tensor out = empty({rows, n_out}, float_out ? at::kFloat : x.scalar_type());
   const Output o{out.data_ptr(), out.scalar_type() == at::kBFloat16};
   const float* bp = b32.defined() ? b32.data_ptr<float>() : nullptr;
   const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
@@ -525,13 +523,13 @@ torch::Tensor qlinear(const torch::Tensor& x, const torch::Tensor& w, int64_t ty
 }
 
 // silu(x @ G.T) * (x @ U.T) where w's first half of rows is G, its second U: [M, N/2].
-torch::Tensor qlinear_swiglu(const torch::Tensor& x, const torch::Tensor& w, int64_t type) {
+at::Tensor qlinear_swiglu(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   check(x, w, type);
   TORCH_CHECK(w.size(0) % 2 == 0, "qgemm: swiglu needs gate and up rows");
   const int64_t rows = x.size(0), k = x.size(1), half = w.size(0) / 2;
   const Activations a = quantize(x);
   const RowFn fn = row_fn(type);
-  torch::Tensor out = torch::empty({rows, half}, x.options());
+  at::Tensor out = empty({rows, half}, x.scalar_type());
   const Output o{out.data_ptr(), out.scalar_type() == at::kBFloat16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t row_bytes = w.size(1);
@@ -582,7 +580,7 @@ DequantizeFn dequantize_fn(int64_t type) {
   return nullptr;
 }
 
-void check_blocks(const torch::Tensor& w, int64_t type, int64_t k) {
+void check_blocks(const at::Tensor& w, int64_t type, int64_t k) {
   TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte,
               "qgemm: w must be contiguous uint8 blocks");
   check_type(type);
@@ -592,16 +590,16 @@ void check_blocks(const torch::Tensor& w, int64_t type, int64_t k) {
 }  // namespace
 
 // Rows `ids` of dequant(w), in bf16 or fp32: the embedding lookup.
-torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t k,
-                              const torch::Tensor& ids, bool bf16) {
+at::Tensor dequantize_rows(const at::Tensor& w, int64_t type, int64_t k,
+                           const at::Tensor& ids, bool bf16) {
   check_blocks(w, type, k);
-  const torch::Tensor idx = ids.to(at::kLong).contiguous().view(-1);
+  const at::Tensor idx = ids.to(at::kLong).contiguous().view(-1);
   const int64_t count = idx.size(0);
   const int64_t* ip = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
     TORCH_CHECK(ip[i] >= 0 && ip[i] < w.size(0), "qgemm: row id out of range");
   }
-  torch::Tensor out = torch::empty({count, k}, torch::dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  at::Tensor out = empty({count, k}, bf16 ? at::kBFloat16 : at::kFloat);
   const Output o{out.data_ptr(), bf16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const DequantizeFn fn = dequantize_fn(type);
@@ -614,10 +612,10 @@ torch::Tensor dequantize_rows(const torch::Tensor& w, int64_t type, int64_t k,
 }
 
 // All of dequant(w), [N, k] in bf16 or fp32: the dense weight a prefill-sized product uses.
-torch::Tensor dequantize(const torch::Tensor& w, int64_t type, int64_t k, bool bf16) {
+at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t k, bool bf16) {
   check_blocks(w, type, k);
   const int64_t rows = w.size(0);
-  torch::Tensor out = torch::empty({rows, k}, torch::dtype(bf16 ? at::kBFloat16 : at::kFloat));
+  at::Tensor out = empty({rows, k}, bf16 ? at::kBFloat16 : at::kFloat);
   const Output o{out.data_ptr(), bf16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const DequantizeFn fn = dequantize_fn(type);
@@ -627,26 +625,4 @@ torch::Tensor dequantize(const torch::Tensor& w, int64_t type, int64_t k, bool b
   return out;
 }
 
-// The instruction set the integer dot products use in this build (for the tests and logs).
-std::string isa() {
-#if defined(__AVX512BW__)
-  return "avx512bw";
-#elif defined(__AVX2__)
-  return "avx2";
-#else
-  return "scalar";
-#endif
-}
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("qlinear", &qlinear, "x @ dequant(w).T (+ bias) (+ residual)");
-  m.def("qlinear_swiglu", &qlinear_swiglu, "silu(x @ gate.T) * (x @ up.T)");
-  m.def("dequantize_rows", &dequantize_rows, "rows of dequant(w): an embedding lookup");
-  m.def("dequantize", &dequantize, "all of dequant(w)");
-  m.def("isa", &isa, "the dot-product instructions of this build");
-  m.def("entries", [] {
-    using kvgate::address;
-    return kvgate::Entries{{"qlinear", address(&qlinear)},
-                           {"qlinear_swiglu", address(&qlinear_swiglu)}};
-  }, "addresses of qlinear and qlinear_swiglu for other extensions (kvgate_entries.h)");
-}
+}  // namespace kvgate

@@ -6,12 +6,10 @@
 // which on a loaded 2-core machine can take milliseconds. These run on the caller's thread
 // for decode-sized inputs (at::parallel_for with a grain of 64 rows: inline below that) and
 // compute in fp32, rounding once per output where the torch formula they replace rounds.
-// Built at first use by engine/cpu_ops.py (engine/native.py: -O3 -march=native).
+// Called by engine/cpu_ops.py and the decode stack.
 
-#include "kvgate_entries.h"
 #include "kvgate_simd.h"
-
-#include <torch/extension.h>
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 #include <c10/util/BFloat16.h>
@@ -21,6 +19,7 @@
 #include <cstring>
 #include <limits>
 
+namespace kvgate {
 namespace {
 
 constexpr int64_t kGrainRows = 64;
@@ -36,7 +35,6 @@ inline float f32(T x) {
 template <typename T>
 void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t rows, int64_t size,
                    float eps) {
-  using namespace kvgate;
   const int64_t whole = size - size % kWidth;
   at::parallel_for(0, rows, kGrainRows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
@@ -60,12 +58,14 @@ void rms_norm_rows(const T* x, int64_t x_stride, const T* w, T* out, int64_t row
   });
 }
 
+}  // namespace
+
 // x [rows, size] (rows may be strided, elements contiguous), weight [size] -> a new [rows, size].
-torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, double eps) {
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1, "rms_norm: x [rows, size], rows contiguous");
   TORCH_CHECK(weight.is_contiguous() && weight.numel() == x.size(1), "rms_norm: weight [size]");
   TORCH_CHECK(weight.scalar_type() == x.scalar_type(), "rms_norm: weight dtype != x dtype");
-  auto out = torch::empty({x.size(0), x.size(1)}, x.options());
+  auto out = empty({x.size(0), x.size(1)}, x.scalar_type());
   if (x.scalar_type() == at::kBFloat16)
     rms_norm_rows(x.data_ptr<c10::BFloat16>(), x.stride(0), weight.data_ptr<c10::BFloat16>(),
                   out.data_ptr<c10::BFloat16>(), x.size(0), x.size(1), static_cast<float>(eps));
@@ -76,6 +76,8 @@ torch::Tensor rms_norm(const torch::Tensor& x, const torch::Tensor& weight, doub
     TORCH_CHECK(false, "rms_norm: bf16 or fp32");
   return out;
 }
+
+namespace {
 
 // RoPE, half-split layout, over heads [T, H, D] of one token row each; cos/signed_sin rows
 // [T, D] of each token's position (the sign of rotate_half folded into the sine's first half). Output
@@ -101,9 +103,11 @@ void rope_rows(const T* x, int64_t token_stride, const T* cos, const T* sin, T* 
   });
 }
 
+}  // namespace
+
 // heads [T, Hq + Hk, D] (tokens strided, heads contiguous) -> (q [T, Hq, D], k [T, Hk, D]).
-std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& heads, int64_t q_heads,
-                                              const torch::Tensor& cos, const torch::Tensor& sin) {
+std::tuple<at::Tensor, at::Tensor> rope(const at::Tensor& heads, int64_t q_heads,
+                                              const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(heads.dim() == 3 && heads.stride(2) == 1 && heads.stride(1) == heads.size(2),
               "rope: heads [T, H, D], each token's heads contiguous");
   const int64_t tokens = heads.size(0), dim = heads.size(2);
@@ -114,8 +118,8 @@ std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& heads, int64_
               "rope: cos, sin [T, D]");
   TORCH_CHECK(cos.scalar_type() == heads.scalar_type() && sin.scalar_type() == heads.scalar_type(),
               "rope: tables in the heads' dtype");
-  auto q = torch::empty({tokens, q_heads, dim}, heads.options());
-  auto k = torch::empty({tokens, k_heads, dim}, heads.options());
+  auto q = empty({tokens, q_heads, dim}, heads.scalar_type());
+  auto k = empty({tokens, k_heads, dim}, heads.scalar_type());
   if (heads.scalar_type() == at::kBFloat16)
     rope_rows(heads.data_ptr<c10::BFloat16>(), heads.stride(0), cos.data_ptr<c10::BFloat16>(),
               sin.data_ptr<c10::BFloat16>(), q.data_ptr<c10::BFloat16>(),
@@ -132,8 +136,8 @@ std::tuple<torch::Tensor, torch::Tensor> rope(const torch::Tensor& heads, int64_
 // K and V rows [T, Hkv, D] (tokens strided, heads contiguous) into caches
 // [blocks, Hkv, block_size, D] of the same dtype at slots (block * block_size + offset);
 // slots < 0 are skipped.
-void write_kv(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tensor& k,
-              const torch::Tensor& v, const torch::Tensor& slots) {
+void write_kv(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k,
+              const at::Tensor& v, const at::Tensor& slots) {
   TORCH_CHECK(k_cache.is_contiguous() && v_cache.is_contiguous() && k_cache.dim() == 4 &&
                   v_cache.sizes() == k_cache.sizes(),
               "write_kv: caches [blocks, Hkv, block_size, D]");
@@ -170,6 +174,8 @@ void write_kv(torch::Tensor& k_cache, torch::Tensor& v_cache, const torch::Tenso
   });
 }
 
+namespace {
+
 // The first index of each row's largest value (a NaN counts as the largest), as torch.argmax.
 template <typename T>
 void argmax_rows(const T* x, int64_t stride, int64_t rows, int64_t size, int64_t* out) {
@@ -194,9 +200,11 @@ void argmax_rows(const T* x, int64_t stride, int64_t rows, int64_t size, int64_t
   }
 }
 
-torch::Tensor argmax(const torch::Tensor& x) {
+}  // namespace
+
+at::Tensor argmax(const at::Tensor& x) {
   TORCH_CHECK(x.dim() == 2 && x.stride(1) == 1 && x.size(1) > 0, "argmax: x [rows, n > 0]");
-  auto out = torch::empty({x.size(0)}, x.options().dtype(at::kLong));
+  auto out = empty({x.size(0)}, at::kLong);
   if (x.scalar_type() == at::kBFloat16)
     argmax_rows(x.data_ptr<c10::BFloat16>(), x.stride(0), x.size(0), x.size(1),
                 out.data_ptr<int64_t>());
@@ -207,16 +215,4 @@ torch::Tensor argmax(const torch::Tensor& x) {
   return out;
 }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("rms_norm", &rms_norm, "transformers' RMSNorm over rows");
-  m.def("rope", &rope, "RoPE (half-split) of q and k heads into contiguous q and k");
-  m.def("write_kv", &write_kv, "K/V rows into the paged cache at their slots");
-  m.def("argmax", &argmax, "torch.argmax over the last dim, on the caller's thread");
-  m.def("entries", [] {
-    using kvgate::address;
-    return kvgate::Entries{{"rms_norm", address(&rms_norm)}, {"rope", address(&rope)},
-                           {"write_kv", address(&write_kv)}};
-  }, "addresses of rms_norm, rope and write_kv for other extensions (kvgate_entries.h)");
-}
+}  // namespace kvgate

@@ -7,12 +7,11 @@
 // block's rows are contiguous, so no key costs an index division, and kWidth keys' dot
 // products are reduced in one shuffle tree. Sums are fp32. A bf16 or fp8 row is widened once
 // for all G queries (fp8's per-token scales applied to the scores and the weights); where the
-// build has vdpbf16ps (AVX512-BF16), a bf16 cache is not widened at all (`PairsHead`). Built at
-// first use by engine/attention/cpu/__init__.py with -O3 -march=native, which picks the
-// AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
+// build has vdpbf16ps (AVX512-BF16), a bf16 cache is not widened at all (`PairsHead`). The
+// library's ISA variant picks the AVX-512 or AVX2+FMA vectors below (scalar elsewhere).
 
-#include "kvgate_entries.h"
 #include "kvgate_simd.h"
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 
@@ -23,9 +22,8 @@
 #include <type_traits>
 #include <vector>
 
+namespace kvgate {
 namespace {
-
-using namespace kvgate;
 
 // In place: s = softmax(s) over n floats.
 inline void softmax(float* s, int64_t n) {
@@ -292,15 +290,15 @@ struct PairsHead {
 
 // A cache tensor's entries as T (fp8 has no typed pointer of its own here).
 template <typename T>
-const T* entries(const torch::Tensor& cache) {
+const T* entries(const at::Tensor& cache) {
   return reinterpret_cast<const T*>(cache.data_ptr());
 }
 
 template <typename TQ, typename TC, int64_t Vectors>
-void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::Tensor& v_cache,
-            const float* k_scales, const float* v_scales, const torch::Tensor& block_tables,
-            const torch::Tensor& seq_lens, double scale, int64_t window, double softcap,
-            torch::Tensor& out) {
+void decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
+            const float* k_scales, const float* v_scales, const at::Tensor& block_tables,
+            const at::Tensor& seq_lens, double scale, int64_t window, double softcap,
+            at::Tensor& out) {
   using H = Head<TC, Vectors>;
   constexpr int64_t dim = Vectors * kWidth;
 #if defined(__AVX512F__) && defined(__AVX512BF16__)
@@ -396,10 +394,10 @@ void decode(const torch::Tensor& q, const torch::Tensor& k_cache, const torch::T
 #define KVGATE_HEAD_VECTORS(X) X(1) X(2) X(4) X(5) X(6) X(8) X(10) X(12) X(16) X(32)
 
 template <typename TQ, typename TC>
-void decode_any(const torch::Tensor& q, const torch::Tensor& k_cache,
-                const torch::Tensor& v_cache, const float* k_scales, const float* v_scales,
-                const torch::Tensor& block_tables, const torch::Tensor& seq_lens, double scale,
-                int64_t window, double softcap, torch::Tensor& out) {
+void decode_any(const at::Tensor& q, const at::Tensor& k_cache,
+                const at::Tensor& v_cache, const float* k_scales, const float* v_scales,
+                const at::Tensor& block_tables, const at::Tensor& seq_lens, double scale,
+                int64_t window, double softcap, at::Tensor& out) {
   switch (q.size(2) % kWidth == 0 ? q.size(2) / kWidth : 0) {
 #define KVGATE_DIM(n) \
   case n:             \
@@ -418,15 +416,15 @@ void decode_any(const torch::Tensor& q, const torch::Tensor& k_cache,
 // with fp32 scales [blocks, Hkv, block_size] (empty tensors otherwise); block_tables [B, W]
 // int32; seq_lens [B] int32 (keys per sequence, the query's own included). window <= 0: none;
 // softcap <= 0: none. Returns [B, Hq, D] in q's dtype.
-torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
-                           const torch::Tensor& v_cache, const torch::Tensor& k_scales,
-                           const torch::Tensor& v_scales, const torch::Tensor& block_tables,
-                           const torch::Tensor& seq_lens, double scale, int64_t window,
+at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& k_scales,
+                           const at::Tensor& v_scales, const at::Tensor& block_tables,
+                           const at::Tensor& seq_lens, double scale, int64_t window,
                            double softcap) {
   const bool fp8 = check_cache("paged_decode", q, k_cache, v_cache, k_scales, v_scales,
                                block_tables);
   TORCH_CHECK(seq_lens.device().is_cpu() && seq_lens.is_contiguous() &&
-                  seq_lens.scalar_type() == torch::kInt32,
+                  seq_lens.scalar_type() == at::kInt,
               "paged_decode: seq_lens must be contiguous CPU int32");
   TORCH_CHECK(block_tables.size(0) == q.size(0) && seq_lens.size(0) == q.size(0),
               "paged_decode: shapes disagree");
@@ -437,14 +435,14 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
                    lens[i], k_cache.size(2), k_cache.size(0));
   const float* ks = fp8 ? k_scales.data_ptr<float>() : nullptr;
   const float* vs = fp8 ? v_scales.data_ptr<float>() : nullptr;
-  auto out = torch::empty_like(q);
+  auto out = empty(q.sizes(), q.scalar_type());  // q is contiguous
   const auto run = [&](auto query, auto entry) {
     using TQ = decltype(query);
     using TC = decltype(entry);
     decode_any<TQ, TC>(q, k_cache, v_cache, ks, vs, block_tables, seq_lens, scale, window,
                        softcap, out);
   };
-  if (q.scalar_type() == torch::kBFloat16) {
+  if (q.scalar_type() == at::kBFloat16) {
     fp8 ? run(c10::BFloat16(), Fp8()) : run(c10::BFloat16(), c10::BFloat16());
   } else {
     fp8 ? run(float(), Fp8()) : run(float(), float());
@@ -453,7 +451,7 @@ torch::Tensor paged_decode(const torch::Tensor& q, const torch::Tensor& k_cache,
 }
 
 // The head sizes paged_decode takes on this build.
-std::vector<int64_t> head_dims() {
+std::vector<int64_t> decode_head_dims() {
   std::vector<int64_t> dims;
 #define KVGATE_DIM(n) dims.push_back(n * kWidth);
   KVGATE_HEAD_VECTORS(KVGATE_DIM)
@@ -461,9 +459,4 @@ std::vector<int64_t> head_dims() {
   return dims;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("head_dims", &head_dims, "the head sizes paged_decode takes on this build");
-  m.def("paged_decode", &paged_decode, "paged decode attention over the KV cache");
-  m.def("entries", [] { return kvgate::Entries{{"paged_decode", kvgate::address(&paged_decode)}}; },
-        "the address of paged_decode for other extensions (kvgate_entries.h)");
-}
+}  // namespace kvgate

@@ -14,8 +14,8 @@
 // Rows go kMaxRows at a time through one register tile of fp32 accumulators, then through an
 // epilogue in fp32 (bias, residual add, act(gate) * up) rounded once to the output dtype.
 //
-// Built at first use with -march=native (AVX-512F, and vdpbf16ps with AVX512-BF16) or
-// KVGATE_CPU_ISA=avx2 (-march=haswell: AVX2 + FMA, bf16 widened to fp32); scalar elsewhere.
+// Each ISA variant of the library (engine/native_variants.py) picks its vectors: AVX-512F, with
+// vdpbf16ps in the avx512bf16 and amx variants; AVX2 + FMA (bf16 widened to fp32) in avx2.
 // Prefills run through the same tiles (8 rows at a time against each panel pair in L2).
 //
 // Where the build has AMX (amx_tile + amx_bf16: Xeon since Sapphire Rapids), bf16 products of
@@ -24,8 +24,8 @@
 // panel's 16 columns), so one packed copy serves both paths. 32 rows x the unit's 2 panels
 // accumulate in 4 tiles of 16 x 16 fp32, then go through the same epilogue.
 
-#include "kvgate_entries.h"
 #include "kvgate_simd.h"
+#include "ops.h"
 
 #include <ATen/Parallel.h>
 
@@ -41,9 +41,8 @@
 #define KVGATE_AMX 1
 #endif
 
+namespace kvgate {
 namespace {
-
-using namespace kvgate;
 
 #if defined(__AVX512F__)
 constexpr int kMaxRows = 8;  // 8 rows x 2 panels: 16 of the 32 zmm registers accumulate
@@ -403,7 +402,7 @@ constexpr int64_t kAmxPanelBytes = 1024 * 1024;
 
 template <typename T>
 void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
-         const c10::optional<at::Tensor>& bias, const c10::optional<at::Tensor>& residual,
+         const OptTensor& bias, const OptTensor& residual,
          at::Tensor& y) {
   // bf16 rows without vdpbf16ps: widened once here, not once per panel pair in the tiles.
   at::Tensor widened;
@@ -447,11 +446,13 @@ void run(const Problem& pr, const at::Tensor& x, const at::Tensor& w,
   });
 }
 
-// y = x @ W^T for a weight packed by `layout()`'s rules: [rows, n], or [rows, half] for the
-// gated modes (gate and up panels alternating; half = the columns of each).
+}  // namespace
+
+// y = x @ W^T for a weight packed by `gemm_layout()`'s rules: [rows, n], or [rows, half] for
+// the gated modes (gate and up panels alternating; half = the columns of each).
 at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_t half,
-                int64_t mode, const c10::optional<at::Tensor>& bias,
-                const c10::optional<at::Tensor>& residual) {
+                int64_t mode, const OptTensor& bias,
+                const OptTensor& residual) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous() && x.device().is_cpu(), "gemm: x [rows, K]");
   TORCH_CHECK(packed.scalar_type() == x.scalar_type() && packed.is_contiguous() &&
                   packed.dim() == 3,
@@ -473,7 +474,7 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_
   if (residual) TORCH_CHECK(residual->dim() == 2 && residual->size(0) == pr.rows &&
                                 residual->size(1) == cols,
                             "gemm: residual [rows, n]");
-  at::Tensor y = at::empty({pr.rows, cols}, x.options());
+  at::Tensor y = empty({pr.rows, cols}, x.scalar_type());
   if (pr.rows == 0) return y;
   if (x.scalar_type() == at::kBFloat16)
     run<BF16>(pr, x, packed, bias, residual, y);
@@ -486,13 +487,6 @@ at::Tensor gemm(const at::Tensor& x, const at::Tensor& packed, int64_t n, int64_
 
 // (panel width, whether bf16 weights are stored as interleaved pairs): how to pack for this
 // build. Pairs on every build: vdpbf16ps reads them, and elsewhere they widen without shuffles.
-std::tuple<int64_t, bool> layout() { return {kWidth, true}; }
+std::tuple<int64_t, bool> gemm_layout() { return {kWidth, true}; }
 
-}  // namespace
-
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
-  m.def("layout", &layout, "(panel width, bf16 pairs) of the packed weights this build reads");
-  m.def("gemm", &gemm, "y = x @ W^T over a packed weight, with its epilogue");
-  m.def("entries", [] { return kvgate::Entries{{"gemm", kvgate::address(&gemm)}}; },
-        "the address of gemm for other extensions (kvgate_entries.h)");
-}
+}  // namespace kvgate
