@@ -2,10 +2,12 @@
 
 Layout in Redis::
 
-    kvgate:catalog:{version}:{method}:{params-hash}[:private:{subject-hash}]   entry, with TTL:
+    kvgate:catalog:{version}:{method}:{params-hash}   entry, with TTL:
         b"kvgate-entry/1 {version}\n" + the serialized result
-    kvgate:catalog:version                                                    current version
-    kvgate:catalog:events   (pub/sub channel)                                 announced versions
+    kvgate:catalog:version                              current version
+    kvgate:catalog:events   (pub/sub channel)           announced versions
+
+The catalog is the same for every caller: no entry belongs to a tenant.
 
 Every Redis call on a request's path is bounded by `timeout_s` (socket, connect and an outer
 `wait_for`), with redis-py's own retries off. The first failure marks the cache *degraded*:
@@ -14,10 +16,12 @@ supervisor task probes Redis with backoff. When it answers again the supervisor 
 to the events channel, writes any version published during the outage, picks up the version
 others published meanwhile, and clears the flag. One log line per outage, one on recovery.
 
-Redis is not trusted: an entry whose envelope claims another version, or whose result does not
-parse as one (`entry_problem`), is never served or kept near but rebuilt; a version (key or
-pub/sub message) that is not a short printable token is ignored. Both are counted and logged
-once. The supervisor survives anything: an unexpected error restarts it with backoff, counted
+Redis is not trusted: entries and the version are read bounded and typed
+(`redis_records.RecordReader`: another type or an oversized value reads as none, and a hash
+under an entry's key is a miss, not an outage); an entry whose envelope claims another
+version, or whose result does not parse as one (`entry_problem`), is never served or kept
+near but rebuilt; a version (key or pub/sub message) that is not a short printable token is
+ignored. Both are counted and logged once. The supervisor survives anything: an unexpected error restarts it with backoff, counted
 as "listener_restart" (`kvgate_discovery_cache_events_total{event="listener_restart"}`).
 """
 
@@ -39,6 +43,7 @@ from redis.exceptions import RedisError
 
 from gateway.catalog.discovery_cache import KEY_PREFIX, DiscoveryCache
 from gateway.redis_connection import connect, stop_tasks
+from gateway.redis_records import RecordReader
 
 VERSION_KEY = f"{KEY_PREFIX}:version"
 EVENTS_CHANNEL = f"{KEY_PREFIX}:events"
@@ -46,7 +51,8 @@ REDIS_FAILURES = (RedisError, OSError, asyncio.TimeoutError)
 LISTEN_POLL_S = 0.1  # how often the listener notices trouble reported by a request
 HEALTH_PING_S = 1.0  # a quiet but hung Redis is noticed within this, even with no requests
 ENTRY_MAGIC = b"kvgate-entry/1 "
-VERSION_TOKEN = re.compile(rb"[A-Za-z0-9._:-]{1,128}")  # catalog versions are 16 hex digits
+MAX_VERSION_BYTES = 128
+VERSION_TOKEN = re.compile(rb"[A-Za-z0-9._:-]{1,%d}" % MAX_VERSION_BYTES)  # ours: 16 hex digits
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -69,6 +75,7 @@ class RedisDiscoveryCache(DiscoveryCache):
             socket_connect_timeout=self.timeout_s,
             retry=Retry(NoBackoff(), 0),
         )
+        self._records = RecordReader(self._redis)
         self._backoff_min, self._backoff_max = backoff_s
         self._up = False
         self._outage_since: float | None = None
@@ -96,7 +103,7 @@ class RedisDiscoveryCache(DiscoveryCache):
 
     async def current_version(self) -> str | None:
         """The version in Redis when it answers in time, else the latest heard of here."""
-        current = await self._try(self._redis.get, VERSION_KEY)
+        current = await self._try(self._records.raw, VERSION_KEY, MAX_VERSION_BYTES)
         if current is not None:
             self._announce_raw(current)
         return await super().current_version()
@@ -107,7 +114,7 @@ class RedisDiscoveryCache(DiscoveryCache):
         if not self._up:
             self._count("degraded_requests", "degraded")
             return None
-        stored = await self._try(self._redis.get, key)
+        stored = await self._try(self._records.raw, key)
         return None if stored is None else self._unwrap(key, stored)
 
     async def _shared_set(self, key: str, body: bytes) -> None:
@@ -195,7 +202,7 @@ class RedisDiscoveryCache(DiscoveryCache):
             await self._bounded(self._write_version(pending))
             if self._pending_version == pending:
                 self._pending_version = None
-        current = await self._bounded(self._redis.get(VERSION_KEY))
+        current = await self._bounded(self._records.raw(VERSION_KEY, MAX_VERSION_BYTES))
         if current is not None:
             self._announce_raw(current)
         elif (latest := self._fanout.latest) is not None:

@@ -1,13 +1,13 @@
 """One task as kvgate stores it, and its validation when read back from a shared store.
 
 A record is written by the process running the generation (its ``owner``) and read by any
-process; whatever comes back from Redis is checked field by field and bounded in size, so a
-corrupt or foreign value reads as "not found", never as a crash or a leak.
+process; whatever comes back from Redis is bounded in size (``gateway.redis_records``) and
+checked field by field here (``checked_record``), so a corrupt or foreign value reads as "not
+found", never as a crash or a leak.
 """
 
 from __future__ import annotations
 
-import logging
 import re
 import secrets
 import time
@@ -18,9 +18,7 @@ import orjson
 
 from protocol.tasks import STATUSES, TASK_ID, TERMINAL, TaskView, iso_time
 
-MAX_RECORD_BYTES = 8 << 20  # a 128k-token answer is ~0.5 MB of text; anything past this is junk
 MAX_SHORT_TEXT = 1024  # tenant, owner, tool, status message
-log = logging.getLogger("kvgate.tasks")
 
 
 TASK_ID_PREFIX = re.compile(r"[A-Za-z0-9]{1,32}")
@@ -101,22 +99,9 @@ class TaskRecord:
         )
 
 
-def read_record(raw: bytes | None, task_id: str) -> TaskRecord | None:
-    """The record ``raw`` holds for ``task_id``, or None for anything malformed (logged)."""
-    if not raw:
-        return None
-    if len(raw) > MAX_RECORD_BYTES:
-        log.warning("task %s: stored record over %d bytes, ignored", task_id, MAX_RECORD_BYTES)
-        return None
-    try:
-        record = _checked(orjson.loads(raw), task_id)
-    except (orjson.JSONDecodeError, TypeError, ValueError) as exc:
-        log.warning("task %s: stored record ignored: %s", task_id, exc)
-        return None
-    return record
-
-
-def _checked(data: Any, task_id: str) -> TaskRecord:
+def checked_record(data: Any, task_id: str) -> TaskRecord:
+    """The record the JSON ``data`` stored under ``task_id`` holds; ValueError or TypeError
+    for anything else."""
     if not isinstance(data, dict):
         raise TypeError("not an object")
     if data.get("id") != task_id or TASK_ID.fullmatch(task_id) is None:

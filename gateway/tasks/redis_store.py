@@ -9,18 +9,21 @@ Keys (``{id}`` a ``secrets.token_urlsafe`` id, ``{tenant}`` a hash of the tenant
   message lost while the owner reconnected still cancels), published on ``kvgate:tasks:cancel``
   for the fast path;
 - ``kvgate:tasks:live:{tenant}`` a sorted set of the tenant's live task ids scored by lease
-  expiry, for the per-tenant cap (entries whose lease ran out are dropped before counting; two
-  processes creating at once may each pass the cap by one).
+  expiry, for the per-tenant cap: one script drops the entries whose lease ran out, counts
+  and adds the new task's, so no two creations — in one process or in several — both take
+  the last place (awaiting a count, then adding, let concurrent creations each pass it).
 
-Writes go through one script that refuses to replace a terminal state. Records read back are
-bounded (``GETRANGE``) and validated (``record.read_record``); a bad one is "not found".
+A task belongs to the tenant in its record: ``Tasks.get`` compares it on every read, so
+another tenant's id reads as an unknown one. Writes go through one script that refuses to
+replace a terminal state. Records read back are bounded and typed
+(``redis_records.RecordReader``) and validated (``record.checked_record``); a bad one is
+"not found".
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 from collections.abc import Iterable
 from typing import Any
@@ -28,7 +31,8 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from gateway.redis_connection import connect, stop_tasks
-from gateway.tasks.record import MAX_RECORD_BYTES, TaskRecord, now_ms, read_record
+from gateway.redis_records import BOUNDED_GET, MAX_RECORD_BYTES, RecordReader, key_part
+from gateway.tasks.record import TaskRecord, checked_record, now_ms
 from gateway.tasks.store import CancelHook, StoreUnavailable
 from protocol.tasks import TASK_ID
 
@@ -39,10 +43,13 @@ RECONNECT_S = 0.5
 LISTEN_POLL_S = 0.1  # below the client's socket timeout (0.25 s)
 log = logging.getLogger("kvgate.tasks")
 
-# KEYS[1] record; ARGV[1] the new record, ARGV[2] its time to live (ms). A terminal record
-# stays terminal; a record already gone (expired) is not brought back.
-SAVE_UNLESS_TERMINAL = """
-local raw = redis.call('GET', KEYS[1])
+# KEYS[1] record; ARGV[1] the new record, ARGV[2] its time to live (ms), ARGV[3] the most
+# bytes a record may have. A terminal record stays terminal; a record already gone (expired,
+# or not one: another type, oversized) is not brought back.
+SAVE_UNLESS_TERMINAL = (
+    BOUNDED_GET
+    + """
+local raw = bounded_get(KEYS[1], tonumber(ARGV[3]))
 if not raw then return 0 end
 local ok, stored = pcall(cjson.decode, raw)
 if ok and type(stored) == 'table' then
@@ -52,16 +59,29 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
+)
+# KEYS[1] the tenant's live set; ARGV: now (ms), the cap (0: none), the task id, its lease's
+# expiry (ms), the set's time to live (ms). 1 when the task took a place, 0 at the cap.
+RESERVE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local cap = tonumber(ARGV[2])
+if cap > 0 and redis.call('ZCARD', KEYS[1]) >= cap then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[4], ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+return 1
+"""
 
 
 def _live_key(tenant: str) -> str:
-    return "kvgate:tasks:live:" + hashlib.sha256(tenant.encode()).hexdigest()[:32]
+    return "kvgate:tasks:live:" + key_part(tenant)
 
 
 class RedisTaskStore:
     def __init__(self, redis_url: str) -> None:
         self._redis = connect(redis_url)
         self._save = self._redis.register_script(SAVE_UNLESS_TERMINAL)
+        self._reserve = self._redis.register_script(RESERVE)
+        self._records = RecordReader(self._redis)
         self._listener: asyncio.Task[None] | None = None
 
     async def start(self, on_cancel: CancelHook) -> None:
@@ -81,30 +101,33 @@ class RedisTaskStore:
             return int((await pipe.execute())[1])
 
     async def create(self, record: TaskRecord, lease_s: float, cap: int) -> bool:
-        live, now = _live_key(record.tenant), now_ms()
-        lease_ms = int(lease_s * 1000)
-        if cap and await self.live(record.tenant) >= cap:
-            return False
+        """The task takes one of its tenant's places (``RESERVE``), then is stored; a place
+        taken by a task whose record then could not be written is freed when its lease
+        would have run out."""
+        now, lease_ms = now_ms(), int(lease_s * 1000)
+        places = [now, cap, record.task_id, now + lease_ms, max(record.ttl_ms, lease_ms)]
         async with self._failures():
+            if not await self._reserve(keys=[_live_key(record.tenant)], args=places):
+                return False
             pipe = self._redis.pipeline(transaction=True)
             pipe.set(PREFIX + record.task_id, record.to_json(), px=record.ttl_ms)
             pipe.set(PREFIX + record.task_id + ":lease", record.owner, px=lease_ms)
-            pipe.zadd(live, {record.task_id: now + lease_ms})
-            pipe.pexpire(live, max(record.ttl_ms, lease_ms))
             await pipe.execute()
         return True
 
     async def get(self, task_id: str) -> TaskRecord | None:
         async with self._failures():
-            raw = await self._redis.getrange(PREFIX + task_id, 0, MAX_RECORD_BYTES)
-        return read_record(raw, task_id)
+            return await self._records.read(
+                PREFIX + task_id, lambda data: checked_record(data, task_id)
+            )
 
     async def save(self, record: TaskRecord) -> None:
         left = record.expires_ms - now_ms()
         if left <= 0:
             return
         async with self._failures():
-            await self._save(keys=[PREFIX + record.task_id], args=[record.to_json(), left])
+            record_args = [record.to_json(), left, MAX_RECORD_BYTES]
+            await self._save(keys=[PREFIX + record.task_id], args=record_args)
             if record.terminal:
                 pipe = self._redis.pipeline(transaction=False)
                 pipe.delete(PREFIX + record.task_id + ":lease")

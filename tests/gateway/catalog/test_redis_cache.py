@@ -249,6 +249,26 @@ async def test_poisoned_entries_are_rebuilt_never_served_nor_kept(redis_server, 
     await cache.close()
 
 
+async def test_an_entry_of_another_type_or_oversized_is_a_miss_not_an_outage(
+    redis_server, raw_redis
+):
+    """A hash under an entry's key (or the version's) failed the read with WRONGTYPE, which
+    marked Redis down: every request went local until the supervisor reconnected; a 24 MiB
+    entry was fetched whole. Both are now a miss, rebuilt and written over; Redis stays up."""
+    cache = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
+    hashed, huge = catalog_key("v1", "tools/list", "hash"), catalog_key("v1", "tools/list", "huge")
+    await raw_redis.hset(hashed, mapping={"resultType": "complete"})
+    await raw_redis.set(huge, b"kvgate-entry/1 v1\n" + b" " * (24 << 20))
+    await raw_redis.hset(VERSION_KEY, mapping={"v": "1"})
+    for key, params in ((hashed, "hash"), (huge, "huge")):
+        good = result(params)
+        assert await cache.get_or_build("v1", "tools/list", params, lambda: good) == good  # noqa: B023
+        assert await raw_redis.get(key) == b"kvgate-entry/1 v1\n" + good  # written over
+    assert await cache.current_version() is None
+    assert not cache.degraded and cache.stats["outages"] == 0
+    await cache.close()
+
+
 async def test_the_listener_survives_any_input_and_any_failure(redis_server, raw_redis):
     """Non-UTF-8 and oversized pub/sub messages and a garbage version key are ignored
     (counted); an unforeseen error in the listener restarts it; it hears peers after all."""

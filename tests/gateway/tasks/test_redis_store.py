@@ -1,5 +1,6 @@
-"""``RedisTaskStore`` against a private redis-server: durable create, the per-tenant cap, a
-terminal state that stays terminal, leases, cancel requests by pub/sub and by key."""
+"""``RedisTaskStore`` against a private redis-server: durable create, the per-tenant cap (also
+under concurrent creations), a terminal state that stays terminal, leases, cancel requests by
+pub/sub and by key, and records that are not tasks (another type, oversized) read as none."""
 
 from __future__ import annotations
 
@@ -8,9 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 from gateway.tasks.record import TaskRecord, new_task_id, now_ms
-from gateway.tasks.redis_store import RedisTaskStore
+from gateway.tasks.redis_store import PREFIX, RedisTaskStore
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 
 pytestmark = requires_redis_server
@@ -64,3 +66,37 @@ async def test_the_store_shares_state_between_two_clients(redis_server: RedisSer
     finally:
         await owner.close()
         await reader.close()
+
+
+async def test_concurrent_creations_never_pass_the_tenants_cap(redis_server: RedisServer) -> None:
+    """Each creation counted the tenant's live tasks, awaited the answer, then added its own:
+    eight at once in one process all saw room under a cap of four."""
+    store = RedisTaskStore(redis_server.url)
+    try:
+        made = await asyncio.gather(*(store.create(task(), lease_s=5, cap=4) for _ in range(8)))
+        assert sum(made) == 4
+        assert await store.live("key:acme") == 4
+        assert await store.create(task("key:globex"), lease_s=5, cap=4)  # another tenant's
+    finally:
+        await store.close()
+
+
+async def test_a_key_that_holds_no_task_record_reads_as_no_task(
+    redis_server: RedisServer,
+) -> None:
+    """A hash under a task's key raised WRONGTYPE (a −32603 naming it, where an unknown id is
+    "not found"), and a 24 MiB value was read up to 8 MiB; both are now no task, and a write
+    over them is refused as over an expired one."""
+    store = RedisTaskStore(redis_server.url)
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        hashed, huge = task(), task()
+        raw.hset(PREFIX + hashed.task_id, mapping={"id": hashed.task_id})
+        raw.set(PREFIX + huge.task_id, b"{" + b" " * (24 << 20) + b"}")
+        for record in (hashed, huge):
+            assert await store.get(record.task_id) is None
+            await store.save(record.evolve(tokens=1))
+            assert await store.get(record.task_id) is None
+    finally:
+        raw.close()
+        await store.close()

@@ -7,13 +7,14 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
+import orjson
 import pytest
 
 from gateway.mcp.tool_runner import Progress
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
 from gateway.tasks.policy import RunEstimate
-from gateway.tasks.record import TaskRecord, read_record
+from gateway.tasks.record import TaskRecord, checked_record
 from gateway.tasks.store import MemoryTaskStore
 from gateway.tasks.tasks import SHUTDOWN, Tasks
 
@@ -53,9 +54,18 @@ def test_the_estimate_follows_observed_calls_and_the_queue() -> None:
 
 def test_a_record_survives_its_round_trip_and_junk_does_not_pass() -> None:
     record = TaskRecord("a" * 32, "key:acme", "host:1", "generate", "working", 1, 2, 60_000, 500)
-    assert read_record(record.to_json(), record.task_id) == record
-    assert read_record(record.to_json(), "b" * 32) is None  # stored under another id
+
+    def read(raw: bytes, task_id: str) -> TaskRecord | None:
+        try:
+            return checked_record(orjson.loads(raw), task_id)
+        except (TypeError, ValueError):  # what RecordReader.read reads as absent
+            return None
+
+    assert read(record.to_json(), record.task_id) == record
+    assert read(record.to_json(), "b" * 32) is None  # stored under another id
     bad = record.to_json().replace(b'"tokens":0', b'"tokens":-1')
-    assert read_record(bad, record.task_id) is None
+    assert read(bad, record.task_id) is None
     done = record.to_json().replace(b'"working"', b'"completed"')  # completed, no result
-    assert read_record(done, record.task_id) is None
+    assert read(done, record.task_id) is None
+    for junk in (b"not json", b"[1, 2]", b"12", b"[null]", b'{"id": "' + b"a" * 32 + b'"}'):
+        assert read(junk, record.task_id) is None

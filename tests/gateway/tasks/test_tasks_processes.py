@@ -112,10 +112,13 @@ def test_another_tenant_cannot_see_a_task_on_any_process(
 ) -> None:
     a, b = gateways
     created = generate(http, mcp(a), SHORT, meta=TASK_HINT, key=A_KEY).result
-    unknown = task_call(http, mcp(b), "tasks/get", "x" * 32, key=B_KEY).error
-    for process in (a, b):
-        other = task_call(http, mcp(process), "tasks/get", created["taskId"], key=B_KEY).error
-        assert other == unknown and other["code"] == -32602
+    methods = {"tasks/get": {}, "tasks/cancel": {}, "tasks/update": {"inputResponses": {}}}
+    for method, params in methods.items():
+        unknown = task_call(http, mcp(b), method, "x" * 32, key=B_KEY, **params).error
+        for process in (a, b):
+            task_id = created["taskId"]
+            other = task_call(http, mcp(process), method, task_id, key=B_KEY, **params).error
+            assert other == unknown and other["code"] == -32602, method
     poll_until(http, mcp(b), created["taskId"], ("completed",), key=A_KEY)
 
 
@@ -124,11 +127,17 @@ def test_a_record_that_is_not_a_task_reads_as_not_found(
 ) -> None:
     _, b = gateways
     task_id = "z" * 32
+    unknown = task_call(http, mcp(b), "tasks/get", "y" * 32, key=A_KEY).error
+    key = f"kvgate:task:{task_id}"
     with redis.Redis.from_url(redis_server.url) as client:
-        for junk in (b"not json", b'{"id": "zzz"}', b"[1, 2]", b"x" * (9 << 20)):
-            client.set(f"kvgate:task:{task_id}", junk, px=60_000)
+        for junk in (b"not json", b'{"id": "zzz"}', b"[1, 2]", b"x" * (24 << 20), {"id": "z"}):
+            client.delete(key)
+            if isinstance(junk, dict):  # another type: WRONGTYPE was a -32603 naming it
+                client.hset(key, mapping=junk)
+            else:
+                client.set(key, junk, px=60_000)
             error = task_call(http, mcp(b), "tasks/get", task_id, key=A_KEY).error
-            assert error["code"] == -32602 and error["message"].endswith("Task not found")
+            assert error == unknown and error["code"] == -32602, repr(junk)[:40]
 
 
 def test_a_task_whose_gateway_is_killed_reads_failed_within_its_lease(
