@@ -82,6 +82,13 @@ def current() -> Identity | None:
     return CURRENT.get()
 
 
+def current_tenant() -> str:
+    """The caller's tenant ("" on a server without authentication): what every object a
+    caller stores or names (a task, a stored response) is scoped to."""
+    identity = CURRENT.get()
+    return "" if identity is None else identity.tenant
+
+
 def tenant_salt(client_salt: str | None) -> str | None:
     """The engine ``cache_salt`` for this request: the tenant's own, combined with the one the
     client chose (which can only split the tenant's cache further, never reach another's)."""

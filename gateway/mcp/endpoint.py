@@ -30,6 +30,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from gateway.auth.challenge import Challenge
+from gateway.auth.identity import current_tenant
 from gateway.auth.middleware import authorize_call
 from gateway.calls.admission import ConcurrencyLimit, listen_limited
 from gateway.calls.errors import CallError, Rejected
@@ -249,7 +250,7 @@ class McpEndpoint:
             token = None
         declared = era is Era.MODERN and declares_tasks(message.meta)
         as_task = self.tasks.wanted(spec.name, arguments, message.meta, declared)
-        tenant = task_methods.caller_tenant()
+        tenant = current_tenant()
         async with self.calls.admit(receive, headers, cache_key, timeout) as call:
             if as_task:
                 await self.tasks.admit(tenant)  # the tenant's cap, before the engine is asked

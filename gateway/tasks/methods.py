@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.auth.identity import current as current_identity
+from gateway.auth.identity import current_tenant
 from gateway.tasks.tasks import Tasks
 from protocol.errors import invalid_params
 from protocol.jsonrpc_types import Message
@@ -24,12 +24,6 @@ from protocol.tasks import (
 )
 
 
-def caller_tenant() -> str:
-    """The tenant tasks are scoped to ("" on a server without authentication)."""
-    identity = current_identity()
-    return "" if identity is None else identity.tenant
-
-
 async def answer(tasks: Tasks, message: Message, server_info: dict[str, Any]) -> dict[str, Any]:
     if not declares_tasks(message.meta):
         raise missing_tasks_capability(
@@ -38,12 +32,12 @@ async def answer(tasks: Tasks, message: Message, server_info: dict[str, Any]) ->
         )
     task_id = task_id_of(message.params)
     if message.method == "tasks/get":
-        record = await tasks.get(task_id, caller_tenant())
+        record = await tasks.get(task_id, current_tenant())
         return get_task_result(record.view(), server_info)
     if message.method == "tasks/cancel":
-        await tasks.cancel(task_id, caller_tenant())
+        await tasks.cancel(task_id, current_tenant())
         return acknowledgement(server_info)
     if not isinstance(message.params.get("inputResponses"), dict):  # tasks/update
         raise invalid_params("params.inputResponses must be an object")
-    await tasks.get(task_id, caller_tenant())  # an unknown task is an error here too
+    await tasks.get(task_id, current_tenant())  # an unknown task is an error here too
     return acknowledgement(server_info)
