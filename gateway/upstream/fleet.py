@@ -283,7 +283,7 @@ class Fleet:
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         call = Call(self, request, hashes, path, body, headers)
         placements = self.placements
-        key = placement_key(hashes, request.cache_key) if placements is not None else None
+        key = placement_key(hashes, request.cache_key, request.cache_salt)
         asked = None
         if placements is not None and key is not None:
             call.placed, asked = await follow_or_place(

@@ -33,6 +33,12 @@ is out here). Redis down, or an answer not come within ``ANSWER_S``: Redis is le
 ``BACKOFF_S`` and the hash decides, no call fails. Hot keys still overflow: a record is
 followed only while its upstream is not pressed (``Load.pressed``). Keys share one hash tag,
 so the scripts run on Redis Cluster too.
+
+A record is read as every record kvgate reads back (``redis_records.BOUNDED_GET``, in the
+scripts): one that is not a short printable string — another type, oversized, binary — is no
+record, and is replaced; a URL heard or read is followed only if it names an upstream of this
+fleet. A routing key is placed under the call's ``cache_salt`` (its tenant's, salted), so one
+tenant's ``cache_key`` or prompt never reads, refreshes or moves another tenant's record.
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, NamedTuple, TypeAlias, TypeVar
@@ -49,6 +56,7 @@ from redis.exceptions import RedisError
 
 from engine.router import KEY_BLOCKS
 from gateway.redis_connection import stop_tasks
+from gateway.redis_records import BOUNDED_GET, key_part
 from gateway.upstream.upstream import Upstream
 
 log = logging.getLogger("kvgate.fleet")
@@ -64,12 +72,22 @@ COUNT_S = 60  # placements count as load this long after the last one
 PREFIX = "kvgate:{placement}:"
 COUNTS = "kvgate:{placement}counts"
 CHANNEL = "kvgate:{placement}heard"  # messages: URL, newline, key
+MAX_URL_BYTES = 2048
+URL = re.compile(rb"[!-~]{1,%d}" % MAX_URL_BYTES)  # what a record may hold: printable ASCII
 
+# Both scripts: the counts are a hash, or are started again (another type would fail them).
+COUNTS_HASH = """
+if redis.call('TYPE', KEYS[2])['ok'] ~= 'hash' then redis.call('DEL', KEYS[2]) end
+"""
 # KEYS: the record, the counts. ARGV: TTL, counts TTL, the URL a record may be replaced
 # from ('' none), the key, then URL, load pairs of the available upstreams.
 # Returns {URL recorded, 1 if placed now else 0}.
-PLACE = f"""
-local current = redis.call('GET', KEYS[1])
+PLACE = (
+    BOUNDED_GET
+    + COUNTS_HASH
+    + f"""
+local current = bounded_get(KEYS[1], {MAX_URL_BYTES})
+if current and not string.find(current, '^[!-~]+$') then current = false end
 if current and current ~= ARGV[3] then
   redis.call('EXPIRE', KEYS[1], ARGV[1])
   return {{current, 0}}
@@ -86,16 +104,21 @@ redis.call('EXPIRE', KEYS[2], ARGV[2])
 redis.call('PUBLISH', '{CHANNEL}', best .. '\\n' .. ARGV[4])
 return {{best, 1}}
 """
+)
 # KEYS: the record, the counts. ARGV: TTL, the URL placed, the URL the call went to, the key.
 # Moves the record (and its count) only if it still names the URL placed; returns 1 if so.
-MOVE = f"""
-if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+MOVE = (
+    BOUNDED_GET
+    + COUNTS_HASH
+    + f"""
+if bounded_get(KEYS[1], {MAX_URL_BYTES}) ~= ARGV[2] then return 0 end
 redis.call('SET', KEYS[1], ARGV[3], 'EX', ARGV[1])
 redis.call('HINCRBY', KEYS[2], ARGV[2], -1)
 redis.call('HINCRBY', KEYS[2], ARGV[3], 1)
 redis.call('PUBLISH', '{CHANNEL}', ARGV[3] .. '\\n' .. ARGV[4])
 return 1
 """
+)
 
 
 class Answer(NamedTuple):
@@ -241,8 +264,8 @@ class Placements:
                     if message["type"] != "message":
                         continue
                     url, sep, key = message["data"].partition(b"\n")
-                    if sep:
-                        self._heard(key, url.decode())
+                    if sep and URL.fullmatch(url):
+                        self._heard(key, url.decode("ascii"))
             except REDIS_FAILURES:
                 pass
             finally:
@@ -261,12 +284,17 @@ class Placements:
         self._down_until = time.monotonic() + BACKOFF_S
 
 
-def placement_key(hashes: Sequence[bytes], cache_key: str | None) -> bytes | None:
-    """The key a call is placed by: the one the prefix router hashes (``engine.router``)."""
+def placement_key(
+    hashes: Sequence[bytes], cache_key: str | None, cache_salt: str | None
+) -> bytes | None:
+    """The key a call is placed by: the one the prefix router hashes (``engine.router``),
+    under the call's ``cache_salt``: prefixes cached under different salts are different
+    prefixes, and a tenant's salt is its own (``identity.tenant_salt``)."""
+    salt = b"" if cache_salt is None else b"salt:" + key_part(cache_salt).encode() + b":"
     if cache_key is not None:
-        return b"cache_key:" + cache_key.encode()
+        return salt + b"cache_key:" + cache_key.encode()
     if hashes:
-        return b"blocks:" + hashes[min(len(hashes), KEY_BLOCKS) - 1].hex().encode()
+        return salt + b"blocks:" + hashes[min(len(hashes), KEY_BLOCKS) - 1].hex().encode()
     return None
 
 

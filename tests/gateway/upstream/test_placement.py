@@ -1,7 +1,8 @@
 """``Placements`` against a private redis-server, straight and behind a proxy that hands every
 reply on late: a call waits at most its bound (none while a read is overdue), the late answer
 is still read and heard, a key it placed elsewhere follows the call, and what one process
-places every other hears."""
+places every other hears; a record that is not one (another type, oversized, binary) is
+replaced, junk heard is ignored, and each tenant's salt keys records of its own."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 import redis
 
 from gateway import redis_connection
-from gateway.upstream.placement import PREFIX, Placements
+from gateway.upstream.placement import CHANNEL, COUNTS, PREFIX, Placements, placement_key
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.upstream.late_proxy import late_proxy
 
@@ -123,3 +124,53 @@ async def test_redis_down_answers_none_at_once_and_backs_off(tmp_path: Path) -> 
         assert placements.ask(b"k", UPSTREAMS) is None  # left alone for a while
     finally:
         await placements.aclose()
+
+
+async def test_a_record_that_is_not_one_is_replaced_and_junk_heard_is_ignored(
+    redis_server: RedisServer,
+) -> None:
+    """A hash under a record's key failed the script (WRONGTYPE): Redis was taken for down
+    for a second at each call; a 24 MiB string came back whole; a record that is not UTF-8
+    failed its decoding (a 500 for the call); a message heard that is not UTF-8 ended the
+    listener for good. Each is now no record: placed anew, heard as nothing."""
+    placements = await opened(redis_server.url, 1.0)
+    raw = redis.Redis.from_url(redis_server.url)
+    try:
+        await asyncio.sleep(0.2)  # subscribed
+        raw.set(COUNTS, b"not a hash")
+        junk: list[tuple[str, object]] = [
+            ("hash", {"url": "http://a"}),
+            ("huge", b"h" * (24 << 20)),
+            ("binary", b"\xff\xfehttp://a"),
+            ("spaced", b"http://a b"),
+        ]
+        for name, value in junk:
+            key = PREFIX + name
+            if isinstance(value, dict):
+                raw.hset(key, mapping=value)
+            else:
+                raw.set(key, value)
+            asked = placements.ask(name.encode(), UPSTREAMS)
+            assert asked is not None
+            answer = await placements.wait(asked)
+            assert answer is not None and answer.placed, name
+            assert raw.get(key) == answer.url.encode()
+        raw.publish(CHANNEL, b"\xff\xfe\nheard")
+        raw.publish(CHANNEL, b"http://b\nheard")  # the listener is still there
+        await heard(placements, b"heard", "http://b")
+    finally:
+        raw.close()
+        await placements.aclose()
+
+
+def test_each_salt_keys_its_own_records() -> None:
+    """Two tenants naming one ``cache_key`` (or sending one prompt) shared one record: the
+    second followed, refreshed or moved the first's. Their salts now key records apart."""
+    hashes = [b"\x01" * 32]
+    for cache_key in ("session-1", None):
+        acme = placement_key(hashes, cache_key, "tenant:acme-salt")
+        globex = placement_key(hashes, cache_key, "tenant:globex-salt")
+        assert acme is not None and globex is not None and acme != globex
+        assert placement_key(hashes, cache_key, "tenant:acme-salt") == acme
+    assert placement_key(hashes, "session-1", None) == b"cache_key:session-1"  # no tenants
+    assert placement_key([], None, "tenant:acme-salt") is None
