@@ -3,8 +3,11 @@
 Authentication is on when API keys or an OAuth issuer are configured (off by default: a
 loopback-only server is reached only by its own host). Then every path needs a credential
 except ``/healthz``, ``/readyz``, ``/metrics`` and the protected-resource metadata.
-``/admin/*`` always needs the admin key or a token with the admin scope. A bearer credential
-is tried as an API key first (a hash), then as a JWT access token.
+``/admin/*`` always needs the admin key or a token with the admin scope. So do, once
+authentication is on, the runtime LoRA routes (``OPERATOR_PATHS``): adapters are one namespace
+served to every tenant, and a tenant that loaded, replaced or unloaded one would change what
+another tenant's calls run. A bearer credential is tried as an API key first (a hash), then as
+a JWT access token.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ log = logging.getLogger("kvgate.auth")
 B64TOKEN = re.compile(r"[A-Za-z0-9\-._~+/]+=*")  # RFC 6750 section 2.1: a bearer token
 OPEN_PATHS = frozenset(("/healthz", "/readyz", "/metrics"))
 METADATA_PATH = "/.well-known/oauth-protected-resource"
+OPERATOR_PATHS = frozenset(("/v1/load_lora_adapter", "/v1/unload_lora_adapter"))
 
 
 def metadata_url(resource: str) -> str:
@@ -96,7 +100,7 @@ class Authenticator:
 
     def required(self, path: str) -> tuple[str, ...]:
         """The scopes a path needs before its endpoint runs (``/mcp`` checks per method)."""
-        if path.startswith("/admin/"):
+        if path.startswith("/admin/") or path in OPERATOR_PATHS:
             return (self.admin_scope,)
         return (self.inference_scope,) if path in self.inference_paths else ()
 
@@ -127,7 +131,7 @@ class Authenticator:
         if not B64TOKEN.fullmatch(token):
             raise self.challenge(400, "invalid_request", "Malformed Authorization header")
         identity = await self._identify(token)
-        if admin and not identity.admin:
+        if (admin or path in OPERATOR_PATHS) and not identity.admin:
             raise self.challenge(403, "insufficient_scope", "This needs the admin scope", required)
         self.require(identity, required)
         return identity

@@ -1,5 +1,6 @@
 """API keys: the keys file format, SIGHUP re-reads it, and the same identity guards /mcp,
-/v1/*, /tokenize, /detokenize and /admin/* (each refusal worded for its front door)."""
+/v1/*, /tokenize, /detokenize and /admin/* (each refusal worded for its front door); the
+runtime LoRA routes are the operator's, as /admin/* is."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ import pytest
 
 from engine import AsyncLLM
 from gateway.auth.api_keys import ApiKeys, KeysFileError, parse_keys_file
-from gateway.auth.authenticator import Authenticator
+from gateway.auth.authenticator import OPERATOR_PATHS, Authenticator
+from gateway.auth.challenge import Challenge
 from gateway.mcp.errors import AUTH_ERROR_CODE
 from gateway.settings import Settings
 from tests.gateway.live_server import LiveServer
@@ -78,7 +80,9 @@ def test_a_keys_file_that_is_not_utf8_keeps_the_keys_and_says_why(
 def live(engine: AsyncLLM, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
     path = tmp_path_factory.mktemp("keys") / "keys"
     path.write_text(line("acme", "acme-key") + line("globex", "globex-key"))
-    with LiveServer(engine, api_keys_file=str(path), admin_api_key="root-key") as server:
+    with LiveServer(
+        engine, api_keys_file=str(path), admin_api_key="root-key", allow_runtime_lora_updating=True
+    ) as server:
         yield server
 
 
@@ -141,6 +145,32 @@ def test_health_and_metrics_stay_open_and_admin_needs_the_admin_key(
     assert tenant.headers["www-authenticate"].startswith('Bearer error="insufficient_scope"')
     assert http.post(reload, headers=bearer("root-key")).status_code == 200
     assert http.post(live.base + "/mcp", headers=bearer("root-key")).status_code != 401
+
+
+@pytest.mark.parametrize("path", sorted(OPERATOR_PATHS))
+def test_a_tenant_cannot_change_the_adapters_every_tenant_runs(
+    http: httpx.Client, live: LiveServer, path: str
+) -> None:
+    """Any tenant loaded, replaced (``load_inplace``) or unloaded an adapter by name: what
+    another tenant's calls under that name ran. Now only the admin credential may."""
+    body = {"lora_name": "shared", "lora_path": "/nonexistent/adapter"}
+    tenant = http.post(live.base + path, json=body, headers=bearer("acme-key"))
+    assert tenant.status_code == 403, tenant.text
+    assert tenant.headers["www-authenticate"].startswith('Bearer error="insufficient_scope"')
+    assert tenant.json()["error"]["code"] == "insufficient_scope"
+    admin = http.post(live.base + path, json=body, headers=bearer("root-key"))
+    assert admin.status_code not in (401, 403), admin.text  # the endpoint's own answer
+
+
+async def test_without_an_admin_credential_no_tenant_changes_adapters(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.write_text(line("acme", "acme-key"))
+    tenants = Authenticator(Settings(api_keys_file=str(keys)))
+    for path in OPERATOR_PATHS:
+        with pytest.raises(Challenge) as refused:
+            await tenants.authenticate(path, ["Bearer acme-key"])
+        assert refused.value.status == 403
+    assert await Authenticator(Settings()).authenticate(path, []) is None  # no tenants: open
 
 
 def test_sighup_rereads_the_keys_file(kvgate_factory, tmp_path: Path) -> None:
