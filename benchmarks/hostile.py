@@ -2,15 +2,15 @@
 three ~1 MiB bodies arrive (issue 16); then /healthz and another tenant's stream while three
 ~1 MiB bodies of 128 tools' JSON Schemas and two 70k-entry ``choice`` grammars arrive, and
 the compiled-grammar cache's resident bytes against its limit (issue 27); then a fleet
-gateway's RSS and /healthz while its own upstream attacks it (issue 44). Loopback only;
-every loop is bounded.
+gateway's RSS and /healthz while its own upstream attacks it, and while calls make it read
+24 MiB records back from Redis (issue 44). Loopback only; every loop is bounded.
 
     python -m benchmarks.hostile [--header-mib 64] [--body-kib 1000] [--probe-ms 10]
                                  [--tools generate,chat,tokenize]   ("" for the header alone)
                                  [--tool-bodies 3] [--choices 70000] [--choice-bodies 2]
-                                 [--cases bodies,tools,upstream]
+                                 [--cases bodies,tools,upstream,records]
                                  [--upstream-attacks endless-header,endless-comments,...]
-                                 [--attack-s 3]
+                                 [--attack-s 3] [--record-mib 24]
                                  [--kvgate-flags "--model DIR"]
 
 Starts ``python -m gateway serve`` (the embedded tiny model) on a free port, measures its RSS
@@ -42,6 +42,13 @@ streamed and one not, back to back for ``--attack-s``), or ``pages``: no caller 
 gateway's own health checks and scrapes (every 0.25 s) meeting an endless header line on
 ``/health`` and a ``/metrics`` page just under the scrape's limit. ``rss_growth_mib`` is the
 peak over the RSS before the attack. Targets: growth <= 16 MiB, /healthz p99 < 50 ms.
+
+The ``records`` case starts a private ``redis-server`` and ``kvgate serve --redis-url`` with
+two API-key tenants, leaves ``--record-mib`` records where the gateway reads back
+(``benchmarks.hostile_records``: a stored response of the attacker's, valid JSON of ~800k
+messages; a task; a response key holding a hash), and for ``--attack-s`` has the attacker
+continue, render and ``tasks/get`` them, one caller per kind in a process of its own. Each
+must read as unknown (404, or −32602 "not found"); same figures and targets as ``upstream``.
 """
 
 from __future__ import annotations
@@ -60,11 +67,13 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import httpx
 import orjson
 
+from benchmarks.hostile_records import plant, record_calls
 from benchmarks.hostile_tools import (
     KEYS,
     choice_body,
@@ -75,6 +84,7 @@ from benchmarks.hostile_tools import (
     victim_stream,
 )
 from benchmarks.loopback import free_port
+from tests.gateway.redis_fixtures import RedisServer
 from tests.gateway.upstream.evil_upstream import MODEL
 
 CHUNK = 64 * 1024
@@ -409,6 +419,48 @@ def upstream_case(args: argparse.Namespace) -> dict[str, Any]:
     return figures
 
 
+def records_case(args: argparse.Namespace) -> dict[str, Any]:
+    """RSS and /healthz while the attacker's calls name the planted records (see the module)."""
+    spawn = multiprocessing.get_context("spawn")
+    with tempfile.TemporaryDirectory() as folder, RedisServer(Path(folder)) as redis_server:
+        ids = plant(redis_server.url, args.record_mib)
+        kinds = {"response": ids["response"], "render": ids["response"]}
+        kinds |= {"hash": ids["hash"], "task": ids["task"]}
+        flags = ("--redis-url", redis_server.url, "--api-keys-file", keys_file(folder))
+        with (
+            serving(*flags) as (base, pid),
+            ProcessPoolExecutor(len(kinds), mp_context=spawn) as pool,
+        ):
+            list(pool.map(time.sleep, [0.2] * len(kinds)))  # started before the clock runs
+            baseline = rss_mib(pid)
+            futures: list[Future[Any]] = []  # filled by the attack's threads, as measure waits
+            submitted: dict[str, Future[Any]] = {}
+
+            def launch(kind: str) -> threading.Thread:
+                def run() -> None:
+                    future = pool.submit(record_calls, base, kind, kinds[kind], args.attack_s)
+                    submitted[kind] = future
+                    futures.append(future)
+
+                return threading.Thread(target=run)
+
+            attack = [launch(kind) for kind in kinds]
+            hostile = measure(base, pid, args.probe_ms / 1000, attack, futures)
+            calls = {kind: future.result() for kind, future in submitted.items()}
+    growth = round(hostile["rss_peak_mib"] - baseline, 1)
+    return {
+        "record_mib": args.record_mib,
+        "rss_baseline_mib": round(baseline, 1),
+        "rss_growth_mib": growth,
+        "hostile": hostile,
+        "calls": calls,
+        "targets_met": {
+            "rss_growth_le_16mib": growth <= UPSTREAM_TARGETS["rss_growth_mib"],
+            "healthz_p99_lt_50ms": hostile["healthz_p99_ms"] < UPSTREAM_TARGETS["healthz_p99_ms"],
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--header-mib", type=int, default=64)
@@ -423,13 +475,14 @@ def main() -> None:
     parser.add_argument("--tool-bodies", type=int, default=3, help="chats of 128 tools")
     parser.add_argument("--choices", type=int, default=70_000, help="entries per choice list")
     parser.add_argument("--choice-bodies", type=int, default=2, help="distinct choice lists")
-    parser.add_argument("--cases", default="bodies,tools,upstream", help="a list of cases")
+    parser.add_argument("--cases", default="bodies,tools,upstream,records", help="a list of cases")
     parser.add_argument(
         "--upstream-attacks",
         default="endless-header,endless-headers,endless-trailer,endless-comments,endless-line,pages",
         help="raw_upstream answers (completion prompts) and pages (its /health and /metrics)",
     )
     parser.add_argument("--attack-s", type=float, default=3.0, help="seconds per attack")
+    parser.add_argument("--record-mib", type=int, default=24, help="each record's size")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
     flags = args.kvgate_flags.split()
@@ -445,6 +498,8 @@ def main() -> None:
             figures["tools_and_grammars"] = tools_case(base, pid, args)
     if "upstream" in cases:
         figures["upstream"] = upstream_case(args)
+    if "records" in cases:
+        figures["records"] = records_case(args)
     figures["load_average"] = os.getloadavg()
     print(json.dumps(figures))
 
