@@ -97,7 +97,7 @@ def _messages(data: Any, tenant: str) -> list[dict[str, Any]]:
     try:
         messages = parse.chat_messages(data)
         template_messages(messages)  # raises for an earlier call it could not render
-    except (BadInput, RecursionError) as exc:  # deeply nested arguments: RecursionError
+    except BadInput as exc:
         raise ValueError(str(exc)) from None
     return messages
 
