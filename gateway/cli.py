@@ -8,6 +8,7 @@ table of them.
 from __future__ import annotations
 
 import argparse
+import difflib
 import logging
 import os
 import signal
@@ -16,9 +17,10 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from engine.fetch_model import WHEEL_MODELS
+from gateway import __version__
 from gateway.ops.logs import configure_logging
 from gateway.settings import GROUPS, Settings, options
 
@@ -26,9 +28,36 @@ logger = logging.getLogger("kvgate")
 ENGINE_START_TIMEOUT_S = 1800.0  # loading a model (a first native build: minutes)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse that answers an unknown or misspelt flag with the nearest ones it knows."""
+
+    def error(self, message: str) -> NoReturn:
+        unknown = message.partition("unrecognized arguments: ")[2].split()
+        known = _option_strings(self)
+        hints = []
+        for word in unknown:
+            near = difflib.get_close_matches(word.partition("=")[0], known, n=3, cutoff=0.6)
+            if near:
+                hints.append(f"{word}: did you mean {' or '.join(near)}?")
+        super().error("; ".join([message, *hints]))
+
+
+def _option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every flag of ``parser`` and its subcommands (an unknown serve flag is reported by
+    the top-level parser)."""
+    found: list[str] = []
+    for action in parser._actions:
+        found += action.option_strings
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                found += _option_strings(sub)
+    return found
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kvgate", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser = Parser(prog="kvgate", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"kvgate {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     serve = commands.add_parser("serve", help="serve MCP over Streamable HTTP at /mcp")
     add_flags(serve)
     tiny = commands.add_parser("make-tiny-model", help="write the tiny test model to DIR")
@@ -67,8 +96,7 @@ def add_flags(parser: argparse.ArgumentParser, cls: type[Settings] = Settings) -
             kwargs["choices"] = meta.choices
         if meta.metavar is not None:
             kwargs["metavar"] = meta.metavar
-        target = parser if meta.group is None else groups[meta.group]
-        target.add_argument(option.flag, **kwargs)
+        groups[meta.group].add_argument(option.flag, **kwargs)
 
 
 def settings_from_args(args: argparse.Namespace) -> Settings:
@@ -133,8 +161,6 @@ def serve(settings: Settings) -> None:
     if settings.upstream or settings.upstream_dns:
         serve_fleet(settings)
         return
-    if settings.workers < 1:
-        sys.exit(f"kvgate: --workers must be 1 or more, got {settings.workers}")
     if not settings.in_process_engine:
         serve_engine_process(settings)
         return
@@ -278,8 +304,6 @@ def serve_fleet(
 
     if settings.lora_modules:
         sys.exit("kvgate: --lora-modules: in fleet mode the upstreams load the adapters")
-    if settings.workers < 1:
-        sys.exit(f"kvgate: --workers must be 1 or more, got {settings.workers}")
     if settings.workers > 1 and sock is None:
         from gateway.http.workers import Supervisor, listening_sockets
 

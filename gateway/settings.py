@@ -23,12 +23,22 @@ from typing import Any, Self, TypeVar
 
 ENV_PREFIX = "KVGATE_"
 META_KEY = "kvgate"  # where a field's Flag lives in its dataclass metadata
+TRUE_WORDS = ("1", "true", "yes", "on")
+FALSE_WORDS = ("0", "false", "no", "off")
 
 GROUPS: dict[str, str] = {  # the argparse groups of `kvgate serve`, in --help order
-    "authentication": "API keys and OAuth 2.1 access tokens",
-    "fleet": "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine",
+    "server": "where and how kvgate listens",
+    "model": "the model served and how its text is read",
+    "engine": "the embedded engine's compute and scheduling",
+    "kv cache": "the embedded engine's paged KV cache",
+    "redis": "state shared by gateway processes",
+    "catalog": "MCP discovery: instructions, resources, prompts, caching hints, listen streams",
+    "admin": "operator routes",
+    "logging": "what the log says",
+    "authentication": "API keys, OAuth 2.1 access tokens and per-tenant budgets",
     "limits": "admission control and abuse limits",
     "tasks": "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)",
+    "fleet": "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine",
     "lora": "LoRA adapters, with vLLM's flags",
 }
 
@@ -40,41 +50,76 @@ class Flag:
     """What a Settings field declares beside its type and default."""
 
     help: str  # one line for --help (the default is appended there)
+    group: str  # a GROUPS title: where --help and the configuration reference list it
     cli: str | None = ""  # the flag's spelling; "" = --field-name, None = environment only
-    group: str | None = None  # a GROUPS title; None = serve's own options
-    choices: tuple[str, ...] | None = None  # enforced on the flag (as argparse choices)
+    choices: tuple[str, ...] | None = None  # the values allowed (argparse shows them too)
     repeat: bool = False  # a tuple field: the flag repeats (action="append"), else a comma list
     metavar: str | None = None
     # What the default means, in words: after a number's value ("0 = off"), instead of
     # None, an empty tuple or a text.
     shown: str | None = None
-    doc: str | None = None  # the README's meaning, where it says more than help
+    doc: str | None = None  # the reference's meaning, where it says more than help
+    ge: float | None = None  # a number's bounds: at least, more than, at most
+    gt: float | None = None
+    le: float | None = None
+
+    def allowed(self) -> str:
+        """The values allowed, in words (for errors and the reference); "" = any."""
+        if self.choices is not None:
+            return "one of " + ", ".join(self.choices)
+        parts = [
+            f"{word} {_number(bound)}"
+            for word, bound in (("≥", self.ge), (">", self.gt), ("≤", self.le))
+            if bound is not None
+        ]
+        return " and ".join(parts)
 
 
 def flag(
     default: T,
     help: str,
     *,
+    group: str,
     cli: str = "",
-    group: str | None = None,
     choices: tuple[str, ...] | None = None,
     repeat: bool = False,
     metavar: str | None = None,
     shown: str | None = None,
     doc: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
 ) -> T:
-    """A Settings field with a ``kvgate serve`` flag and a ``KVGATE_<FIELD>`` twin."""
-    if group is not None and group not in GROUPS:
+    """A Settings field with a ``kvgate serve`` flag and a ``KVGATE_<FIELD>`` twin; its
+    bounds (``ge``/``gt``/``le``) and ``choices`` are checked in one place,
+    ``Settings.__post_init__``, whichever way the value came."""
+    if group not in GROUPS:
         raise ValueError(f"unknown flag group {group!r}; one of {sorted(GROUPS)}")
     if cli and not cli.startswith("--"):
         raise ValueError(f"a flag starts with --: {cli!r}")
-    meta = Flag(help, cli, group, choices, repeat, metavar, shown, doc)
+    meta = Flag(help, group, cli, choices, repeat, metavar, shown, doc, ge, gt, le)
     return field(default=default, metadata={META_KEY: meta})
 
 
-def env_only(default: T, help: str, *, shown: str | None = None) -> T:
+def env_only(
+    default: T,
+    help: str,
+    *,
+    group: str,
+    shown: str | None = None,
+    ge: float | None = None,
+    gt: float | None = None,
+) -> T:
     """A Settings field with only its ``KVGATE_<FIELD>`` environment twin."""
-    return field(default=default, metadata={META_KEY: Flag(help, cli=None, shown=shown)})
+    if group not in GROUPS:
+        raise ValueError(f"unknown flag group {group!r}; one of {sorted(GROUPS)}")
+    meta = Flag(help, group, cli=None, shown=shown, ge=ge, gt=gt)
+    return field(default=default, metadata={META_KEY: meta})
+
+
+class SettingError(ValueError):
+    """A setting's value is not allowed: the message names its flag and variable, the value
+    and what is allowed."""
 
 
 @dataclass(frozen=True)
@@ -84,14 +129,17 @@ class Settings:
         "bind address",
         doc="bind address (the Host header is checked against DNS rebinding when bound to "
         "loopback)",
+        group="server",
     )
-    port: int = flag(8000, "port")
+    port: int = flag(8000, "port", group="server", ge=0, le=65535)
     workers: int = flag(
         1,
         "HTTP worker processes serving the port",
         metavar="N",
         doc="HTTP worker processes serving the port (`SO_REUSEPORT`): in fleet mode each with "
         "the same routing; with an embedded engine all over its one engine process",
+        group="server",
+        ge=1,
     )
     in_process_engine: bool = flag(
         False,
@@ -100,6 +148,7 @@ class Settings:
         "GIL with the HTTP loop (`--workers 1` only); by default it runs in a process of its "
         "own, computing with every usable core while API processes serve HTTP (restarted "
         "with backoff if it dies)",
+        group="engine",
     )
     model: str | None = flag(
         None,
@@ -110,24 +159,29 @@ class Settings:
         "fetch-model`), or a Hub id `org/name` (through the Hub cache: `HF_HOME`, "
         "`HF_HUB_OFFLINE`); default: a random tiny model, built once into `$KVGATE_CACHE_DIR` "
         "(default `~/.cache/kvgate`)",
+        group="model",
     )
     revision: str | None = flag(
         None,
         "Hub revision of --model: branch, tag or commit",
         shown="main",
         doc="the revision of a Hub `--model`: branch, tag or commit",
+        group="model",
     )
     served_model_name: str | None = flag(
         None,
         "the model id OpenAI clients pass",
         shown="the model's name",
         doc="the id OpenAI clients pass as `model` (another → 404)",
+        group="model",
     )
     max_model_len: int = flag(
         0,
         "context length served",
         shown="the model's own",
         doc="context length served (RoPE tables and admission sized to it)",
+        group="model",
+        ge=0,
     )
     tool_call_parser: str | None = flag(
         None,
@@ -135,6 +189,7 @@ class Settings:
         shown="from the chat template",
         doc="tool call syntax: `hermes` (Hermes, Qwen), `llama3_json`, `mistral`; a template "
         "naming none gets `hermes`",
+        group="model",
     )
     reasoning_parser: str | None = flag(
         None,
@@ -142,12 +197,14 @@ class Settings:
         shown="off",
         doc="split the model's `<think>…</think>` from its reply: `qwen3` (only between the "
         "tags), `deepseek_r1` (everything before `</think>`); returned as `reasoning`",
+        group="model",
     )
     dtype: str = flag(
         "auto",
         "auto | float32 | bfloat16",
         doc="`auto` (bf16 where the CPU computes it natively, or on GPU, else fp32), `float32`, "
         "`bfloat16`",
+        group="model",
     )
     gguf_dequantize: bool = flag(
         False,
@@ -155,14 +212,17 @@ class Settings:
         doc="dequantize a `.gguf` model's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K weights to `--dtype` at load; "
         "by default they stay quantized on CPU (less memory, faster decode: see "
         "`engine/gguf/quantized.py`)",
+        group="model",
     )
     threads: int = flag(
         0,
         "CPU compute threads",
         metavar="N",
         shown="usable cores (less one for the HTTP loop when the engine shares its process)",
+        group="engine",
+        ge=0,
     )
-    max_num_seqs: int = flag(64, "running requests per replica")
+    max_num_seqs: int = flag(64, "running requests per replica", group="engine", ge=1)
     # 256, not vLLM's 2,048: a burst of prompts gets its first tokens in more, shorter steps,
     # and decodes wait less behind a prefill chunk. vllm bench serve, 64 x 256 -> 128 tokens
     # at concurrency 16 (bench55m, Zen 4, 2 cores), alternating runs: TTFT p50 256: 382, 386,
@@ -172,12 +232,16 @@ class Settings:
         256,
         "tokens computed per replica step",
         doc="tokens computed per replica step (the prefill chunk budget)",
+        group="engine",
+        ge=1,
     )
     replicas: int = flag(
         1,
         "engine replicas sharing one KV pool",
         metavar="N",
         doc="engine replicas sharing one KV block pool, routed by `--routing`",
+        group="engine",
+        ge=1,
     )
     routing: str = flag(
         "prefix",
@@ -185,17 +249,20 @@ class Settings:
         choices=("prefix", "round_robin", "random"),
         doc="how a call picks an engine replica or upstream: `prefix` (bounded-load consistent "
         "hashing of its `cache_key` or prompt prefix); `round_robin` and `random` are baselines",
+        group="engine",
     )
     kv_cache_dtype: str = flag(
         "auto",
         "auto | float32 | bfloat16 | fp8",
         doc="`auto` (model dtype), `float32`, `bfloat16`, `fp8` (e4m3 + per-token scales)",
+        group="kv cache",
     )
     kv_cache_memory: str | None = flag(
         None,
         "KV cache size, e.g. 256MiB",
         shown="10% of free memory",
         doc="KV cache byte budget, e.g. `256MiB`",
+        group="kv cache",
     )
     redis_url: str | None = flag(
         None,
@@ -205,6 +272,7 @@ class Settings:
         "&ssl_keyfile=…` (TLS, ACL user), `redis+sentinel://host:26379,host:26380/service` "
         "(follows failovers), `redis+cluster://host:port`; put passwords in `KVGATE_REDIS_URL`, "
         "not a flag",
+        group="redis",
     )
     responses_ttl_s: int = flag(
         3600,
@@ -213,33 +281,50 @@ class Settings:
         metavar="S",
         doc="how long a `/v1/responses` response stored with `store: true` can be continued "
         "(`previous_response_id`) from any gateway process; needs `--redis-url`",
+        group="redis",
+        ge=1,
     )
     allowed_origins: tuple[str, ...] = flag(
         (),
         "comma-separated Origins allowed beyond localhost",
         shown="localhost only",
         doc="comma-separated Origins allowed beyond localhost (`*` for any)",
+        group="server",
     )
     max_body_bytes: int = flag(
-        1 << 20, "largest request body", shown="1 MiB", doc="largest request body; beyond → 413"
+        1 << 20,
+        "largest request body",
+        shown="1 MiB",
+        doc="largest request body; beyond → 413",
+        group="limits",
+        ge=1,
     )
     catalog_ttl_ms: int = env_only(
-        3_600_000, "how long clients may cache discovery results (the cache hint), in ms"
+        3_600_000,
+        "how long clients may cache discovery results (the cache hint), in ms",
+        group="catalog",
+        ge=0,
     )
-    keepalive_s: float = env_only(15.0, "SSE comment interval on subscriptions/listen, in s")
-    listen_max_s: float = env_only(3600.0, "a listen stream ends (gracefully) after this many s")
-    server_name: str = env_only("kvgate", "the MCP server name (serverInfo)")
+    keepalive_s: float = env_only(
+        15.0, "SSE comment interval on subscriptions/listen, in s", group="catalog", gt=0
+    )
+    listen_max_s: float = env_only(
+        3600.0, "a listen stream ends (gracefully) after this many s", group="catalog", gt=0
+    )
+    server_name: str = env_only("kvgate", "the MCP server name (serverInfo)", group="catalog")
     catalog_config: str | None = flag(
         None,
         "JSON file: instructions, resources, prompts (re-read on SIGHUP and admin reload)",
         metavar="FILE",
         doc="JSON: instructions, static resources, prompt templates; re-read on SIGHUP or "
         "`POST /admin/catalog/reload`",
+        group="catalog",
     )
     admin_api_key: str | None = flag(
         None,
         "enable /admin/* for 'Authorization: Bearer KEY'",
         doc="enables `/admin/*` for `Authorization: Bearer KEY`",
+        group="admin",
     )
     # Authentication (gateway.auth): off unless keys or an OAuth issuer are configured.
     api_key: str | None = flag(
@@ -280,14 +365,23 @@ class Settings:
         group="authentication",
         doc="the token claim naming the tenant",
     )
-    oauth_leeway_s: float = env_only(30.0, "clock skew allowed on exp/nbf, in s")
+    oauth_leeway_s: float = env_only(
+        30.0, "clock skew allowed on exp/nbf, in s", group="authentication", ge=0
+    )
     oauth_jwks_min_refresh_s: float = env_only(
-        10.0, "an unknown kid re-fetches the JWKS at most this often, in s"
+        10.0,
+        "an unknown kid re-fetches the JWKS at most this often, in s",
+        group="authentication",
+        ge=0,
     )
     oauth_inference_scope: str = env_only(
-        "kvgate:infer", "the scope tools/call, completions and tokenize need"
+        "kvgate:infer",
+        "the scope tools/call, completions and tokenize need",
+        group="authentication",
     )
-    oauth_admin_scope: str = env_only("kvgate:admin", "the scope /admin/* needs")
+    oauth_admin_scope: str = env_only(
+        "kvgate:admin", "the scope /admin/* needs", group="authentication"
+    )
     # Per-tenant budgets (authenticated tenants only), shared through redis_url when set.
     budget_requests_per_min: int = flag(
         0,
@@ -296,6 +390,7 @@ class Settings:
         shown="off",
         doc="inference calls per tenant per minute, shared through `--redis-url` by every "
         "process; beyond → 429 + `Retry-After`",
+        ge=0,
     )
     budget_tokens_per_min: int = flag(
         0,
@@ -304,13 +399,16 @@ class Settings:
         shown="off",
         doc="prompt + completion tokens per tenant per minute, shared through `--redis-url` by "
         "every process; beyond → 429 + `Retry-After`",
+        ge=0,
     )
     budget_processes: int = flag(
         1,
-        "gateway processes sharing the budget (Redis down)",
+        "gateway processes sharing the budget (without Redis, or while it is down)",
         group="authentication",
         metavar="N",
-        doc="gateway processes: while Redis is down each one enforces budget/N alone",
+        doc="gateway processes sharing a tenant's budget: without Redis, or while it is "
+        "down, each one enforces budget/N alone",
+        ge=1,
     )
     drain_timeout_s: float = flag(
         30.0,
@@ -319,12 +417,15 @@ class Settings:
         metavar="S",
         doc="after SIGTERM: not ready at once, in-flight calls get S seconds, then are "
         "cancelled; exit 0",
+        group="server",
+        ge=0,
     )
     log_format: str = flag(
         "text",
         "log lines",
         choices=("text", "json"),
         doc="`json` for one JSON object per line (with trace and span ids)",
+        group="logging",
     )
     # Admission and abuse limits (0 = off where it says so).
     max_waiting: int = flag(
@@ -332,6 +433,7 @@ class Settings:
         "requests waiting per engine replica; beyond -> 503",
         group="limits",
         doc="waiting requests per replica; beyond → 503 + `Retry-After`",
+        ge=0,
     )
     max_prompt_tokens: int = flag(
         0,
@@ -339,6 +441,7 @@ class Settings:
         group="limits",
         shown="the context length",
         doc="longer prompts are a tool error",
+        ge=0,
     )
     max_tokens_limit: int = flag(
         0,
@@ -346,6 +449,7 @@ class Settings:
         group="limits",
         shown="the context length",
         doc="the largest `max_tokens` a call may ask for",
+        ge=0,
     )
     max_concurrency_per_client: int = flag(
         0,
@@ -353,6 +457,7 @@ class Settings:
         group="limits",
         shown="off",
         doc="calls in flight per API key or `cache_key`; beyond → 429 + `Retry-After`",
+        ge=0,
     )
     request_timeout_s: float = flag(
         300.0,
@@ -362,6 +467,7 @@ class Settings:
         metavar="S",
         doc="`tools/call` deadline (a call's `_meta` `dev.kvgate/timeoutMs` may shorten it); "
         "past it → −31002, HTTP 504 (or the stream's last event)",
+        gt=0,
     )
     step_timeout_s: float = flag(
         120.0,
@@ -370,15 +476,21 @@ class Settings:
         group="limits",
         metavar="S",
         doc="an engine step running longer marks its replica unready; the router skips it",
+        gt=0,
     )
     body_timeout_s: float = flag(
-        30.0, "seconds for a request body to arrive", cli="--body-timeout", group="limits"
+        30.0,
+        "seconds for a request body to arrive",
+        cli="--body-timeout",
+        group="limits",
+        gt=0,
     )
     header_timeout_s: float = flag(
         30.0,
         "seconds for the request line and headers to arrive",
         cli="--header-timeout",
         group="limits",
+        gt=0,
     )
     max_header_bytes: int = flag(
         32 * 1024,
@@ -387,18 +499,21 @@ class Settings:
         shown="32 KiB",
         doc="request line plus headers; beyond → 431, counted on the bytes received (an endless "
         "line is cut at the limit); a request target over min(8 KiB, half of it) → 414",
+        ge=1024,
     )
     max_json_depth: int = flag(
         64,
         "JSON nesting depth",
         group="limits",
         doc="nesting of arrays/objects in a body; deeper → −32600",
+        ge=1,
     )
     max_listen_streams: int = flag(
         1024,
         "open subscriptions/listen streams; beyond -> 503",
         group="limits",
         doc="open `subscriptions/listen` streams; beyond → 503",
+        ge=0,
     )
     # Tasks (the io.modelcontextprotocol/tasks extension).
     task_threshold_s: float = flag(
@@ -409,6 +524,7 @@ class Settings:
         doc="a `generate`/`chat` call whose client declares the tasks extension becomes a task "
         "when `max_tokens × n` at the observed tokens/s (plus the queue ahead) predicts a "
         "longer run; `_meta` `dev.kvgate/task` forces it either way",
+        ge=0,
     )
     task_ttl_s: float = flag(
         3600.0,
@@ -417,6 +533,7 @@ class Settings:
         metavar="S",
         doc="a task and its result are deleted this long after creation (its `ttlMs`); a "
         "generation still running then fails",
+        gt=0,
     )
     task_poll_interval_s: float = flag(
         1.0,
@@ -425,6 +542,7 @@ class Settings:
         metavar="S",
         doc="the `pollIntervalMs` a task suggests; progress (tokens so far) is written at "
         "least this often",
+        gt=0,
     )
     task_lease_s: float = flag(
         10.0,
@@ -433,6 +551,7 @@ class Settings:
         metavar="S",
         doc="the owner renews a lease every third of this; a `working` task whose lease "
         "lapsed (its gateway died) reads `failed`",
+        gt=0,
     )
     task_id_prefix: str | None = flag(
         None,
@@ -449,6 +568,7 @@ class Settings:
         group="tasks",
         doc="working tasks per tenant (API key or token subject); beyond → −31001, 429 + "
         "`Retry-After`; 0 = no cap",
+        ge=0,
     )
     # Fleet mode: upstream engine servers (vLLM, SGLang, kvgate) instead of an embedded engine.
     upstream: tuple[str, ...] = flag(
@@ -475,6 +595,7 @@ class Settings:
         cli="--upstream-refresh",
         group="fleet",
         metavar="S",
+        gt=0,
     )
     upstream_scrape_interval_s: float = flag(
         2.0,
@@ -482,6 +603,7 @@ class Settings:
         cli="--upstream-scrape-interval",
         group="fleet",
         metavar="S",
+        ge=0,
     )
     tokenizer: str | None = flag(
         None,
@@ -504,6 +626,7 @@ class Settings:
         cli="--upstream-health-interval",
         group="fleet",
         metavar="S",
+        ge=0,
     )
     upstream_health_timeout_s: float = flag(
         1.0,
@@ -511,23 +634,33 @@ class Settings:
         cli="--upstream-health-timeout",
         group="fleet",
         metavar="S",
+        gt=0,
     )
     upstream_unhealthy_after: int = flag(
         2,
         "consecutive failures that take an upstream out",
         group="fleet",
         doc="consecutive failures (passive or active) that open an upstream's breaker",
+        ge=1,
     )
     upstream_healthy_after: int = env_only(
-        1, "consecutive successful checks that close an upstream's breaker again"
+        1,
+        "consecutive successful checks that close an upstream's breaker again",
+        group="fleet",
+        ge=1,
     )
     upstream_placement_timeout_s: float = env_only(
         0.05,
         "seconds a call waits for the placement record of a key its process has not heard "
         "of before the hash decides (the record then follows the call)",
+        group="fleet",
+        ge=0,
     )
     upstream_cooldown_s: float = env_only(
-        5.0, "an open breaker lets one trial call through after this many s"
+        5.0,
+        "an open breaker lets one trial call through after this many s",
+        group="fleet",
+        ge=0,
     )
     upstream_connect_timeout_s: float = flag(
         2.0,
@@ -535,6 +668,7 @@ class Settings:
         cli="--upstream-connect-timeout",
         group="fleet",
         metavar="S",
+        gt=0,
     )
     upstream_read_timeout_s: float = flag(
         60.0,
@@ -543,6 +677,7 @@ class Settings:
         group="fleet",
         metavar="S",
         doc="the longest silence between an upstream's stream chunks, in seconds",
+        gt=0,
     )
     upstream_api_key: str | None = flag(
         None,
@@ -564,7 +699,9 @@ class Settings:
         "not shared across gateways",
     )
     tenant_salt_secret: str | None = env_only(
-        None, "the tenant salt secret itself, instead of --tenant-salt-secret-file"
+        None,
+        "the tenant salt secret itself, instead of --tenant-salt-secret-file",
+        group="fleet",
     )
     # LoRA adapters (embedded engine; gateway/adapters.py), spelled as vLLM spells them.
     enable_lora: bool = flag(
@@ -583,7 +720,7 @@ class Settings:
         '`model`): `NAME=PATH` ..., or vLLM\'s JSON `{"name": …, "path": …, '
         '"base_model_name": …}` (flag only)',
     )
-    max_lora_rank: int = flag(16, "largest adapter rank r", group="lora", metavar="R")
+    max_lora_rank: int = flag(16, "largest adapter rank r", group="lora", metavar="R", ge=1)
     max_loras: int = flag(
         4,
         "distinct adapters running at once per replica",
@@ -591,6 +728,7 @@ class Settings:
         metavar="N",
         doc="distinct adapters among a replica's running requests (so in one step; more wait "
         "their turn); vLLM's default is 1",
+        ge=1,
     )
     allow_runtime_lora_updating: bool = flag(
         False,
@@ -605,7 +743,14 @@ class Settings:
         "share a prefix so they reuse its KV cache.",
         "the MCP instructions (a --catalog-config file's own replace them)",
         shown="a line on the tools and `cache_key`",
+        group="catalog",
     )
+
+    def __post_init__(self) -> None:
+        """The one place every value is checked against its declaration (bounds, choices),
+        whether it came from a flag, an environment variable or code."""
+        for option in options(type(self)):
+            option.check(getattr(self, option.name))
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Self:
@@ -640,17 +785,48 @@ class Option:
     default: Any
     meta: Flag
 
+    @property
+    def spellings(self) -> str:
+        """How a user names it: the flag and its variable, or the variable alone."""
+        return self.env if self.flag is None else f"{self.flag} ({self.env})"
+
     def parse(self, raw: str) -> Any:
-        """The value an environment variable's text stands for."""
+        """The value an environment variable's text stands for; text that stands for none
+        is a SettingError naming the variable, the text and what is allowed."""
         if self.kind is tuple:
             return _split(raw)
         if self.kind is bool:
-            return raw.lower() in ("1", "true", "yes", "on")
-        if self.kind is int:
-            return int(raw)
-        if self.kind is float:
-            return float(raw)
+            word = raw.strip().lower()
+            if word in TRUE_WORDS or word in FALSE_WORDS:
+                return word in TRUE_WORDS
+            raise SettingError(
+                f"{self.env}={raw!r}: expected true or false "
+                f"({', '.join(TRUE_WORDS)} / {', '.join(FALSE_WORDS)})"
+            )
+        if self.kind in (int, float):
+            try:
+                return self.kind(raw)
+            except ValueError:
+                what = "an integer" if self.kind is int else "a number"
+                allowed = self.meta.allowed()
+                raise SettingError(
+                    f"{self.env}={raw!r}: expected {what}" + (f" {allowed}" if allowed else "")
+                ) from None
         return raw
+
+    def check(self, value: Any) -> None:
+        """SettingError unless ``value`` is within the declared choices and bounds."""
+        meta = self.meta
+        if value is None or self.kind in (bool, tuple):
+            return
+        if meta.choices is not None and value not in meta.choices:
+            raise SettingError(f"{self.spellings}: {value!r} is not {meta.allowed()}")
+        if self.kind in (int, float):
+            low_ok = (meta.ge is None or value >= meta.ge) and (meta.gt is None or value > meta.gt)
+            if not (low_ok and (meta.le is None or value <= meta.le)):
+                raise SettingError(
+                    f"{self.spellings}: {_number(value)} is not allowed; expected {meta.allowed()}"
+                )
 
     def default_text(self, quote: str = "") -> str:
         """The default as --help (and, with ``quote="`"``, the README) shows it."""

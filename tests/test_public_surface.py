@@ -69,3 +69,12 @@ def test_all_is_pinned_and_matches_what_the_package_exports(name: str) -> None:
         if not key.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public == set(package.__all__), f"{name} exports names outside __all__"
+
+
+def test_the_version_is_the_distributions() -> None:
+    import importlib.metadata
+
+    import gateway
+
+    assert gateway.__version__ == importlib.metadata.version("kvgate")
+    assert gateway.__version__.count(".") >= 2

@@ -154,10 +154,6 @@ class Fleet:
             targets = [DnsTarget.parse(spec) for spec in settings.upstream_dns]
         except ValueError as exc:
             raise FleetConfigError(str(exc)) from None
-        if targets and not settings.upstream_refresh_s > 0:
-            raise FleetConfigError(
-                f"--upstream-refresh must be > 0 seconds, got {settings.upstream_refresh_s}"
-            )
         resolved: dict[DnsTarget, list[str]] = {}
         for target in targets:
             try:

@@ -21,35 +21,35 @@ from gateway.cli import (
     replace_flags_table,
     settings_from_args,
 )
-from gateway.settings import Option, Settings, env_only, flag, options
+from gateway.settings import Option, SettingError, Settings, env_only, flag, options
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser declared them by hand
-    "--host": ("host", str, "store", None, "options"),
-    "--port": ("port", int, "store", None, "options"),
-    "--workers": ("workers", int, "store", None, "options"),
-    "--in-process-engine": ("in_process_engine", str, "bool", None, "options"),
-    "--gguf-dequantize": ("gguf_dequantize", str, "bool", None, "options"),
-    "--model": ("model", str, "store", None, "options"),
-    "--revision": ("revision", str, "store", None, "options"),
-    "--served-model-name": ("served_model_name", str, "store", None, "options"),
-    "--max-model-len": ("max_model_len", int, "store", None, "options"),
-    "--dtype": ("dtype", str, "store", None, "options"),
-    "--tool-call-parser": ("tool_call_parser", str, "store", None, "options"),
-    "--reasoning-parser": ("reasoning_parser", str, "store", None, "options"),
-    "--threads": ("threads", int, "store", None, "options"),
-    "--max-num-seqs": ("max_num_seqs", int, "store", None, "options"),
-    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "store", None, "options"),
-    "--replicas": ("replicas", int, "store", None, "options"),
-    "--routing": ("routing", str, "store", ("prefix", "round_robin", "random"), "options"),
-    "--kv-cache-dtype": ("kv_cache_dtype", str, "store", None, "options"),
-    "--kv-cache-memory": ("kv_cache_memory", str, "store", None, "options"),
-    "--redis-url": ("redis_url", str, "store", None, "options"),
-    "--allowed-origins": ("allowed_origins", str, "store", None, "options"),
-    "--max-body-bytes": ("max_body_bytes", int, "store", None, "options"),
-    "--catalog-config": ("catalog_config", str, "store", None, "options"),
-    "--admin-api-key": ("admin_api_key", str, "store", None, "options"),
+    "--host": ("host", str, "store", None, "server"),
+    "--port": ("port", int, "store", None, "server"),
+    "--workers": ("workers", int, "store", None, "server"),
+    "--in-process-engine": ("in_process_engine", str, "bool", None, "engine"),
+    "--gguf-dequantize": ("gguf_dequantize", str, "bool", None, "model"),
+    "--model": ("model", str, "store", None, "model"),
+    "--revision": ("revision", str, "store", None, "model"),
+    "--served-model-name": ("served_model_name", str, "store", None, "model"),
+    "--max-model-len": ("max_model_len", int, "store", None, "model"),
+    "--dtype": ("dtype", str, "store", None, "model"),
+    "--tool-call-parser": ("tool_call_parser", str, "store", None, "model"),
+    "--reasoning-parser": ("reasoning_parser", str, "store", None, "model"),
+    "--threads": ("threads", int, "store", None, "engine"),
+    "--max-num-seqs": ("max_num_seqs", int, "store", None, "engine"),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", int, "store", None, "engine"),
+    "--replicas": ("replicas", int, "store", None, "engine"),
+    "--routing": ("routing", str, "store", ("prefix", "round_robin", "random"), "engine"),
+    "--kv-cache-dtype": ("kv_cache_dtype", str, "store", None, "kv cache"),
+    "--kv-cache-memory": ("kv_cache_memory", str, "store", None, "kv cache"),
+    "--redis-url": ("redis_url", str, "store", None, "redis"),
+    "--allowed-origins": ("allowed_origins", str, "store", None, "server"),
+    "--max-body-bytes": ("max_body_bytes", int, "store", None, "limits"),
+    "--catalog-config": ("catalog_config", str, "store", None, "catalog"),
+    "--admin-api-key": ("admin_api_key", str, "store", None, "admin"),
     "--api-key": ("api_key", str, "store", None, "authentication"),
     "--api-keys-file": ("api_keys_file", str, "store", None, "authentication"),
     "--oauth-issuer": ("oauth_issuer", str, "store", None, "authentication"),
@@ -59,8 +59,8 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--budget-requests-per-min": ("budget_requests_per_min", int, "store", None, "authentication"),
     "--budget-tokens-per-min": ("budget_tokens_per_min", int, "store", None, "authentication"),
     "--budget-processes": ("budget_processes", int, "store", None, "authentication"),
-    "--drain-timeout": ("drain_timeout_s", float, "store", None, "options"),
-    "--log-format": ("log_format", str, "store", ("text", "json"), "options"),
+    "--drain-timeout": ("drain_timeout_s", float, "store", None, "server"),
+    "--log-format": ("log_format", str, "store", ("text", "json"), "logging"),
     "--upstream": ("upstream", str, "extend", None, "fleet"),
     "--upstream-dns": ("upstream_dns", str, "extend", None, "fleet"),
     "--upstream-refresh": ("upstream_refresh_s", float, "store", None, "fleet"),
@@ -85,7 +85,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--max-tokens-limit": ("max_tokens_limit", int, "store", None, "limits"),
     "--max-concurrency-per-client": ("max_concurrency_per_client", int, "store", None, "limits"),
     "--request-timeout": ("request_timeout_s", float, "store", None, "limits"),
-    "--responses-ttl": ("responses_ttl_s", int, "store", None, "options"),
+    "--responses-ttl": ("responses_ttl_s", int, "store", None, "redis"),
     "--step-timeout": ("step_timeout_s", float, "store", None, "limits"),
     "--body-timeout": ("body_timeout_s", float, "store", None, "limits"),
     "--header-timeout": ("header_timeout_s", float, "store", None, "limits"),
@@ -159,13 +159,10 @@ def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_the_flags_are_the_ones_written_by_hand_before() -> None:
     serve = serve_parser()
     assert declared(serve) == SERVE_FLAGS
-    assert [(g.title, g.description) for g in serve._action_groups][2:] == [
-        ("authentication", "API keys and OAuth 2.1 access tokens"),
-        ("fleet", "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine"),
-        ("limits", "admission control and abuse limits"),
-        ("tasks", "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)"),
-        ("lora", "LoRA adapters, with vLLM's flags"),
-    ]
+    titles = [g.title for g in serve._action_groups][2:]  # after positionals and --help's
+    assert titles == ["server", "model", "engine", "kv cache", "redis", "catalog", "admin",
+                      "logging", "authentication", "limits", "tasks", "fleet", "lora"]  # fmt: skip
+    assert all(g.description for g in serve._action_groups[2:])
     assert all(a.default is None for a in serve._actions if a.dest != "help")
 
 
@@ -190,10 +187,13 @@ def sample(option: Option, other: bool = False) -> tuple[list[str], str]:
         return [option.flag, ", ".join(values)], ", ".join(values)
     if option.meta.choices is not None:
         raw = option.meta.choices[0 if other else -1]
-    elif other:
-        raw = {int: "9", float: "4.5", str: f"y-{option.name}"}[option.kind]
-    else:
-        raw = {int: "7", float: "2.5", str: f"x-{option.name}"}[option.kind]
+    elif option.kind is str:
+        raw = f"y-{option.name}" if other else f"x-{option.name}"
+    else:  # a number a little above its declared lower bound
+        meta = option.meta
+        low = meta.ge if meta.ge is not None else (meta.gt or 0)
+        step = (9 if other else 7) if option.kind is int else (4.5 if other else 2.5)
+        raw = str(option.kind(low + step))
     return [option.flag, raw], raw
 
 
@@ -308,8 +308,8 @@ def test_flags_table_prints_the_table(capsys: pytest.CaptureFixture[str]) -> Non
 @dataclass(frozen=True)
 class Extended(Settings):
     verbose: bool = flag(False, "talk more", group="limits")
-    peers: tuple[str, ...] = flag((), "peer URLs", cli="--peer", repeat=True)
-    secret: str = env_only("s", "not on the command line")
+    peers: tuple[str, ...] = flag((), "peer URLs", group="fleet", cli="--peer", repeat=True)
+    secret: str = env_only("s", "not on the command line", group="authentication")
 
 
 def test_one_declaration_is_all_a_new_flag_takes() -> None:
@@ -330,18 +330,18 @@ def test_a_declaration_mistake_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown flag group"):
         flag(0, "x", group="nope")
     with pytest.raises(ValueError, match="starts with --"):
-        flag(0, "x", cli="-x")
+        flag(0, "x", group="server", cli="-x")
 
     @dataclass(frozen=True)
     class Repeating(Settings):
-        count: int = flag(0, "x", repeat=True)
+        count: int = flag(0, "x", group="server", repeat=True)
 
     with pytest.raises(TypeError, match="only a tuple field"):
         options(Repeating)
 
     @dataclass(frozen=True)
     class Listed(Settings):
-        counts: list[int] = flag(None, "x")  # type: ignore[arg-type]
+        counts: list[int] = flag(None, "x", group="server")  # type: ignore[arg-type]
 
     with pytest.raises(TypeError, match="no flag for"):
         options(Listed)
@@ -352,3 +352,48 @@ def test_a_declaration_mistake_is_refused() -> None:
 
     with pytest.raises(TypeError, match="without flag"):
         options(Undeclared)
+
+
+@pytest.mark.parametrize(
+    ("environ", "named"),
+    [
+        ({"KVGATE_ENABLE_LORA": "ture"}, "KVGATE_ENABLE_LORA='ture': expected true or false"),
+        ({"KVGATE_MAX_NUM_SEQS": "abc"}, "KVGATE_MAX_NUM_SEQS='abc'"),
+        (
+            {"KVGATE_DRAIN_TIMEOUT_S": "-5"},
+            "KVGATE_DRAIN_TIMEOUT_S): -5 is not allowed; expected ≥ 0",
+        ),
+        ({"KVGATE_ROUTING": "sticky"}, "one of prefix, round_robin, random"),
+        ({"KVGATE_PORT": "70000"}, "expected ≥ 0 and ≤ 65535"),
+    ],
+)
+def test_a_bad_environment_value_names_the_variable_and_what_is_allowed(
+    environ: dict[str, str], named: str
+) -> None:
+    with pytest.raises(SettingError) as refused:
+        Settings.from_env(environ)
+    assert named in str(refused.value)
+
+
+def test_bounds_hold_however_the_value_came(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SettingError, match="--workers"):
+        Settings(workers=0)
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--max-num-seqs", "0"])
+    assert exited.value.code != 0
+
+
+def test_a_misspelt_flag_gets_the_nearest_ones(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args(["serve", "--modle", "x", "--max-num-sqes", "3"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "--modle: did you mean --model" in err
+    assert "--max-num-sqes: did you mean --max-num-seqs" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--version"])
+    assert exited.value.code == 0
+    assert re.fullmatch(r"kvgate \d+\.\d+\.\d+\S*\n", capsys.readouterr().out)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import Settings
+from gateway.settings import SettingError, Settings
 from gateway.upstream.fleet import Fleet, FleetConfigError
 from gateway.upstream.members import DnsTarget
 from tests.gateway.live_server import LiveServer, free_port
@@ -38,8 +38,8 @@ def test_dns_targets_are_validated() -> None:
             DnsTarget.parse(bad)
     with pytest.raises(FleetConfigError, match="--upstream-dns"):
         Fleet.connect(Settings(upstream_dns=("no-port",)))
-    with pytest.raises(FleetConfigError, match="--upstream-refresh"):
-        Fleet.connect(Settings(upstream_dns=("localhost:1",), upstream_refresh_s=0))
+    with pytest.raises(SettingError, match="--upstream-refresh"):
+        Settings(upstream_dns=("localhost:1",), upstream_refresh_s=0)
 
 
 def test_addresses_join_and_leave_the_ring_as_the_name_resolves(pods: list[Process]) -> None:
