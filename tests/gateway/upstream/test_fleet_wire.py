@@ -1,4 +1,4 @@
-"""A fleet gateway over a real kvgate upstream served in this process (the session engine):
+"""A fleet gateway over a real kvgate upstream served in this process (the session-scoped engine):
 both front doors give what the upstream gives when called directly, startup refuses a fleet
 it cannot serve, and the pure pieces (breaker, routing reasons, prefix keys) behave."""
 
@@ -283,7 +283,7 @@ def test_a_client_gone_closes_the_upstream_stream(
     with httpx.stream("POST", fleet_server.url, content=body, headers=headers) as response:
         first = next(line for line in response.iter_lines() if line.startswith("data:"))
         assert "notifications/progress" in first
-        assert engine.stats().num_running == 1  # running upstream, on the session engine
+        assert engine.stats().num_running == 1  # running upstream, on the session-scoped engine
     wait_idle(engine, 2.0)  # the upstream saw its connection drop and aborted the request
 
 
