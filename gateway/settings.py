@@ -1,7 +1,7 @@
 """Server settings: one frozen dataclass, filled from defaults, then ``KVGATE_*``, then flags.
 
 Each field is declared once, with what its ``kvgate serve`` flag, its ``KVGATE_<FIELD>``
-environment twin, ``--help`` and the README's flag table need::
+environment twin, ``--help`` and the configuration reference (docs/configuration.md) need::
 
     drain_timeout_s: float = flag(
         30.0, "seconds in-flight requests get after SIGTERM", cli="--drain-timeout", metavar="S"
@@ -829,7 +829,7 @@ class Option:
                 )
 
     def default_text(self, quote: str = "") -> str:
-        """The default as --help (and, with ``quote="`"``, the README) shows it."""
+        """The default as --help (and, with ``quote="`"``, the reference) shows it."""
         meta, default = self.meta, self.default
         if default is None or default == () or isinstance(default, str):
             if meta.shown is not None:

@@ -1,5 +1,5 @@
-"""One declaration per flag: the ``serve`` parser, the environment twins and the README's
-flag table all come from the Settings fields, and stay what they were."""
+"""One declaration per flag: the ``serve`` parser, the environment twins and the configuration
+reference (docs/configuration.md) all come from the Settings fields, and stay what they were."""
 
 from __future__ import annotations
 
@@ -12,18 +12,16 @@ from typing import Any
 import pytest
 
 from gateway.cli import (
-    TABLE_BEGIN,
-    TABLE_END,
+    REFERENCE,
     add_flags,
     build_parser,
     flags_table,
     main,
-    replace_flags_table,
     settings_from_args,
 )
-from gateway.settings import Option, SettingError, Settings, env_only, flag, options
+from gateway.settings import GROUPS, Option, SettingError, Settings, env_only, flag, options
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ROOT = Path(__file__).resolve().parents[2]
 
 SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser declared them by hand
     "--host": ("host", str, "store", None, "server"),
@@ -251,53 +249,54 @@ def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[st
     assert "10% of free memory" in text  # a % in a help is escaped for argparse
 
 
-def readme_block() -> str:
-    text = README.read_text()
-    assert text.count(TABLE_BEGIN) == 1 and text.count(TABLE_END) == 1
-    return text[text.index(TABLE_BEGIN) : text.index(TABLE_END) + len(TABLE_END)] + "\n"
-
-
-def test_the_readme_flag_table_is_the_generated_one() -> None:
-    assert readme_block() == flags_table(), (
-        "README.md's flag table drifted from gateway/settings.py: "
-        "run `python -m gateway flags-table --readme README.md`"
+def test_the_configuration_reference_is_the_generated_one() -> None:
+    assert (ROOT / REFERENCE).read_text() == flags_table(), (
+        f"{REFERENCE} drifted from gateway/settings.py: "
+        f"run `python -m gateway flags-table --write {REFERENCE}`"
     )
 
 
-def rows(block: str) -> list[list[str]]:
-    cells = [re.split(r"(?<!\\)\|", line.strip())[1:-1] for line in block.splitlines()]
-    return [[cell.strip() for cell in row] for row in cells if row and "---" not in row[0]]
+def rows(page: str) -> dict[str, list[list[str]]]:
+    """The reference's table rows under each ``## group`` heading, as a reader sees them."""
+    found: dict[str, list[list[str]]] = {}
+    group = ""
+    for line in page.splitlines():
+        if line.startswith("## "):
+            group = line.removeprefix("## ")
+            found[group] = []
+        elif line.startswith("| ") and "---" not in line and not line.startswith("| flag "):
+            found[group].append([c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]])
+    return found
 
 
-def test_the_readme_rows_name_real_flags_with_their_env_twin_and_default() -> None:
-    """Read the table as a reader would, apart from the renderer: every declared flag has a
-    row with its env twin and default, and no row names a flag or variable that is not."""
-    table = rows(readme_block())
-    by_flag = {row[0].strip("`").split(" ")[0]: row for row in table if row[0].startswith("`--")}
-    by_env = {row[0].strip("`"): row for row in table if row[0].startswith("`KVGATE_")}
-    assert set(by_flag) == {o.flag for o in flagged()}
-    assert set(by_env) == {o.env for o in options() if o.flag is None}
-    for option in flagged():
-        _, env, default, meaning = by_flag[option.flag or ""]
-        assert env.split(" ")[0] == f"`{option.env}`"
+def test_the_reference_rows_name_real_settings_under_their_group() -> None:
+    """Read the page apart from the renderer: every declared setting has a row under its
+    group with its flag, env twin, default and allowed values, and no row names another."""
+    page = rows((ROOT / REFERENCE).read_text())
+    assert list(page) == [g for g in GROUPS if any(o.meta.group == g for o in options())]
+    by_env = {
+        row[1].split(" ")[0].strip("`"): (group, row) for group, r in page.items() for row in r
+    }
+    assert set(by_env) == {o.env for o in options()}
+    for option in options():
+        group, (spelling, env, default, allowed, meaning) = by_env[option.env]
+        assert group == option.meta.group
+        if option.flag is None:
+            assert spelling == "—"
+        else:
+            assert spelling.strip("`").split(" ")[0] == option.flag
         assert default == option.default_text("`")
         if option.kind in (int, float):
-            assert default.split(" ")[0].strip("`") == option.default_text().split(" ")[0]
             assert float(default.split(" ")[0].strip("`")) == option.default
+        if option.meta.allowed():
+            assert allowed == option.meta.allowed()
         assert meaning
-    for option in options():
-        if option.flag is None:
-            assert by_env[option.env][1] == option.default_text("`")
 
 
-def test_flags_table_rewrites_only_its_block(tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# x\n\nbefore\n\n{TABLE_BEGIN}\n| stale |\n{TABLE_END}\n\nafter\n")
-    main(["flags-table", "--readme", str(readme)])
-    assert readme.read_text() == f"# x\n\nbefore\n\n{flags_table()}\nafter\n"
-    assert replace_flags_table(readme.read_text(), flags_table()) == readme.read_text()
-    with pytest.raises(ValueError):
-        replace_flags_table("no markers", flags_table())
+def test_flags_table_writes_the_reference(tmp_path: Path) -> None:
+    page = tmp_path / "configuration.md"
+    main(["flags-table", "--write", str(page)])
+    assert page.read_text() == flags_table()
 
 
 def test_flags_table_prints_the_table(capsys: pytest.CaptureFixture[str]) -> None:
@@ -323,7 +322,9 @@ def test_one_declaration_is_all_a_new_flag_takes() -> None:
     assert isinstance(from_env, Extended)
     assert (from_env.verbose, from_env.peers, from_env.secret) == (True, ("http://p:1",), "s")
     assert Extended.from_env({}, peers=args.peers).peers == ("http://p:1", "http://q:2")
-    assert "| `--peer` | `KVGATE_PEERS` (comma list) | none | peer URLs |" in flags_table(Extended)
+    reference = flags_table(Extended)
+    assert "| `--peer` | `KVGATE_PEERS` (comma list) | none | — | peer URLs |" in reference
+    assert "| — | `KVGATE_SECRET` | `s` | — | not on the command line |" in reference
 
 
 def test_a_declaration_mistake_is_refused() -> None:
