@@ -124,6 +124,11 @@ class SettingError(ValueError):
 
 @dataclass(frozen=True)
 class Settings:
+    """What ``kvgate serve`` runs with: defaults, then ``KVGATE_*`` variables, then flags
+    (``from_env``). Frozen, and checked once against each field's declared choices and
+    bounds however the value came. Every field, its flag and its variable are listed on the
+    configuration reference (docs/configuration.md)."""
+
     host: str = flag(
         "127.0.0.1",
         "bind address",
