@@ -14,8 +14,6 @@ dtype), and the caller runs its torch path.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 import engine.native as native
@@ -23,7 +21,7 @@ import engine.native as native
 _DTYPES = (torch.bfloat16, torch.float32)
 
 
-def _served(*tensors: torch.Tensor) -> Any | None:
+def _served(*tensors: torch.Tensor) -> native.Library | None:
     """The native library's ops when every tensor is a CPU bf16/fp32 one of a single dtype.
     Kept to attribute reads: it runs several times a layer (``Tensor.device.type`` builds a
     string)."""

@@ -13,7 +13,7 @@ parameters for them, allocated but never written, are released.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from gguf import GGUFReader
@@ -23,6 +23,7 @@ from engine.models.quantized_linear import BLOCKS, QuantizedLinear, StackedLinea
 
 if TYPE_CHECKING:
     from engine.models.llama import LlamaForCausalLM
+    from engine.native import Library
 
 ATTENTION = ("attn_q", "attn_k", "attn_v", "attn_output")
 FFN = ("ffn_gate", "ffn_up", "ffn_down")
@@ -59,7 +60,7 @@ def attach(
     model: LlamaForCausalLM,
     blocks: dict[str, torch.Tensor],
     types: dict[str, int],
-    kernels: Any,
+    kernels: Library,
 ) -> None:
     """Hand ``blocks`` (by GGUF name, from `load_gguf_weights`; ``types`` from
     `quantized_tensors`) to the modules they belong to and release the dense parameters they

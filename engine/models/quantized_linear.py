@@ -20,10 +20,13 @@ loader dequantizes at load instead.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+
+if TYPE_CHECKING:
+    from engine.native import Library
 
 # ggml type id -> (weights per block, bytes per block): the K-quants' blocks are super-blocks
 # of 256 (Q4_K_M files hold Q4_K and Q6_K tensors, Q5_K_M files Q5_K and Q6_K; where a
@@ -55,7 +58,7 @@ class QuantizedLinear:
     """A ``[out_features, in_features]`` weight as GGUF blocks (``uint8 [out, in/32 * bytes]``)
     of ggml type `qtype`, and the products the model takes of it."""
 
-    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, ops: Any):
+    def __init__(self, blocks: torch.Tensor, qtype: int, in_features: int, ops: Library):
         if qtype not in BLOCKS:
             raise ValueError(f"ggml type {qtype} is not one the quantized kernels compute")
         values, nbytes = BLOCKS[qtype]

@@ -12,8 +12,6 @@ had, `native_decode` and `native_prefill` return None and the torch path serves.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 import engine.native as native
@@ -24,8 +22,8 @@ from engine.attention.metadata import AttentionMetadata
 class NativeDecode:
     """`paged_decode` as the torch backend's decode kernel (`torch_backend.DecodeKernel`)."""
 
-    def __init__(self, ops: Any):
-        self._decode = ops.paged_decode.default
+    def __init__(self, ops: native.Library):
+        self._decode = ops.paged_decode
         self._head_dims = frozenset(ops.decode_head_dims())
         self._no_scales = torch.empty(0)
 
@@ -60,8 +58,8 @@ def native_decode() -> NativeDecode | None:
 class NativePrefill:
     """`paged_prefill` as the torch backend's prefill kernel (`torch_backend.PrefillKernel`)."""
 
-    def __init__(self, ops: Any):
-        self._prefill = ops.paged_prefill.default
+    def __init__(self, ops: native.Library):
+        self._prefill = ops.paged_prefill
         self._head_dims = frozenset(ops.prefill_head_dims())
         self._no_scales = torch.empty(0)
         self.bf16_dot: bool = ops.prefill_bf16_dot()

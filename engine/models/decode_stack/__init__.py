@@ -100,7 +100,7 @@ def build(
     ops = native.library()
     if ops is None:
         return None
-    classes = getattr(torch.classes, ops.name)  # the stack's classes: the library's namespace
+    classes = ops.classes
     act = _ACTIVATIONS[config.hidden_act]
     layers, quantized = [], False
     for i, (layer, cache) in enumerate(zip(model.layers, kv_caches, strict=True)):

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -70,9 +70,9 @@ def pack_panels(weight: torch.Tensor, width: int, pairs: bool) -> torch.Tensor:
 class NativeLinear:
     """One weight in `gemm.cpp`'s layout; a gate/up pair with their panels alternating."""
 
-    def __init__(self, ops: Any, weight: torch.Tensor, gated: bool = False):
+    def __init__(self, ops: native.Library, weight: torch.Tensor, gated: bool = False):
         width, pairs = ops.gemm_layout()
-        self._gemm: Callable[..., torch.Tensor] = ops.gemm.default
+        self._gemm: Callable[..., torch.Tensor] = ops.gemm
         self.pairs = pairs and weight.dtype == torch.bfloat16
         self.width = width
         n, self.k = weight.shape
