@@ -52,10 +52,10 @@ class RequestStream(OutputStream):
     def replica(self) -> int:
         return self._replica.index
 
-    def _release(self, abort: bool) -> None:
+    def _release(self, abort: bool, reason: str) -> None:
         self._engine._forget(self._request)
         if abort:
-            self._replica.abort(self._request)
+            self._replica.abort(self._request, reason)
 
     def _step_error(self, exc: Exception) -> Exception:
         return _engine_error(self._replica, exc)

@@ -80,8 +80,8 @@ class RemoteStream(OutputStream):
             self._close(abort=False)
             raise
 
-    def _release(self, abort: bool) -> None:
-        self._client._forget(self._tag, abort)
+    def _release(self, abort: bool, reason: str) -> None:
+        self._client._forget(self._tag, abort, reason)
 
 
 class EngineClient:
@@ -256,12 +256,12 @@ class EngineClient:
         with self._send_lock:
             ipc.send(sock, message)
 
-    def _forget(self, tag: int, abort: bool) -> None:
+    def _forget(self, tag: int, abort: bool, reason: str = "abort") -> None:
         with self._lock:
             known = self._streams.pop(tag, None) is not None
         if abort and known:
             try:
-                self._send(("abort", tag))
+                self._send(("abort", tag, reason))
             except (OSError, EngineUnavailable):
                 pass  # the engine is gone, and its requests with it
 

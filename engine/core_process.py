@@ -7,7 +7,7 @@ holds one connection (``engine.core_client.EngineClient``) and sends frames (``e
 
     ("submit", tag, token_ids, params, cache_key, cache_salt, lora_name)
     ("embed", tag, token_ids, cache_key, cache_salt)
-    ("abort", tag)
+    ("abort", tag, reason)               # reason: "abort", or "stop" (a stop string)
     ("call", tag, method, args)          # compile_grammar, add_lora, remove_lora, state
 
 and receives lists of messages: ``("ok", tag, value)`` / ``("err", tag, exception)`` answer a
@@ -140,12 +140,13 @@ class Connection:
                 tag, lambda: server.core.make_embedding_request(prompt, cache_key, cache_salt)
             )
         elif kind == "abort":
+            reason = message[2]
             with server.lock:
                 running = self.requests.pop(tag, None)
                 if running is not None:
                     server.owners.pop(running[0].request_id, None)
             if running is not None:
-                running[1].abort(running[0])
+                running[1].abort(running[0], reason)
         elif kind == "call":
             server.calls.submit(self._call, tag, message[2], message[3])
         else:

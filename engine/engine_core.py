@@ -11,6 +11,8 @@ from __future__ import annotations
 import functools
 import itertools
 import math
+import threading
+from collections.abc import Iterable
 
 import torch
 
@@ -48,6 +50,7 @@ from engine.request import Request
 from engine.router import make_router
 from engine.sampling_params import SamplingParams
 from engine.scheduler import Scheduler
+from engine.serving_stats import ServingMeter, ServingStats
 from engine.stats import EngineStats
 from engine.structured import GrammarCache
 from engine.tiny_model import default_model_dir
@@ -75,6 +78,8 @@ class EngineCore:
         self.tokenizer, self.model_id = loaded.tokenizer, loaded.model_id
         self.dtype = loaded.dtype
         self.loras = LoRARegistry()
+        self.admission_rejections = 0  # requests refused for a full waiting queue
+        self._rejections_lock = threading.Lock()
         self.model_name = config.model if config.model is not None else path.name
         mc = self.model_config
         kv_dtype = choose_kv_cache_dtype(config.kv_cache_dtype, str(loaded.dtype), self.device.type)
@@ -115,6 +120,7 @@ class EngineCore:
                     config.max_num_seqs,
                     config.max_num_batched_tokens,
                     reserve,
+                    ServingMeter(self.max_model_len),
                     config.max_loras,
                 ),
                 runner,
@@ -303,6 +309,8 @@ class EngineCore:
             for ok, r in zip(live, self.replicas, strict=True)
         ]
         if not any(room):
+            with self._rejections_lock:
+                self.admission_rejections += 1
             raise EngineOverloaded(
                 f"the engine is at capacity ({self.config.max_waiting} waiting per replica)"
             )
@@ -326,7 +334,18 @@ class EngineCore:
             grammar_cache_limit_bytes=self.grammars.max_bytes,
             grammar_cache_entries=len(self.grammars),
             max_grammar_bytes=self.grammars.max_spec_bytes,
+            serving=ServingStats.total(r.scheduler.meter.snapshot() for r in self.replicas),
+            admission_rejections=self.admission_rejections,
+            max_loras=self.config.max_loras if self.config.enable_lora else None,
+            running_adapters=_adapters(r.scheduler.running for r in self.replicas),
+            waiting_adapters=_adapters(r.scheduler.waiting for r in self.replicas),
         )
+
+
+def _adapters(queues: Iterable[list[Request]]) -> tuple[str, ...]:
+    """The LoRA adapters of the requests in ``queues`` (read off the step threads: a list
+    being changed meanwhile may be read short), by name."""
+    return tuple(sorted({r.lora.name for q in queues for r in list(q) if r.lora is not None}))
 
 
 class _PendingView:

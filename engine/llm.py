@@ -150,7 +150,7 @@ class LLM:
         assert processor is not None
         output = processor.process(item)
         if processor.stopped and not item.finished:
-            self.core.replicas[request.replica].abort(request)
+            self.core.replicas[request.replica].abort(request, "stop")
         if output is not None:
             self._results[request.request_id] = output
 

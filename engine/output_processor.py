@@ -199,7 +199,7 @@ class OutputStream:
             output = self._processor.process(step)
             if self._processor.finished:
                 # A stop string ends it here: the engine may have run on, so abort it there.
-                self._close(abort=not step.finished)
+                self._close(abort=not step.finished, reason="stop")
             if output is not None:
                 return output
         raise StopAsyncIteration
@@ -207,14 +207,15 @@ class OutputStream:
     async def aclose(self) -> None:
         self._close(abort=True)
 
-    def _close(self, abort: bool) -> None:
+    def _close(self, abort: bool, reason: str = "abort") -> None:
         if self._done:
             return
         self._done = True
-        self._release(abort)
+        self._release(abort, reason)
 
-    def _release(self, abort: bool) -> None:
-        """Forget the request here, and abort it in the engine when ``abort``."""
+    def _release(self, abort: bool, reason: str) -> None:
+        """Forget the request here, and abort it in the engine when ``abort``: it ended for
+        ``reason`` ("abort": let go of; "stop": a stop string), as the engine counts it."""
         raise NotImplementedError
 
     def _step_error(self, exc: Exception) -> Exception:

@@ -55,7 +55,7 @@ class Replica:
         self._step_started: float | None = None  # monotonic start of the model run in flight
         self._cond = threading.Condition()
         self._incoming: list[Request] = []
-        self._aborts: list[Request] = []
+        self._aborts: list[tuple[Request, str]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._last_batch_size = 0
@@ -73,10 +73,11 @@ class Replica:
             self._incoming.append(request)
             self._cond.notify()
 
-    def abort(self, request: Request) -> None:
-        """Stop a request; its blocks are freed at the next step boundary."""
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Stop a request; its blocks are freed at the next step boundary. ``reason``: how it
+        ended, as its figures count it ("stop" when a stop string ended it)."""
         with self._cond:
-            self._aborts.append(request)
+            self._aborts.append((request, reason))
             self._cond.notify()
 
     @property
@@ -142,9 +143,9 @@ class Replica:
             aborts, self._aborts = self._aborts, []
         for request in incoming:
             self.scheduler.add(request)
-        for request in aborts:
+        for request, reason in aborts:
             if not request.finished:
-                self.scheduler.abort(request)
+                self.scheduler.abort(request, reason)
         batch = self.scheduler.schedule()
         self._last_batch_size = len(batch)
         if not batch:
@@ -196,7 +197,7 @@ class Replica:
         error = EngineStepError(f"the engine step failed ({type(exc).__name__}: {exc})")
         self.last_step_error = error
         for request in requests:
-            self.scheduler.abort(request)
+            self.scheduler.abort(request, "error")
             if self.on_output is not None:
                 self.on_output(request, error)
         self._step_ended()
@@ -207,7 +208,7 @@ class Replica:
             stranded = self._incoming + self.scheduler.waiting + self.scheduler.running
             self._incoming = []
         for request in list(stranded):
-            self.scheduler.abort(request)
+            self.scheduler.abort(request, "error")
             if self.on_output is not None:
                 self.on_output(request, exc)
         self._step_ended()

@@ -14,6 +14,7 @@ last token hands back that token's final hidden state instead of sampling, and i
 from __future__ import annotations
 
 import enum
+import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -64,6 +65,13 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     finish_reason: FinishReason | None = None
     stop_reason: str | None = None  # why a "stop" that no stop token or string explains
+    # Its clock (``engine.serving_stats``): when the engine took it, first scheduled it, and
+    # when its first and latest tokens came (time.monotonic); how often it was preempted.
+    arrival_time: float = field(default_factory=time.monotonic)
+    scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float = 0.0
+    num_preemptions: int = 0
     _new_logprobs: list[dict[int, float]] = field(default_factory=list)
     _sent_tokens: int = 0  # output tokens already handed out by take_step_output
 

@@ -13,12 +13,14 @@ recomputes later). A waiting request is never overtaken, so none starves.
 from __future__ import annotations
 
 import bisect
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from engine.kv_cache_manager import KVCacheManager
 from engine.models.packed_linear import trimmed_rows
 from engine.request import Request, RequestStatus
+from engine.serving_stats import ServingMeter
 
 
 @dataclass
@@ -83,9 +85,11 @@ class Scheduler:
         max_num_seqs: int,
         max_num_batched_tokens: int,
         free_block_reserve: int,
+        meter: ServingMeter,
         max_loras: int = 1,
     ):
         self.kv = kv
+        self.meter = meter  # what the requests served here measure: fed on the step thread
         self.max_loras = max_loras  # distinct LoRA adapters among the running requests
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
@@ -129,6 +133,7 @@ class Scheduler:
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> int:
+        now = time.monotonic()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs:
             request = self.waiting[0]
             if not self._adapter_fits(request):
@@ -143,6 +148,7 @@ class Scheduler:
             if request.cached_tokens is None:
                 request.cached_tokens = hit
             request.status = RequestStatus.RUNNING
+            self.meter.scheduled(request, now)
             bisect.insort(self.running, request, key=_arrival)
             batch.requests.append(request)
             batch.num_new_tokens.append(n)
@@ -167,6 +173,7 @@ class Scheduler:
         self.kv.free(victim)
         self.add(victim)
         self.num_preemptions += 1
+        self.meter.preempted(victim)
         if victim in batch.requests:
             i = batch.requests.index(victim)
             batch.requests.pop(i)
@@ -183,11 +190,16 @@ class Scheduler:
         order of ``batch.sampling``), finish embedding requests with their vectors (in the
         order of ``batch.pooling``), free finished requests. Returns requests with news."""
         self.kv.mark_written(batch.written_blocks)
+        now, meter = time.monotonic(), self.meter
         sampling, pooling = batch.sampling, batch.pooling
         for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
             request.num_computed += n
+        meter.step(sum(batch.num_new_tokens))
         for request, (token_id, logprobs) in zip(sampling, sampled, strict=True):
+            before = request.num_tokens
             request.append_output(token_id, logprobs)
+            if request.num_tokens > before:  # a grammar's dead end drops the token
+                meter.tokens(request, request.num_tokens - before, now)
         for request, embedding in zip(pooling, pooled, strict=True):
             request.finish_pooled(embedding)
         changed = sampling + pooling
@@ -195,15 +207,21 @@ class Scheduler:
             if request.finished:
                 self.running.remove(request)
                 self.kv.free(request)
+                if not request.pooling:
+                    meter.finished(request, request.finish_reason or "stop", now)
         return changed
 
-    def abort(self, request: Request) -> None:
-        """Drop a request wherever it is and free its blocks (call between steps)."""
+    def abort(self, request: Request, reason: str = "abort") -> None:
+        """Drop a request wherever it is and free its blocks (call between steps); a
+        generation ends with ``reason`` ("abort": its reader let go; "stop": a stop string
+        ended it; "error": its step failed)."""
         if request in self.running:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        if not request.finished and not request.pooling:
+            self.meter.finished(request, reason, time.monotonic())
         request.status = RequestStatus.FINISHED
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.serving_stats import ServingStats
+
 
 @dataclass(frozen=True)
 class ReplicaStats:
@@ -33,3 +35,11 @@ class EngineStats:
     grammar_cache_limit_bytes: int = 0
     grammar_cache_entries: int = 0
     max_grammar_bytes: int = 0
+    # What the generations served measured (token counts, timings), summed over replicas.
+    serving: ServingStats = field(default_factory=ServingStats)
+    admission_rejections: int = 0  # requests refused for a full waiting queue (max_waiting)
+    # LoRA: the most adapters a step runs (None: LoRA is off), and the adapters of the
+    # running and of the waiting requests, by name.
+    max_loras: int | None = None
+    running_adapters: tuple[str, ...] = ()
+    waiting_adapters: tuple[str, ...] = ()

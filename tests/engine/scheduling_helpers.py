@@ -10,9 +10,11 @@ from engine.kv_cache_manager import KVCacheManager
 from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.scheduler import ScheduledBatch, Scheduler
+from engine.serving_stats import ServingMeter
 
 ROOT = root_hash("scheduler-test", "float32")
 NEXT_TOKEN = 7
+MAX_MODEL_LEN = 10_000
 _arrivals = itertools.count()
 
 
@@ -26,7 +28,7 @@ def make_request(prompt: list[int], max_tokens: int = 4) -> Request:
         hash_root=ROOT,
         block_hashes=block_hashes(prompt, ROOT),
         eos_token_ids=frozenset(),
-        max_model_len=10_000,
+        max_model_len=MAX_MODEL_LEN,
     )
 
 
@@ -40,7 +42,8 @@ def make_scheduler(
     caching: bool = True,
 ) -> Scheduler:
     pool = pool or BlockPool(num_blocks)
-    return Scheduler(KVCacheManager(pool, replica, 16, caching), max_num_seqs, budget, reserve)
+    kv = KVCacheManager(pool, replica, 16, caching)
+    return Scheduler(kv, max_num_seqs, budget, reserve, ServingMeter(MAX_MODEL_LEN))
 
 
 def step(scheduler: Scheduler) -> ScheduledBatch:

@@ -98,7 +98,7 @@ def test_engine_figures_are_read_at_scrape_time_under_vllm_names() -> None:
         num_running=3, num_waiting=2, kv_usage=0.25, prefix_queries=100, prefix_hits=40
     )
     metrics = Metrics(lambda: stats, model_name="tiny")
-    model = labels(model_name="tiny")
+    model = labels(model_name="tiny", engine="0")
     samples = scrape(metrics)
     assert samples["vllm:num_requests_running", model] == 3
     assert samples["vllm:num_requests_waiting", model] == 2
@@ -118,7 +118,11 @@ def test_cache_config_info_carries_the_cache_layout() -> None:
         lambda: engine_stats(block_size=32, num_blocks=1024, cache_dtype="bfloat16"), "m"
     )
     config = labels(
-        block_size="32", num_gpu_blocks="1024", cache_dtype="bfloat16", enable_prefix_caching="True"
+        block_size="32",
+        num_gpu_blocks="1024",
+        cache_dtype="bfloat16",
+        enable_prefix_caching="True",
+        engine="0",
     )
     assert scrape(metrics)["vllm:cache_config_info", config] == 1
 
@@ -134,7 +138,7 @@ def test_per_replica_figures_get_a_replica_label() -> None:
         assert samples["kvgate_replica_kv_cache_usage_perc", at] == replica.kv_usage
         assert samples["kvgate_replica_prefix_cache_queries_total", at] == replica.prefix_queries
         assert samples["kvgate_replica_prefix_cache_hits_total", at] == replica.prefix_hits
-    assert samples["vllm:num_requests_running", labels(model_name="m")] == 3
+    assert samples["vllm:num_requests_running", labels(model_name="m", engine="0")] == 3
 
 
 def test_apps_keep_private_registries() -> None:
@@ -162,7 +166,7 @@ def test_a_real_engine_reports_its_prefix_cache_and_layout() -> None:
     llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0))
     llm.generate(prompt, SamplingParams(max_tokens=2, temperature=0))
     stats, samples = llm.stats(), scrape(metrics)
-    model = labels(model_name="tiny")
+    model = labels(model_name="tiny", engine="0")
     assert samples["vllm:prefix_cache_queries_total", model] == stats.prefix_queries > 0
     assert 0 < samples["vllm:prefix_cache_hits_total", model] == stats.prefix_hits
     assert samples["vllm:num_requests_running", model] == 0
@@ -171,6 +175,7 @@ def test_a_real_engine_reports_its_prefix_cache_and_layout() -> None:
         num_gpu_blocks=str(stats.num_blocks),
         cache_dtype="float32",
         enable_prefix_caching="True",
+        engine="0",
     )
     assert samples["vllm:cache_config_info", config] == 1
     replicas = [labels(model_name="tiny", replica=str(i)) for i in range(2)]
