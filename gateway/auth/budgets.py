@@ -34,7 +34,10 @@ PROBE_EVERY_S = 1.0
 NO_NEED = -1e300  # a debit that is always allowed
 
 # KEYS: buckets. ARGV: 4 per bucket (capacity, refill per ms, cost, need). Returns the wait in
-# ms until every bucket holds its need (0: allowed, and every cost was debited).
+# ms until every bucket holds its need (0: allowed, and every cost was debited). A bucket that
+# is not a hash, or holds no number, NaN, more than its capacity, a debt beyond any real one
+# (1e12) or a time ahead of Redis's own (written by anything but this script) starts full and
+# now: never an error, never a bypass.
 TAKE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -42,9 +45,11 @@ local levels, wait = {}, 0
 for i, key in ipairs(KEYS) do
   local b = (i - 1) * 4
   local capacity, rate, need = tonumber(ARGV[b + 1]), tonumber(ARGV[b + 2]), tonumber(ARGV[b + 4])
+  if redis.call('TYPE', key).ok ~= 'hash' then redis.call('DEL', key) end
   local state = redis.call('HMGET', key, 'level', 'at')
-  local level = tonumber(state[1]) or capacity
-  local at = tonumber(state[2]) or now
+  local level, at = tonumber(state[1]), tonumber(state[2])
+  if not level or not (level <= capacity and level >= -1e12) then level = capacity end
+  if not at or not (at <= now and at >= 0) then at = now end
   level = math.min(capacity, level + math.max(0, now - at) * rate)
   levels[i] = level
   if level < need then wait = math.max(wait, math.ceil((need - level) / rate)) end

@@ -67,6 +67,37 @@ async def test_the_redis_bucket_is_shared_and_times_retry_after(redis_server: Re
 
 
 @requires_redis_server
+async def test_a_bucket_written_by_others_is_refilled_not_trusted(
+    redis_server: RedisServer,
+) -> None:
+    import redis.asyncio as aioredis
+
+    budgets = Budgets(2, 0, redis_server.url, processes=2)
+    writer = aioredis.from_url(redis_server.url)
+    key = budgets._take("acme", "requests", 2, 1, 1).key
+    junk: list[tuple[str, object]] = [
+        ("set", "not a bucket"),
+        ("hset", {"level": "nan", "at": "0"}),
+        ("hset", {"level": "1e308", "at": "inf"}),
+        ("hset", {"level": "-inf", "at": "nan"}),
+        ("rpush", "[1, 2]"),
+    ]
+    try:
+        for command, value in junk:
+            await writer.delete(key)
+            if command == "hset":
+                await writer.hset(key, mapping=value)  # type: ignore[arg-type]
+            else:
+                await getattr(writer, command)(key, value)
+            ok, refused = await admitted(budgets, "acme", 3)
+            assert (ok, len(refused)) == (2, 1), (command, value)  # the whole budget, no more
+            assert not budgets.degraded  # answered by Redis, not the local fallback
+    finally:
+        await writer.aclose()
+        await budgets.close()
+
+
+@requires_redis_server
 async def test_redis_down_falls_back_to_a_share_logs_once_and_recovers(
     redis_server: RedisServer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
 ) -> None:
