@@ -18,6 +18,7 @@ import orjson
 import pytest
 
 from engine.tiny_model import default_model_dir
+from tests.gateway.ops.test_metrics import sample
 from tests.gateway.upstream.processes import (
     Process,
     alive,
@@ -199,6 +200,12 @@ def test_workers_share_one_engine_and_answer_alike(two: Process) -> None:
         if line.startswith("vllm:cache_config_info")
     }
     assert len(info) == 1
+
+    def generated() -> set[float]:  # as each worker reads the engine's figures
+        texts = [httpx.get(two.base + "/metrics", timeout=5).text for _ in range(8)]
+        return {sample(text, "vllm:generation_tokens_total") for text in texts}
+
+    wait_for(lambda: generated() == {6 * 4}, 2, "a worker's /metrics is not the whole server's")
 
 
 def test_a_killed_worker_leaves_the_engine_and_the_other(two: Process) -> None:

@@ -1,12 +1,20 @@
-"""Metrics render as valid Prometheus text whose series move with what was observed."""
+"""Metrics render as valid Prometheus text whose series move with what was observed; a live
+server serves vLLM 0.32's metric set (as a real vLLM served it: data/vllm_0_32_metrics.txt)."""
 
-from dataclasses import replace
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
 
+import httpx
+import openai
+import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import LLM, EngineStats, ReplicaStats, SamplingParams
+from engine import LLM, AsyncLLM, EngineStats, ReplicaStats, SamplingParams
+from engine.serving_stats import request_tokens_buckets
 from gateway.ops.metrics import Metrics
+from tests.gateway.live_server import LiveServer
 
 
 def engine_stats(**figures: object) -> EngineStats:
@@ -194,3 +202,171 @@ def test_gauge_is_read_at_scrape_time() -> None:
     assert "kvgate_discovery_cache_degraded 0.0" in metrics.render()[0].decode()
     state["degraded"] = True
     assert "kvgate_discovery_cache_degraded 1.0" in metrics.render()[0].decode()
+
+
+# -- vLLM 0.32's metric set, against a live server -----------------------------------------
+
+CAPTURED = Path(__file__).parent / "data" / "vllm_0_32_metrics.txt"
+
+# vLLM families kvgate leaves out, and why.
+OMITTED = {
+    "vllm:estimated_flops_per_gpu_total": "MFU estimates (vLLM's --enable-mfu-metrics): "
+    "kvgate has no FLOP model; vLLM itself reports 0 unless asked",
+    "vllm:estimated_read_bytes_per_gpu_total": "MFU estimates, as above",
+    "vllm:estimated_write_bytes_per_gpu_total": "MFU estimates, as above",
+    "vllm:engine_sleep_state": "kvgate has no sleep mode (vLLM's /sleep, /wake_up)",
+    "vllm:external_prefix_cache_queries_total": "no KV connector: no cache shared between "
+    "instances",
+    "vllm:external_prefix_cache_hits_total": "no KV connector, as above",
+    "vllm:mm_cache_queries_total": "no multimodal inputs, so no multimodal cache",
+    "vllm:mm_cache_hits_total": "no multimodal inputs, as above",
+}
+# Families kvgate exports with fewer labels than vLLM, and why.
+FEWER_LABELS = {
+    "vllm:cache_config_info": "vLLM's labels are its CacheConfig's fields (36 in 0.32, most "
+    "about GPU memory, Mamba state and offloading); kvgate's are those that describe its cache",
+}
+# Families exported only in some configurations, as vLLM exports them, tested on their own.
+CONDITIONAL = {"vllm:lora_requests_info": "only with LoRA enabled"}
+VLLM_MAX_MODEL_LEN = 2048  # the capture's --max-model-len: its request-token buckets
+
+
+@dataclass
+class Family:
+    type: str = ""
+    labels: frozenset[str] = frozenset()
+    buckets: tuple[float, ...] = ()
+
+
+def captured_families() -> dict[str, Family]:
+    families: dict[str, Family] = {}
+    for line in CAPTURED.read_text().splitlines():
+        words = line.split(" ")
+        if line.startswith("# TYPE "):
+            families[words[2]] = Family(words[3])
+        elif words[0] == "LABELS":
+            families[words[1]].labels = frozenset(words[2].split(","))
+        elif words[0] == "BUCKETS":
+            families[words[1]].buckets = tuple(float(b) for b in words[2].split(","))
+    return families
+
+
+def served_families(text: str) -> dict[str, Family]:
+    families: dict[str, Family] = {}
+    for family in text_string_to_metric_families(text):
+        name = family.name + ("_total" if family.type == "counter" else "")
+        labels = {k for s in family.samples for k in s.labels if k != "le"}
+        bounds = {
+            float(s.labels["le"])
+            for s in family.samples
+            if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+        }
+        families[name] = Family(family.type, frozenset(labels), tuple(sorted(bounds)))
+    return families
+
+
+def sample(text: str, name: str, **wanted: str) -> float:
+    """The sum of ``name``'s samples whose labels include ``wanted``."""
+    return sum(
+        s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name == name and wanted.items() <= s.labels.items()
+    )
+
+
+def fixed_workload(base: str, model: str) -> list[dict[str, int]]:
+    """The capture's workload, less its n=2 call: completions (two sharing a long prefix), a
+    streamed one and a chat; the usage of each."""
+    prefix = "The quick brown fox jumps over the lazy dog. " * 40
+    bodies = [
+        {"prompt": "Hello", "max_tokens": 8},
+        {"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0},
+        {"prompt": prefix + "A", "max_tokens": 4},
+        {"prompt": prefix + "B", "max_tokens": 4},
+    ]
+    usages = []
+    with httpx.Client(base_url=base, timeout=60) as client:
+        for body in bodies:
+            answer = client.post("/v1/completions", json={"model": model, **body})
+            usages.append(answer.json()["usage"])
+        streamed = {"model": model, "prompt": "Stream", "max_tokens": 8, "stream": True}
+        streamed |= {"stream_options": {"include_usage": True}}
+        with client.stream("POST", "/v1/completions", json=streamed) as answer:
+            chunks = [line for line in answer.iter_lines() if line.startswith("data: {")]
+        usages.append(orjson.loads(chunks[-1].removeprefix("data: "))["usage"])
+        chat = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+        usages.append(client.post("/v1/chat/completions", json=chat).json()["usage"])
+    return usages
+
+
+def test_every_vllm_serving_metric_is_served_alike_and_the_counters_add_up(
+    server: LiveServer, engine: AsyncLLM
+) -> None:
+    before = httpx.get(server.base + "/metrics").text
+    usages = fixed_workload(server.base, engine.model_name)
+    after = httpx.get(server.base + "/metrics").text
+    served, captured = served_families(after), captured_families()
+    token_buckets = request_tokens_buckets(engine.max_model_len)
+    assert (
+        request_tokens_buckets(VLLM_MAX_MODEL_LEN) == captured["vllm:request_prompt_tokens"].buckets
+    )
+    for name, vllm in captured.items():
+        if name in OMITTED or name in CONDITIONAL:
+            continue
+        assert name in served, f"{name} is not served"
+        ours = served[name]
+        assert ours.type == vllm.type, name
+        if name in FEWER_LABELS:
+            assert ours.labels < vllm.labels, name
+        else:
+            assert ours.labels == vllm.labels, name
+        if vllm.buckets and vllm.buckets != captured["vllm:request_prompt_tokens"].buckets:
+            assert ours.buckets == vllm.buckets, name
+        elif vllm.buckets:
+            assert ours.buckets == token_buckets, name
+
+    def moved(name: str, **labels: str) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    assert moved("vllm:generation_tokens_total") == sum(u["completion_tokens"] for u in usages)
+    assert moved("vllm:prompt_tokens_total") == sum(u["prompt_tokens"] for u in usages)
+    assert moved("vllm:request_success_total") == len(usages)
+    assert moved("vllm:e2e_request_latency_seconds_count") == len(usages)
+    assert moved("vllm:time_to_first_token_seconds_count") == len(usages)
+    assert moved("vllm:prefix_cache_hits_total") > 0  # the shared prefix
+
+
+def test_lora_requests_info_names_the_running_and_waiting_adapters() -> None:
+    stats = engine_stats(max_loras=4, running_adapters=("a", "b"), waiting_adapters=("c",))
+    text = Metrics(lambda: stats, "m").render()[0].decode()
+    family = served_families(text)["vllm:lora_requests_info"]
+    assert family.labels == captured_families()["vllm:lora_requests_info"].labels
+    assert family.type == "gauge"
+    assert sample(text, "vllm:lora_requests_info", running_lora_adapters="a,b") > 0
+    assert sample(text, "vllm:lora_requests_info", waiting_lora_adapters="c") > 0
+    assert "vllm:lora_requests_info" not in Metrics(engine_stats, "m").render()[0].decode()
+
+
+def test_running_reads_the_live_stream_and_drops_once_it_is_closed(
+    server: LiveServer, engine: AsyncLLM
+) -> None:
+    def running() -> float:
+        return sample(httpx.get(server.base + "/metrics").text, "vllm:num_requests_running")
+
+    with openai.OpenAI(base_url=server.base + "/v1", api_key="unused", max_retries=0) as client:
+        stream = client.chat.completions.create(
+            model=engine.model_name,
+            messages=[{"role": "user", "content": "Tell me a long story"}],
+            max_tokens=engine.max_model_len - 64,
+            stream=True,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = iter(stream)
+        next(chunks), next(chunks)
+        assert running() >= 1
+        stream.close()
+    deadline = time.monotonic() + 2
+    while running() != 0:
+        assert time.monotonic() < deadline, "vllm:num_requests_running stayed up after close()"
+        time.sleep(0.02)
