@@ -33,7 +33,7 @@ SESSION = re.compile(r"\bsessions?\b", re.IGNORECASE)
 # The meanings "session" keeps, matched around each occurrence.
 ALLOWED_SESSION = [
     # MCP and HTTP: kvgate mints none; the spec's and the SDK's names for them.
-    r"mcp-session-id|no sessions?\b|session-wide|server-session-lifecycle|ctx\.session"
+    r"mcp-session-id|no (?:mcp )?sessions?\b|session-wide|server-session-lifecycle|ctx\.session"
     r"|no session is minted",
     # pytest's scope.
     r'scope="session"|session-scoped|test session|pytest_session',

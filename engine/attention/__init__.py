@@ -1,4 +1,4 @@
-"""Paged KV cache and attention over it (layout and contracts: ARCHITECTURE.md).
+"""Paged KV cache and attention over it (layout and contracts: docs/architecture.md).
 
 The names below load their modules on first use (``engine._lazy``); inside the engine, import
 them from the modules that define them.
