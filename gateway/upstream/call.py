@@ -25,7 +25,8 @@ from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
 from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
 from gateway.upstream import bounded, http1, wire
-from gateway.upstream.upstream import TRANSPORT_ERRORS, Upstream, UpstreamFailure, failure_of
+from gateway.upstream.failures import TRANSPORT_ERRORS, AttemptFailed, Failure, transport_failure
+from gateway.upstream.upstream import Upstream
 
 if TYPE_CHECKING:
     from gateway.upstream.fleet import Fleet
@@ -34,7 +35,6 @@ RETRIES = 1
 TOKEN_SLACK = 8  # tokens past max_tokens an upstream may send (counted as it chunks them)
 EVENT_SLACK = 16  # events beyond that: role, finish, usage, [DONE], empty deltas
 TAIL_S = 1.5  # after the last token asked for: seconds for the stream's end to arrive
-GIVES_UP = frozenset(("status", "malformed"))  # retried elsewhere, never a 503 after
 
 
 class Call:
@@ -56,7 +56,7 @@ class Call:
         self.upstream: Upstream | None = None
         self.response: http1.Response | None = None
         self.started = 0.0
-        self.last: UpstreamFailure | None = None
+        self.last: AttemptFailed | None = None
         self.placed: Upstream | None = None  # the upstream the key's placement record names
 
     async def connect(self) -> None:
@@ -69,9 +69,9 @@ class Call:
                     self.hashes, self.request.cache_key, self.tried, self.placed
                 )
             except EngineUnavailable:
-                if self.last is not None and self.last.kind == "overloaded":  # pass it on
+                if self.last is not None and self.last.kind is Failure.OVERLOADED:  # pass it on
                     raise EngineOverloaded(str(self.last), self.last.retry_after_s) from None
-                if self.last is not None and self.last.kind in GIVES_UP:  # not a full fleet
+                if self.last is not None and self.last.kind.gives_up:  # not a full fleet
                     raise UpstreamFailed(str(self.last)) from None
                 raise
             self.tried.add(upstream.index)
@@ -80,7 +80,7 @@ class Call:
             self.started = time.perf_counter()
             try:
                 self.response = await upstream.open(self.path, self.body, self.headers)
-            except UpstreamFailure as failure:
+            except AttemptFailed as failure:
                 upstream.in_flight -= 1
                 self._retry_or_refuse(upstream, failure)
                 continue
@@ -90,16 +90,13 @@ class Call:
             self.upstream = upstream
             return
 
-    def _retry_or_refuse(self, upstream: Upstream, failure: UpstreamFailure) -> None:
+    def _retry_or_refuse(self, upstream: Upstream, failure: AttemptFailed) -> None:
         self.fleet.failed(upstream, failure)
-        # A copy never raised: the failure caught holds the frames it came through, this
-        # call's among them (a cycle that kept the stream's megabyte buffers until the cyclic
-        # GC ran: under an endless line, +300 MiB).
-        self.last = UpstreamFailure(failure.kind, str(failure), failure.retry_after_s)
+        self.last = failure.unraised()
         if self.retries == 0:
-            if failure.kind in GIVES_UP:
+            if failure.kind.gives_up:
                 raise UpstreamFailed(str(failure))
-            refusal = EngineOverloaded if failure.kind == "overloaded" else EngineUnavailable
+            refusal = EngineOverloaded if failure.kind is Failure.OVERLOADED else EngineUnavailable
             raise refusal(str(failure), failure.retry_after_s)
         self.retries -= 1
         self.fleet.metrics.count("kvgate_upstream_retries", upstream=str(upstream.index))
@@ -114,7 +111,7 @@ class Call:
                             sent += 1
                         yield item
                     return
-                except UpstreamFailure as failure:
+                except AttemptFailed as failure:
                     upstream = await self._release()
                     if sent:
                         self.fleet.failed(upstream, failure)
@@ -128,7 +125,7 @@ class Call:
             await self.aclose()
 
     def _items(self) -> AsyncIterator[TextDelta | Completion]:
-        """The current upstream's answer as deltas then one Completion (UpstreamFailure if it
+        """The current upstream's answer as deltas then one Completion (AttemptFailed if it
         breaks, stalls past the read timeout, reports an error, runs past its bounds or ends
         early)."""
         assert self.response is not None
@@ -152,9 +149,9 @@ class Call:
             calls = wire.ToolCalls()
             calls.add(chunk.tool_calls)
         except TRANSPORT_ERRORS as exc:
-            raise failure_of(exc, upstream.url) from None
+            raise transport_failure(exc, upstream.url) from None
         except wire.StreamError as exc:
-            raise UpstreamFailure("malformed", f"upstream {upstream.url}: {exc}") from None
+            raise AttemptFailed(Failure.MALFORMED, f"upstream {upstream.url}: {exc}") from None
         if chunk.tokens:
             self.fleet.ttft.observe(upstream.index, time.perf_counter() - self.started)
             yield self._delta(chunk, chunk.tokens)
@@ -243,13 +240,13 @@ class Call:
                 if tail_at is None and (finish is not None or count >= asked):
                     tail_at = asyncio.get_running_loop().time() + TAIL_S
         except TRANSPORT_ERRORS as exc:
-            raise failure_of(exc, upstream.url) from None
+            raise transport_failure(exc, upstream.url) from None
         except wire.StreamError as exc:
-            raise UpstreamFailure("malformed", f"upstream {upstream.url}: {exc}") from None
+            raise AttemptFailed(Failure.MALFORMED, f"upstream {upstream.url}: {exc}") from None
         finally:
             await lines.aclose()
         if finish is None:
-            raise UpstreamFailure("reset", f"upstream {upstream.url} ended the stream early")
+            raise AttemptFailed(Failure.RESET, f"upstream {upstream.url} ended the stream early")
         yield self._done("".join(text), finish, usage, count, calls, "".join(thought) or None)
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:

@@ -66,16 +66,12 @@ from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
 from gateway.settings import Settings
 from gateway.upstream import bounded, embeddings, scrape, wire
 from gateway.upstream.call import Call
+from gateway.upstream.failures import TRANSPORT_ERRORS, AttemptFailed, Failure, transport_failure
 from gateway.upstream.health import Breaker
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.placement import Placements, follow_or_place, placement_key
 from gateway.upstream.routing import Load, PrefixKeys, UpstreamRouter
-from gateway.upstream.upstream import (
-    TRANSPORT_ERRORS,
-    Upstream,
-    UpstreamFailure,
-    failure_of,
-)
+from gateway.upstream.upstream import Upstream
 from gateway.upstream.upstream import headers as upstream_headers
 
 logger = logging.getLogger("kvgate.fleet")
@@ -134,7 +130,7 @@ class Fleet:
         for upstream in self.upstreams:
             if upstream.url in down:  # did not answer at startup: out until a check passes
                 for _ in range(settings.upstream_unhealthy_after):
-                    upstream.breaker.failure("connect")
+                    upstream.breaker.failure(Failure.CONNECT)
         self.placements = None
         if settings.redis_url is not None and settings.routing == "prefix":
             self.placements = Placements(
@@ -375,10 +371,10 @@ class Fleet:
             finally:
                 response.close()
         except TRANSPORT_ERRORS as exc:
-            failure = failure_of(exc, upstream.url)
+            failure = transport_failure(exc, upstream.url)
             self.failed(upstream, failure)
             raise EngineUnavailable(str(failure)) from None
-        except UpstreamFailure as failure:
+        except AttemptFailed as failure:
             self.failed(upstream, failure)
             raise EngineUnavailable(str(failure)) from None
         where = f"upstream {upstream.url} {path}"
@@ -433,7 +429,7 @@ class Fleet:
     def _load(self, upstream: Upstream) -> int:
         return upstream.load(SCRAPES_FRESH * self.settings.upstream_scrape_interval_s).total
 
-    def failed(self, upstream: Upstream, failure: UpstreamFailure) -> None:
+    def failed(self, upstream: Upstream, failure: AttemptFailed) -> None:
         if failure.breaks:
             was = upstream.breaker.healthy
             upstream.breaker.failure(failure.kind)
@@ -450,7 +446,7 @@ class Fleet:
         settings = self.settings
         try:
             await upstream.check(settings.upstream_health_path, settings.upstream_health_timeout_s)
-        except UpstreamFailure as failure:
+        except AttemptFailed as failure:
             self.failed(upstream, failure)
             return
         was = upstream.breaker.healthy
@@ -472,7 +468,7 @@ class Fleet:
                 "/metrics", self.settings.upstream_health_timeout_s, bounded.MAX_METRICS_BYTES
             )
             scraped, invalid = scrape.parse(text)
-        except UpstreamFailure:
+        except AttemptFailed:
             upstream.observe(None)
             self.metrics.count("kvgate_upstream_scrape_errors", upstream=label, kind="http")
             return

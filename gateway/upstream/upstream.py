@@ -3,16 +3,12 @@ last scraped load figures.
 
 ``open`` sends a generation and returns the response once the upstream has answered 200 —
 an event stream when the body asked to stream, one JSON answer (or an event stream, which is
-read the same way) when it did not; anything else is an ``UpstreamFailure`` with its kind
-(``connect``, ``timeout``, ``reset``, ``status_5xx``, ``overloaded`` for 429/503, ``status``
-for an answer no upstream should give: a redirect, 401, 404, …; ``malformed`` for a reply
-whose content is wrong) or, for a 400/422 with an OpenAI error body, a ValueError carrying
+read the same way) when it did not; anything else is an ``AttemptFailed`` with its kind
+(``failures.Failure``) or, for a 400/422 with an OpenAI error body, a ValueError carrying
 the upstream's message (the caller's input was at fault; not retried); a 404 whose error
 names ``model`` is an ``UnknownAdapter`` (the caller's LoRA adapter is not served there).
 
-Only transport failures, timeouts, 5xx and unexpected statuses count against the breaker
-(``UpstreamFailure.breaks``): what a reply says — which a caller's prompt may steer — never
-takes an upstream out for everyone. The client keeps no cookies, follows no redirect, asks
+The client keeps no cookies, follows no redirect, asks
 for no content coding (and decodes none), and sends ``--upstream-api-key`` as
 ``Authorization: Bearer`` on every request (calls, checks, scrapes).
 
@@ -32,28 +28,14 @@ import orjson
 
 from engine.errors import UnknownAdapter
 from gateway.upstream import bounded, http1
+from gateway.upstream.failures import TRANSPORT_ERRORS, AttemptFailed, Failure, transport_failure
 from gateway.upstream.health import Breaker
 from gateway.upstream.routing import Load
 from gateway.upstream.scrape import Scraped
 
-# What a failing upstream connection raises: the client's errors (OSErrors) and timeouts.
-TRANSPORT_ERRORS = (TimeoutError, OSError)
 OVERLOADED = (429, 503)
 CLIENTS_FAULT = (400, 422)  # with an OpenAI error body: the caller's input was refused
-NOT_COUNTED = frozenset(("overloaded", "malformed"))
 ERROR_BODY_BYTES = 64 << 10
-
-
-class UpstreamFailure(Exception):
-    def __init__(self, kind: str, message: str, retry_after_s: float = 1.0) -> None:
-        super().__init__(message)
-        self.kind = kind
-        self.retry_after_s = retry_after_s
-
-    @property
-    def breaks(self) -> bool:
-        """Does it count against the upstream's health (an overload answer does not)?"""
-        return self.kind not in NOT_COUNTED
 
 
 def headers(api_key: str | None) -> dict[str, str]:
@@ -61,16 +43,6 @@ def headers(api_key: str | None) -> dict[str, str]:
     if api_key is None:
         return dict(bounded.HEADERS)
     return {**bounded.HEADERS, "authorization": f"Bearer {api_key}"}
-
-
-def failure_of(exc: BaseException, url: str) -> UpstreamFailure:
-    if isinstance(exc, TimeoutError):
-        kind = "timeout"
-    elif isinstance(exc, http1.ConnectError | ConnectionRefusedError):
-        kind = "connect"
-    else:
-        kind = "reset"
-    return UpstreamFailure(kind, f"upstream {url}: {type(exc).__name__} {exc}".strip())
 
 
 class Upstream:
@@ -103,7 +75,7 @@ class Upstream:
         try:
             return await self.pool.request("POST", path, content, headers or None, timeout)
         except TRANSPORT_ERRORS as exc:
-            raise failure_of(exc, self.url) from None
+            raise transport_failure(exc, self.url) from None
 
     async def open(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
@@ -115,30 +87,30 @@ class Upstream:
             response.close()
             kind = response.headers.get("content-type", "none")
             answer = "an event stream" if streamed else "JSON or an event stream"
-            raise UpstreamFailure(
-                "malformed", f"upstream {self.url}: a 200 that is not {answer} ({kind:.64})"
+            raise AttemptFailed(
+                Failure.MALFORMED, f"upstream {self.url}: a 200 that is not {answer} ({kind:.64})"
             )
         if status == 200:
             return response
         try:
             detail = await bounded.read_head(response, ERROR_BODY_BYTES)
         except TRANSPORT_ERRORS as exc:
-            raise failure_of(exc, self.url) from None
+            raise transport_failure(exc, self.url) from None
         finally:
             response.close()
         message = _error_message(detail.decode(errors="replace"))
         where = f"upstream {self.url}"
         if status in OVERLOADED:
-            raise UpstreamFailure(
-                "overloaded", f"{where}: {message or status}", _retry_after(response)
+            raise AttemptFailed(
+                Failure.OVERLOADED, f"{where}: {message or status}", _retry_after(response)
             )
         if status >= 500:
-            raise UpstreamFailure("status_5xx", f"{where}: {message or f'HTTP {status}'}")
+            raise AttemptFailed(Failure.STATUS_5XX, f"{where}: {message or f'HTTP {status}'}")
         if status in CLIENTS_FAULT and message is not None:
             raise ValueError(message[:500])
         if status == 404 and message is not None and _names_model(detail):
             raise UnknownAdapter(str(body.get("model")))  # an adapter the upstream lacks
-        raise UpstreamFailure("status", f"{where} answered HTTP {status}")
+        raise AttemptFailed(Failure.STATUS, f"{where} answered HTTP {status}")
 
     def observe(self, scraped: Scraped | None) -> None:
         """A scrape's figures (None: it had none, or failed)."""
@@ -159,21 +131,23 @@ class Upstream:
         )
 
     async def get_text(self, path: str, timeout_s: float, limit: int) -> str:
-        """A GET's body of at most ``limit`` bytes (UpstreamFailure on a transport error, a
+        """A GET's body of at most ``limit`` bytes (AttemptFailed on a transport error, a
         non-2xx answer or a body over the limit)."""
         try:
             async with asyncio.timeout(timeout_s):
                 response = await self.pool.request("GET", path)
                 try:
                     if not 200 <= response.status < 300:
-                        raise UpstreamFailure("status_5xx", f"{path} answered {response.status}")
+                        raise AttemptFailed(
+                            Failure.STATUS_5XX, f"{path} answered {response.status}"
+                        )
                     body = await bounded.read_within(response, limit)
                 finally:
                     response.close()
         except TRANSPORT_ERRORS as exc:
-            raise failure_of(exc, self.url) from None
+            raise transport_failure(exc, self.url) from None
         if body is None:
-            raise UpstreamFailure("malformed", f"{path}: a body over {limit} bytes, or coded")
+            raise AttemptFailed(Failure.MALFORMED, f"{path}: a body over {limit} bytes, or coded")
         return body.decode(errors="replace")
 
     async def check(self, path: str, timeout_s: float) -> None:
