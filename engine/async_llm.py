@@ -30,6 +30,7 @@ from engine.prompt_rules import Prompt
 from engine.replica import Replica
 from engine.request import Request
 from engine.sampling_params import SamplingParams, StructuredOutputs
+from engine.stat_logger import started
 from engine.stats import EngineStats
 from engine.tokenizer import Tokenizer
 
@@ -77,6 +78,7 @@ class AsyncLLM:
         self._closed = False
         for replica in self.core.replicas:
             replica.start()
+        self._stat_logger = started(self.core.stats, self.config.stats_interval_s)
 
     @property
     def tokenizer(self) -> Tokenizer:
@@ -253,6 +255,9 @@ class AsyncLLM:
     def shutdown(self) -> None:
         """Stop the step threads (idempotent)."""
         self._closed = True
+        if self._stat_logger is not None:
+            self._stat_logger.stop()
+            self._stat_logger = None
         for replica in self.core.replicas:
             replica.stop()
         with self._lock:

@@ -67,6 +67,7 @@ class EngineConfig:
     enable_lora: bool = False
     max_lora_rank: int = 16
     max_loras: int = 4
+    stats_interval_s: float = 0.0  # a stats log line this often while busy (stat_logger); 0: none
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
@@ -91,6 +92,8 @@ class EngineConfig:
         for name in ("max_lora_rank", "max_loras"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stats_interval_s < 0:
+            raise ValueError(f"stats_interval_s must be >= 0, got {self.stats_interval_s}")
         if self.threads is not None and self.threads < 1:
             raise ValueError(f"threads must be >= 1, got {self.threads}")
         if self.max_model_len is not None and self.max_model_len < 2:

@@ -50,6 +50,7 @@ from engine.memory import freeze_long_lived
 from engine.outputs import StepOutput
 from engine.replica import Replica
 from engine.request import Request
+from engine.stat_logger import started
 
 log = logging.getLogger("kvgate.engine")
 STATE_INTERVAL_S = 0.25
@@ -216,6 +217,7 @@ class EngineServer:
         self.calls = ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix="kvgate-engine-call")
         for replica in self.core.replicas:
             replica.start()
+        started(self.core.stats, config.stats_interval_s)  # a daemon thread: ends with the process
 
     def hello(self) -> Hello:
         core = self.core

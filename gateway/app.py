@@ -46,6 +46,7 @@ from gateway.mcp.tool_runner import ToolRunner
 from gateway.openai.endpoint import OpenAIEndpoint
 from gateway.openai.errors import wire as openai_error
 from gateway.openai.response_store import ResponseStore
+from gateway.ops.access_log import AccessLog
 from gateway.ops.metrics import Metrics
 from gateway.reasoning import parser as reasoning_formats
 from gateway.settings import Settings
@@ -240,6 +241,8 @@ def create_app(
     )
     app.router = DoorsFirst(app.router, doors)  # before the middleware stack is built
     app.add_middleware(TrimAfterLargeBodies)
+    if settings.access_log:  # outermost: its line has the status whoever answered
+        app.add_middleware(AccessLog)
     app.add_middleware(
         AuthMiddleware,
         authenticator=authenticator,

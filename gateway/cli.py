@@ -213,6 +213,7 @@ def engine_config(settings: Settings, threads: int) -> Any:
         routing=settings.routing,
         kv_cache_dtype=settings.kv_cache_dtype,
         kv_cache_memory=settings.kv_cache_memory,
+        stats_interval_s=settings.stats_interval_s,
         **engine_limits(settings),
         **engine_lora(settings),
     )

@@ -432,6 +432,25 @@ class Settings:
         doc="`json` for one JSON object per line (with trace and span ids)",
         group="logging",
     )
+    stats_interval_s: float = flag(
+        10.0,
+        "seconds between stats log lines while the engine is busy",
+        cli="--stats-interval",
+        metavar="S",
+        doc="every S seconds while the embedded engine has or had work, one INFO line in "
+        "vLLM's words: prompt and generation tokens/s, running and waiting requests, KV cache "
+        "usage, prefix cache hit rate; none while it is idle; 0 = off",
+        group="logging",
+        ge=0,
+    )
+    access_log: bool = flag(
+        True,
+        "one log line per call",
+        doc="one INFO line per OpenAI call or MCP request: route or method and tool, status, "
+        "tokens in and out, TTFT, duration, tenant (never the prompt or the reply); "
+        "`--no-access-log` turns it off, as uvicorn's flag does",
+        group="logging",
+    )
     # Admission and abuse limits (0 = off where it says so).
     max_waiting: int = flag(
         256,

@@ -44,6 +44,7 @@ from gateway.generation import (
     Tokenized,
     TokenizeRequest,
 )
+from gateway.ops import access_log
 from gateway.reasoning.parser import ReasoningFormat
 from gateway.reasoning.reading import Reasoning
 
@@ -113,6 +114,9 @@ class Generations:
         identity = current_identity()
         if identity is not None and self.budgets.tokens_per_min:
             items = metered(items, self.budgets, identity.tenant)
+        record = access_log.current()
+        if record is not None:
+            items = access_log.counted(items, record)
         return Guarded(items, source)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
@@ -152,6 +156,9 @@ class Generations:
         identity = current_identity()
         if identity is not None:
             await self.budgets.settle(identity.tenant, result.prompt_tokens)
+        record = access_log.current()
+        if record is not None:
+            record.prompt_tokens += result.prompt_tokens
         return result
 
     def adapters(self) -> list[Adapter] | None:

@@ -49,7 +49,7 @@ from gateway.mcp.streaming import (
     tool_call_events,
 )
 from gateway.mcp.tool_runner import Items, Progress, ToolRunner
-from gateway.ops import tracing
+from gateway.ops import access_log, tracing
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
 from gateway.tasks import methods as task_methods
@@ -180,6 +180,7 @@ class McpEndpoint:
             await self._send_error(send, 500, internal, message)
         finally:
             self.metrics.observe(label, tool, outcome, time.perf_counter() - started)
+            access_log.called("mcp", label, tool, outcome)
 
     async def _transport_checks(
         self, scope: Scope, receive: Receive, headers: dict[str, str]

@@ -39,6 +39,7 @@ from gateway.openai.errors import OpenAIError, wire
 from gateway.openai.response_store import ResponseStore
 from gateway.openai.responses import Choice, Envelope, TokenText
 from gateway.openai.responses_route import ResponsesRoute
+from gateway.ops import access_log
 from gateway.ops.metrics import Metrics
 
 logger = logging.getLogger("kvgate.openai")
@@ -135,6 +136,7 @@ class OpenAIEndpoint:
             # An unknown path is a client's choice: one label for all of them, as MCP's methods
             label = path if path in self.routes else "unknown"
             self.metrics.observe(label, None, outcome, time.perf_counter() - started, "openai")
+            access_log.called("openai", label, None, outcome)
 
     def _route(self, path: str, method: str) -> tuple[str, Handler]:
         """The route's method and handler: an unknown path is a 404 and a wrong method a 405

@@ -59,6 +59,8 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--budget-processes": ("budget_processes", int, "store", None, "authentication"),
     "--drain-timeout": ("drain_timeout_s", float, "store", None, "server"),
     "--log-format": ("log_format", str, "store", ("text", "json"), "logging"),
+    "--stats-interval": ("stats_interval_s", float, "store", None, "logging"),
+    "--access-log": ("access_log", str, "bool", None, "logging"),
     "--upstream": ("upstream", str, "extend", None, "fleet"),
     "--upstream-dns": ("upstream_dns", str, "extend", None, "fleet"),
     "--upstream-refresh": ("upstream_refresh_s", float, "store", None, "fleet"),
@@ -176,8 +178,10 @@ def sample(option: Option, other: bool = False) -> tuple[list[str], str]:
     """A flag's arguments and its environment twin's text, for the same non-default value
     (``other``: a second one)."""
     assert option.flag is not None
-    if option.kind is bool:  # --flag / --no-flag
-        return ([option.flag.replace("--", "--no-", 1)], "false") if other else ([option.flag], "1")
+    if option.kind is bool:  # --flag / --no-flag: the one that is not the default first
+        on, off = ([option.flag], "1"), ([option.flag.replace("--", "--no-", 1)], "false")
+        first, second = (off, on) if option.default else (on, off)
+        return second if other else first
     if option.kind is tuple:
         values = ["http://c.example:3"] if other else ["http://a.example:1/", "http://b.example:2"]
         if option.meta.repeat:
