@@ -249,6 +249,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="overhead: seconds per run")
     parser.add_argument("--concurrency", type=int, default=32, help="overhead: calls in flight")
     parser.add_argument("--workers", type=int, default=2, help="overhead: kvgate --workers")
+    parser.add_argument("--json", metavar="PATH", help="overhead: also write the figures here")
     args = parser.parse_args()
     if args.workload == "overhead":
         fleet_overhead.run(args)

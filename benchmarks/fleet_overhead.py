@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 import orjson
 
+from benchmarks import record
 from benchmarks.loopback import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -165,6 +166,11 @@ def run(args: argparse.Namespace) -> None:
         for u in upstreams:
             u.terminate()
             u.wait()
+    measured = [
+        {"router": name, "call": kind, "round": round_, "load": float(load), **figures}
+        for name, kind, round_, figures, load in rows
+    ]
+    record.write(args.json, "router", measured)
     print(
         f"\nthree instant upstreams, closed loop c={args.concurrency} /v1/chat/completions, "
         f"{args.duration:g} s per run, {args.rounds} rounds, {os.cpu_count()} CPUs\n"

@@ -37,6 +37,7 @@ from pathlib import Path
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not benchmarks/
 
+from benchmarks import record  # noqa: E402
 from benchmarks.machine import describe_cpu  # noqa: E402
 
 CHATS = [
@@ -193,6 +194,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--engines", default=",".join(ENGINES))
+    parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     args = parser.parse_args()
     if args.file is None:
         from engine.fetch_model import fetch_model
@@ -222,6 +224,11 @@ def main() -> None:
         cells.append(f"{r['streams8_tok_s']:13.1f}" if "streams8_tok_s" in r else f"{'-':>13}")
         cells.append(f"{r['ttft_ms']:13.0f}")
         print(f"{engine:19}" + "".join(cells))
+    kind = args.as_type or path.stem.rsplit(".", 1)[-1]  # SmolLM2-135M-Instruct.Q4_1
+    measured = [
+        {"engine": e, "type": kind.upper(), "file": path.name, **r} for e, r in results.items()
+    ]
+    record.write(args.json, "gguf", measured)
     ours = results.get("kvgate")
     for peer, theirs in results.items():
         if ours is None or peer == "kvgate":

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from benchmarks.record import cpu_model
 from engine.config import cpu_flags, native_bf16_flags, usable_cores
 from engine.model_config import ModelConfig
 from engine.models import packed_linear as pl
@@ -25,17 +26,6 @@ SHOWN_FLAGS = (
     "avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
     "amx_bf16", "amx_int8", "sve", "bf16",
 )  # fmt: skip
-
-
-def cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 def describe_cpu() -> str:

@@ -39,7 +39,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import httpx
@@ -48,6 +48,7 @@ import httpx
 # `openai` package): the repository root takes its place.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
+from benchmarks import record  # noqa: E402
 from benchmarks.loopback import free_port, stop  # noqa: E402
 from benchmarks.mcp import request_parts  # noqa: E402
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
@@ -305,6 +306,7 @@ def main() -> None:
     parser.add_argument("--random-output-len", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--probe-ms", type=float, default=100, help="light-endpoint probe interval")
+    parser.add_argument("--json", metavar="PATH", help="also write every round's figures here")
     args = parser.parse_args()
     if args.vllm_bench and not args.vllm_python:
         raise SystemExit("--vllm-bench runs vLLM's client: give --vllm-python")
@@ -365,6 +367,12 @@ def main() -> None:
                     rounds.setdefault((round_, c), {})[who] = got
                     if (who, c) not in best or got.tokens_per_s > best[who, c].tokens_per_s:
                         best[who, c] = got
+    measured = [
+        {"server": who, "concurrency": c, "round": r, **asdict(figures)}
+        for (r, c), pair in sorted(rounds.items())
+        for who, figures in pair.items()
+    ]
+    record.write(args.json, "openai", measured)
     print(f"\nbest of {args.rounds} rounds (load {os.getloadavg()[0]:.2f}):")
     for (who, c), figures in sorted(best.items()):
         print(f"{who:6s} c={c:<3d} {figures.line()}")

