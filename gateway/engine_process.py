@@ -5,6 +5,9 @@ process; the API processes (one, or ``--workers N``) tokenize, template, detoken
 answer HTTP, each over a Unix socket to it (``engine.core_client``). The socket and the
 engine's settings live in a folder only this user can open, removed when serving ends.
 
+While it starts, the engine writes each step as it begins (loading the model, allocating the KV
+cache) to a pipe; ``wait_ready`` passes them on, for ``kvgate serve`` to show.
+
 The engine asks the kernel for SIGKILL when its parent dies (``PR_SET_PDEATHSIG``), so no
 engine outlives a ``kvgate serve`` killed with SIGKILL. One that dies while serving is started
 again after a pause that doubles with each quick death (``BACKOFF_FIRST_S`` up to
@@ -17,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import select
 import shutil
 import subprocess
 import sys
@@ -51,6 +55,7 @@ class EngineProcess:
         self._failures = 0
         self._started_at = 0.0
         self._wake = threading.Event()
+        self._phases: int | None = None  # the read end of the running engine's phase pipe
 
     @property
     def pid(self) -> int | None:
@@ -62,6 +67,8 @@ class EngineProcess:
             os.unlink(self.socket_path)  # a dead engine's: API processes must not find it
         except FileNotFoundError:
             pass
+        self._close_phases()
+        self._phases, phases = os.pipe()
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -70,24 +77,50 @@ class EngineProcess:
                 self.socket_path,
                 self._config_path,
                 str(os.getpid()),
+                str(phases),
             ],
             process_group=0,  # a terminal's Ctrl-C reaches the parent, which decides
+            pass_fds=(phases,),
         )
+        os.close(phases)
         self._started_at = time.monotonic()
         return self.process.pid
 
-    def wait_ready(self, timeout_s: float) -> int | None:
-        """None once the engine serves; else its exit code (or -1 past ``timeout_s``)."""
+    def wait_ready(
+        self, timeout_s: float, on_phase: Callable[[str, str], None] = lambda name, what: None
+    ) -> int | None:
+        """None once the engine serves; else its exit code (or -1 past ``timeout_s``).
+        ``on_phase(name, what)`` hears each step of its start as it begins."""
         deadline = time.monotonic() + timeout_s
         assert self.process is not None
+        pending = b""
         while not os.path.exists(self.socket_path):
             code = self.process.poll()
             if code is not None:
                 return code
             if time.monotonic() > deadline:
                 return -1
-            time.sleep(POLL_S)
+            pending = self._read_phases(pending, on_phase)
         return None
+
+    def _read_phases(self, pending: bytes, on_phase: Callable[[str, str], None]) -> bytes:
+        """Wait up to ``POLL_S`` for phase lines; pass on the whole ones, return the rest."""
+        if self._phases is None or not select.select([self._phases], [], [], POLL_S)[0]:
+            time.sleep(POLL_S if self._phases is None else 0)
+            return pending
+        data = os.read(self._phases, 4096)
+        if not data:  # the engine closed it: its start is done (or it died)
+            self._close_phases()
+        *lines, pending = (pending + data).split(b"\n")
+        for line in lines:
+            name, _, what = line.decode(errors="replace").partition("\t")
+            on_phase(name, what)
+        return pending
+
+    def _close_phases(self) -> None:
+        if self._phases is not None:
+            os.close(self._phases)
+            self._phases = None
 
     def restart_delay(self, exit_code: int) -> float | None:
         """How long to wait before starting it again; None: not again (stopping, or it
@@ -151,4 +184,5 @@ class EngineProcess:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        self._close_phases()
         shutil.rmtree(self.folder, ignore_errors=True)

@@ -104,7 +104,7 @@ def test_the_wheel_serves_on_a_machine_with_no_compiler(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         server = subprocess.Popen(
-            [str(venv / "bin" / "kvgate"), "serve", "--port", str(port)],
+            [str(venv / "bin" / "kvgate"), "serve", "--port", str(port), "--model", "tiny"],
             cwd=tmp_path, env={**bare, "KVGATE_KV_CACHE_MEMORY": "16MiB"},
             stdout=subprocess.DEVNULL, stderr=out,
         )  # fmt: skip

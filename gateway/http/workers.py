@@ -40,17 +40,24 @@ RESTART_PAUSE_S = 1.0  # between restarts of a worker that keeps dying
 
 
 def listening_sockets(host: str, port: int, count: int) -> list[socket.socket]:
-    """``count`` sockets listening on ``host:port`` together (``SO_REUSEPORT``)."""
+    """``count`` sockets listening on ``host:port`` together (``SO_REUSEPORT``; one alone
+    without it, so that another server's port is an error, not a port shared with it)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sockets = []
-    for _ in range(count):
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
-        port = sock.getsockname()[1]  # port 0: the others join the one the first got
-        sock.listen(2048)
-        sockets.append(sock)
+    sockets: list[socket.socket] = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if count > 1:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+            sock.bind((host, port))
+            port = sock.getsockname()[1]  # port 0: the others join the one the first got
+            sock.listen(2048)
+    except OSError:
+        for sock in sockets:
+            sock.close()
+        raise
     return sockets
 
 

@@ -52,11 +52,14 @@ class EngineProcess:
     def start(self) -> None:
         if os.path.exists(self.socket):
             os.unlink(self.socket)
+        phases = os.open(os.devnull, os.O_WRONLY)  # its start's steps: not read here
         self.process = subprocess.Popen(
             [sys.executable, "-m", "engine.core_process", self.socket, str(self.config)]
-            + [str(os.getpid())],
+            + [str(os.getpid()), str(phases)],
             cwd=REPO_ROOT,
+            pass_fds=(phases,),
         )
+        os.close(phases)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

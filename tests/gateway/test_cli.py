@@ -36,7 +36,7 @@ def test_python_dash_m_gateway_is_the_cli() -> None:
 
 def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--model", str(tmp_path / "no")],
+        [sys.executable, "-m", "gateway", "serve", "--port", "0", "--model", str(tmp_path / "no")],
         capture_output=True,
         text=True,
         timeout=120,

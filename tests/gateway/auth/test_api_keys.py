@@ -221,7 +221,8 @@ def test_a_bad_keys_file_or_oauth_setting_stops_startup_with_its_reason(tmp_path
     bad = tmp_path / "keys"
     bad.write_text("acme: not-a-digest\n")
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--port", "0", "--api-keys-file", str(bad)],
+        [sys.executable, "-m", "gateway", "serve", "--port", "0", "--model", "tiny"]
+        + ["--api-keys-file", str(bad)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -42,6 +42,8 @@ class Kvgate:
                 "serve",
                 "--port",
                 str(self.port),
+                "--model",
+                "tiny",
                 "--kv-cache-memory",
                 "16MiB",
                 "--log-format",

@@ -1,5 +1,5 @@
 """Real kvgate processes on loopback for the fleet tests: engine upstreams (the tiny model,
-a 16 MiB KV cache) and gateways in fleet mode, each startable again on the same port (or
+whatever is installed, a 16 MiB KV cache) and gateways in fleet mode, each startable again on the same port (or
 another server run the same way: ``command``)."""
 
 from __future__ import annotations
@@ -43,10 +43,14 @@ class Process:
         host: str = "127.0.0.1",
         port: int | None = None,
         command: tuple[str, ...] = ("-m", "gateway", "serve"),
+        model: str | None = "tiny",
     ) -> None:
+        """``model``: its ``KVGATE_MODEL``; None for a gateway in fleet mode (where a model
+        names the tokenizer's folder)."""
         self.host, self.port = host, port or free_port()
         self.base = f"http://{host}:{self.port}"
-        self.flags, self.env, self.log_dir = flags, env or {}, log_dir
+        self.flags, self.log_dir = flags, log_dir
+        self.env = ({} if model is None else {"KVGATE_MODEL": model}) | (env or {})
         self.command = command
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -154,7 +158,7 @@ def running(processes: list[Process], timeout_s: float = 120) -> Iterator[list[P
 
 def gateway(log_dir: Path, upstreams: list[Process], *flags: str, **env: str) -> Process:
     urls = [f for u in upstreams for f in ("--upstream", u.base)]
-    return Process(log_dir, *urls, *FLEET_FLAGS, *flags, env=env)
+    return Process(log_dir, *urls, *FLEET_FLAGS, *flags, env=env, model=None)
 
 
 def children(pid: int) -> list[int]:

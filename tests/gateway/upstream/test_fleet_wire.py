@@ -121,7 +121,7 @@ def test_startup_refuses_mixed_models_and_no_answering_upstream(
             Fleet.connect(Settings(upstream=(server.base, other.base)))
     dead = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(SystemExit, match="no upstream answered GET /v1/models"):
-        main(["serve", "--upstream", dead, "--upstream-connect-timeout", "0.5"])
+        main(["serve", "--port", "0", "--upstream", dead, "--upstream-connect-timeout", "0.5"])
 
 
 def test_the_environment_takes_a_comma_list_of_upstreams() -> None:

@@ -107,7 +107,9 @@ def test_localhost_resolves_through_the_system_resolver(
     pods: list[Process], tmp_path: Path
 ) -> None:
     """A gateway process given ``--upstream-dns localhost:PORT`` serves from the pod there."""
-    gateway = Process(tmp_path, "--upstream-dns", f"localhost:{pods[0].port}", *FLEET_FLAGS).start()
+    gateway = Process(
+        tmp_path, "--upstream-dns", f"localhost:{pods[0].port}", *FLEET_FLAGS, model=None
+    ).start()
     try:
         gateway.wait_ready(60)
         urls = [u["url"] for u in gateway.readyz()["upstreams"]]
