@@ -30,11 +30,12 @@ _UNITS = {
     "mib": 2**20,
     "gib": 2**30,
 }
+TINY_MODEL = "tiny"  # the random test model's name as a `model` (engine.tiny_model)
 
 
 @dataclass
 class EngineConfig:
-    model: str | None = None  # folder, .gguf file, fetchable name or Hub id; None = tiny model
+    model: str | None = None  # folder, .gguf file, tiny, fetchable name or Hub id; None = tiny
     revision: str | None = None  # of a Hub id: branch, tag or commit (None = main)
     dtype: str = "auto"  # auto | float32 | bfloat16 (auto: see choose_dtype)
     gguf_dequantize: bool = False  # a GGUF's quantized weights dequantized at load (else kept)

@@ -1,8 +1,10 @@
 """The engine core in a process of its own, serving API processes over a Unix socket.
 
-``python -m engine.core_process SOCKET CONFIG PARENT`` loads the model (``EngineCore``, its replicas
-stepping in their threads with every usable core: no event loop shares this process), then
-listens on ``SOCKET``; its appearance is the sign that the engine is ready. Each API process
+``python -m engine.core_process SOCKET CONFIG PARENT PHASES`` loads the model (``EngineCore``, its
+replicas stepping in their threads with every usable core: no event loop shares this process),
+then listens on ``SOCKET``; its appearance is the sign that the engine is ready. Until then it
+writes each step of its start as it begins to the pipe PHASES (a file descriptor it inherited),
+one ``name<TAB>what it does`` line each, for the parent to show (``gateway.engine_process``). Each API process
 holds one connection (``engine.core_client.EngineClient``) and sends frames (``engine.ipc``):
 
     ("submit", tag, token_ids, params, cache_key, cache_salt, lora_name)
@@ -42,7 +44,7 @@ from typing import Any
 
 import engine.ipc as ipc
 from engine.config import EngineConfig
-from engine.engine_core import EngineCore
+from engine.engine_core import EngineCore, PhaseSink
 from engine.errors import EngineStepError
 from engine.ipc import Adapter, Hello, State
 from engine.logs import configure_logging
@@ -204,14 +206,17 @@ class Connection:
 
 
 class EngineServer:
-    def __init__(self, config: EngineConfig, adapters_path: Path) -> None:
-        """``adapters_path``: where the adapters served are kept for a restarted engine."""
+    def __init__(
+        self, config: EngineConfig, adapters_path: Path, on_phase: PhaseSink | None = None
+    ) -> None:
+        """``adapters_path``: where the adapters served are kept for a restarted engine;
+        ``on_phase``: see ``EngineCore``."""
         self.adapters_path = adapters_path
         self.lock = threading.Lock()
         self.owners: dict[str, tuple[Connection, int]] = {}  # request id → (connection, tag)
         self.connections: set[Connection] = set()
         self._dirty: list[Connection] = []  # connections with news this step
-        self.core = EngineCore(config, on_output=self._deliver)
+        self.core = EngineCore(config, on_output=self._deliver, on_phase=on_phase)
         for replica in self.core.replicas:
             replica.on_step_end = self._flush
         self.calls = ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix="kvgate-engine-call")
@@ -361,11 +366,24 @@ def die_with_parent(parent: int) -> None:
         os._exit(0)
 
 
+def phase_writer(fd: int) -> PhaseSink:
+    """Write each phase to the pipe ``fd`` as a line; a parent that stopped reading (the
+    engine started again by its watcher, nobody showing its start) costs nothing."""
+
+    def write(name: str, what: str) -> None:
+        try:
+            os.write(fd, f"{name}\t{what}\n".encode())
+        except OSError:
+            pass
+
+    return write
+
+
 def main(argv: list[str]) -> None:
-    """``SOCKET CONFIG PARENT``: CONFIG is a pickled ``(EngineConfig, [(name, path), ...],
-    log format)`` (the adapters to load; "text" or "json") the parent (pid PARENT) wrote in a
-    folder only this user reads."""
-    path, config_path, parent = argv
+    """``SOCKET CONFIG PARENT PHASES``: CONFIG is a pickled ``(EngineConfig, [(name, path),
+    ...], log format)`` (the adapters to load; "text" or "json") the parent (pid PARENT) wrote
+    in a folder only this user reads; PHASES the pipe the start's steps are written to."""
+    path, config_path, parent, phases = argv
     die_with_parent(int(parent))
     config, adapters, log_format = pickle.loads(Path(config_path).read_bytes())
     assert isinstance(config, EngineConfig)
@@ -374,12 +392,14 @@ def main(argv: list[str]) -> None:
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # nothing to drain: API processes do
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C: the parent decides
     try:
-        server = EngineServer(config, Path(path).with_name(ADAPTERS_FILE))
+        on_phase = phase_writer(int(phases))
+        server = EngineServer(config, Path(path).with_name(ADAPTERS_FILE), on_phase)
     except (OSError, ValueError) as exc:
         print(f"kvgate: cannot load the model: {exc}", file=sys.stderr)  # as in-process says it
         sys.exit(FATAL)
     server.load_adapters(adapters)
     freeze_long_lived()
+    os.close(int(phases))  # the parent reads the end of the start here
     server.serve(path)
 
 

@@ -21,11 +21,16 @@ from typing import Any, NoReturn
 
 from engine.fetch_model import WHEEL_MODELS
 from gateway import __version__
+from gateway.default_model import default_model
 from gateway.ops.logs import configure_logging
 from gateway.settings import GROUPS, Settings, options
+from gateway.startup import Start, listen
 
 logger = logging.getLogger("kvgate")
 ENGINE_START_TIMEOUT_S = 1800.0  # loading a model (a first native build: minutes)
+# The engine process's start: the process itself, the model, the KV cache (its phases,
+# engine.core_process), then the API.
+ENGINE_PROCESS_STEPS = 4
 
 
 class Parser(argparse.ArgumentParser):
@@ -168,33 +173,52 @@ def engine_lora(settings: Settings) -> dict[str, Any]:
 
 
 def serve(settings: Settings) -> None:
-    if settings.upstream or settings.upstream_dns:
-        serve_fleet(settings)
-        return
-    if not settings.in_process_engine:
-        serve_engine_process(settings)
-        return
-    if settings.workers != 1:
+    """Bind the port first (a busy one fails at once), then load while it answers that it is
+    loading (``gateway.startup``), then serve."""
+    fleet = bool(settings.upstream or settings.upstream_dns)
+    if not fleet and settings.in_process_engine and settings.workers != 1:
         sys.exit(
             "kvgate: --workers N over an embedded engine needs its own process (drop "
             "--in-process-engine); in this process it is served by one"
         )
-    from engine import AsyncLLM
-    from engine.config import serving_threads
-
+    sockets = listen(settings)
+    settings = replace(settings, port=sockets[0].getsockname()[1])  # --port 0: the one bound
     try:
-        engine = AsyncLLM(engine_config(settings, settings.threads or serving_threads()))
-    except (OSError, ValueError) as exc:  # a wrong folder or setting: say so, no traceback
-        sys.exit(f"kvgate: cannot load the model: {exc}")
-    try:
-        try:
-            load_lora_modules(engine, settings.lora_modules)
-        except ValueError as exc:
-            sys.exit(f"kvgate: --lora-modules: {exc}")
-        log_engine(engine, settings)
-        run_app(settings, engine=engine)
+        if fleet:
+            serve_fleet(settings, sockets)
+        else:
+            if settings.model is None:
+                settings = replace(settings, model=default_model())
+            if settings.in_process_engine:
+                serve_in_process(settings, sockets[0])
+            else:
+                serve_engine_process(settings, sockets)
     finally:
-        engine.shutdown()
+        for sock in sockets:
+            sock.close()
+
+
+def serve_in_process(settings: Settings, sock: socket.socket) -> None:
+    """The embedded engine in this process (``--in-process-engine``)."""
+    with Start([sock], 2) as start:
+        start.step("engine", f"loading the engine: model {settings.model}, KV cache")
+        from engine import AsyncLLM
+        from engine.config import serving_threads
+
+        try:
+            engine = AsyncLLM(engine_config(settings, settings.threads or serving_threads()))
+        except (OSError, ValueError) as exc:  # a wrong folder or setting: say so, no traceback
+            sys.exit(f"kvgate: cannot load the model: {exc}")
+        try:
+            try:
+                load_lora_modules(engine, settings.lora_modules)
+            except ValueError as exc:
+                sys.exit(f"kvgate: --lora-modules: {exc}")
+            log_engine(engine, settings)
+            start.step("api", "starting the API")
+            run_app(settings, sock, start=start, engine=engine)
+        finally:
+            engine.shutdown()
 
 
 def engine_config(settings: Settings, threads: int) -> Any:
@@ -233,7 +257,7 @@ def log_engine(engine: Any, settings: Settings) -> None:
     )
 
 
-def serve_engine_process(settings: Settings) -> None:
+def serve_engine_process(settings: Settings, sockets: list[socket.socket]) -> None:
     """The engine in a process of its own with every usable core (``gateway.engine_process``)
     and one API process over it, or ``--workers N`` of them on one port."""
     from engine.config import usable_cores
@@ -247,23 +271,25 @@ def serve_engine_process(settings: Settings) -> None:
     config = engine_config(settings, settings.threads or usable_cores())
     engine = EngineProcess(config, [(a.name, a.path) for a in adapters], settings.log_format)
     try:
-        engine.start()
-        code = engine.wait_ready(ENGINE_START_TIMEOUT_S)
-        if code is not None:
-            sys.exit(f"kvgate: the engine process did not start (exit code {code}; see above)")
-        if settings.workers == 1:
-            engine.watch(on_fatal=lambda: os.kill(os.getpid(), signal.SIGTERM))
-            serve_engine_worker(settings, engine.socket_path)
-            return
-        from gateway.http.workers import Supervisor, listening_sockets
+        with Start(sockets, ENGINE_PROCESS_STEPS) as start:
+            start.step("engine", "starting the engine process (Python, torch, kernels)")
+            engine.start()
+            code = engine.wait_ready(ENGINE_START_TIMEOUT_S, start.step)
+            if code is not None:
+                sys.exit(f"kvgate: the engine process did not start (exit code {code}; see above)")
+            start.step("api", "starting the API over the engine")
+            if settings.workers == 1:
+                engine.watch(on_fatal=lambda: os.kill(os.getpid(), signal.SIGTERM))
+                serve_engine_worker(settings, engine.socket_path, sockets[0], None, start)
+                return
+            start.hand_over()
+        from gateway.http.workers import Supervisor
 
-        try:
-            sockets = listening_sockets(settings.host, settings.port, settings.workers)
-        except OSError as exc:
-            sys.exit(f"kvgate: cannot listen on {settings.host}:{settings.port}: {exc}")
         each, path, created = per_worker(settings), engine.socket_path, int(time.time())
         supervisor = Supervisor(
-            sockets, lambda s, _: serve_engine_worker(each, path, s, created), engine
+            sockets,
+            lambda s, i: serve_engine_worker(each, path, s, created, start if i == 0 else None),
+            engine,
         )
         sys.exit(supervisor.run())
     finally:
@@ -271,10 +297,14 @@ def serve_engine_process(settings: Settings) -> None:
 
 
 def serve_engine_worker(
-    settings: Settings, path: str, sock: socket.socket | None = None, created: int | None = None
+    settings: Settings,
+    path: str,
+    sock: socket.socket,
+    created: int | None = None,
+    start: Start | None = None,
 ) -> None:
     """One API process over the engine process at ``path`` (no torch here); ``created``: see
-    `run_app`."""
+    `run_app`; ``start``: the start it ends (the first worker's)."""
     from engine.core_client import EngineClient
     from engine.errors import EngineUnavailable
     from gateway.adapters import parse_lora_module
@@ -290,7 +320,7 @@ def serve_engine_worker(
             except ValueError as exc:
                 sys.exit(f"kvgate: --lora-modules: {exc}")
         log_engine(client, settings)
-        run_app(settings, sock, created, engine=client)
+        run_app(settings, sock, created, start, engine=client)
     finally:
         client.shutdown()
 
@@ -305,25 +335,29 @@ def load_lora_modules(engine: Any, specs: tuple[str, ...]) -> None:
         logger.info("LoRA adapter %s from %s", module.name, module.path)
 
 
-def serve_fleet(
-    settings: Settings, sock: socket.socket | None = None, created: int | None = None
-) -> None:
+def serve_fleet(settings: Settings, sockets: list[socket.socket]) -> None:
     """Fleet mode: no embedded engine; calls go to the upstreams (a model mismatch among
     them, or none answering, is a startup error). With ``--workers N`` N processes do so on
     one port (``gateway.http.workers``)."""
-    from gateway.upstream.fleet import Fleet, FleetConfigError
-
     if settings.lora_modules:
         sys.exit("kvgate: --lora-modules: in fleet mode the upstreams load the adapters")
-    if settings.workers > 1 and sock is None:
-        from gateway.http.workers import Supervisor, listening_sockets
+    if settings.workers > 1:
+        from gateway.http.workers import Supervisor
 
-        try:
-            sockets = listening_sockets(settings.host, settings.port, settings.workers)
-        except OSError as exc:
-            sys.exit(f"kvgate: cannot listen on {settings.host}:{settings.port}: {exc}")
         each, created = per_worker(settings), int(time.time())
-        sys.exit(Supervisor(sockets, lambda s, _: serve_fleet(each, s, created)).run())
+        sys.exit(Supervisor(sockets, lambda s, _: serve_fleet_worker(each, s, created)).run())
+    with Start(sockets, 2) as start:
+        serve_fleet_worker(settings, sockets[0], None, start)
+
+
+def serve_fleet_worker(
+    settings: Settings, sock: socket.socket, created: int | None = None, start: Start | None = None
+) -> None:
+    """One API process in fleet mode; ``start``: the start it reports the steps of."""
+    from gateway.upstream.fleet import Fleet, FleetConfigError
+
+    if start is not None:
+        start.step("upstreams", "asking the upstreams which model they serve")
     try:
         fleet = Fleet.connect(settings)
     except FleetConfigError as exc:
@@ -334,7 +368,9 @@ def serve_fleet(
         len(fleet.upstreams),
         ", ".join(u.url for u in fleet.upstreams),
     )
-    run_app(settings, sock, created, backend=fleet)
+    if start is not None:
+        start.step("api", "starting the API")
+    run_app(settings, sock, created, start, backend=fleet)
 
 
 def per_worker(settings: Settings) -> Settings:
@@ -351,22 +387,25 @@ def per_worker(settings: Settings) -> Settings:
 
 def run_app(
     settings: Settings,
-    sock: socket.socket | None = None,
+    sock: socket.socket,
     created: int | None = None,
+    start: Start | None = None,
     **backend: Any,
 ) -> None:
-    """Serve the app; ``created``: the served model's ``created`` time in ``/v1/models``, one
-    value for all ``--workers`` (taken before they fork: the answers are the same from any)."""
+    """Serve the app on ``sock``; ``created``: the served model's ``created`` time in
+    ``/v1/models``, one value for all ``--workers`` (taken before they fork: the answers are
+    the same from any); ``start``: the start this ends (its last lines: the URLs)."""
     from gateway.app import create_app
     from gateway.catalog.config import CatalogConfigError
     from gateway.http.serving import http_protocol, serve_app
 
-    base = f"http://{settings.host}:{settings.port}"
-    logger.info("MCP endpoint %s/mcp, OpenAI-compatible API %s/v1", base, base)
     try:
         app = create_app(settings, created=created, **backend)
     except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
         sys.exit(f"kvgate: {exc}")
+    if start is not None:
+        (served,) = backend.values()
+        start.ready(settings, settings.served_model_name or served.model_name)
     serve_app(
         app,
         settings.host,
@@ -374,7 +413,7 @@ def run_app(
         settings.drain_timeout_s,
         uvicorn_logging=settings.log_format == "text",
         http=http_protocol(settings),
-        sockets=None if sock is None else [sock],
+        sockets=[sock],
     )
     logger.info("stopped")
 
