@@ -130,16 +130,16 @@ class _GenerationTag(Extension):
         return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
 
     def _render(self, caller: Any) -> str:
-        return caller()
+        return str(caller())
 
 
 class _TemplateDict:
     """`dict(...)` for templates without exposing the type itself."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 

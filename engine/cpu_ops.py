@@ -40,7 +40,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
     module = _served(x, weight)
     if module is None or x.dim() != 2 or x.stride(-1) != 1:
         return None
-    return module.rms_norm(x, weight, eps)
+    out: torch.Tensor = module.rms_norm(x, weight, eps)
+    return out
 
 
 def rope(
@@ -53,7 +54,8 @@ def rope(
     tokens, _, dim = heads.shape
     if module is None or cos.shape != (tokens, dim) or heads.stride()[1:] != (dim, 1):
         return None
-    return module.rope(heads, q_heads, cos.contiguous(), sin.contiguous())
+    q, k = module.rope(heads, q_heads, cos.contiguous(), sin.contiguous())
+    return q, k
 
 
 def write_kv(
@@ -83,4 +85,5 @@ def argmax(x: torch.Tensor) -> torch.Tensor | None:
     module = _served(x)
     if module is None or x.dim() != 2 or x.stride(-1) != 1:
         return None
-    return module.argmax(x)
+    out: torch.Tensor = module.argmax(x)
+    return out

@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 
 from engine.model_config import ModelConfig, ModelLoadError
+from engine.models.llama import LlamaForCausalLM
 from engine.models.registry import model_class
 from engine.tokenizer import Tokenizer
 
@@ -30,7 +31,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 @dataclass
 class LoadedModel:
-    model: torch.nn.Module
+    model: LlamaForCausalLM
     config: ModelConfig
     tokenizer: Tokenizer
     model_id: str
@@ -97,7 +98,7 @@ def safetensors_files(path: Path) -> list[Path]:
     return files
 
 
-def load_weights(model: torch.nn.Module, files: list[Path]) -> None:
+def load_weights(model: LlamaForCausalLM, files: list[Path]) -> None:
     slots = model.hf_weight_slots()
     tied = model.config.tie_word_embeddings
     seen: set[str] = set()

@@ -141,7 +141,8 @@ def _read_json(file: Path, required: bool) -> dict[str, Any]:
             raise ModelLoadError(f"missing {file.name} in {file.parent}")
         return {}
     try:
-        return json.loads(file.read_text(encoding="utf-8"))
+        parsed: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+        return parsed
     except json.JSONDecodeError as exc:
         raise ModelLoadError(f"{file.name} in {file.parent} is not valid JSON: {exc}") from exc
 

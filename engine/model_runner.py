@@ -36,7 +36,7 @@ class StepResult(NamedTuple):
 class ModelRunner:
     def __init__(
         self,
-        model: torch.nn.Module,
+        model: LlamaForCausalLM,
         kv_caches: list[KVCache],
         backend: AttentionBackend,
         block_size: int,

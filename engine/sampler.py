@@ -260,7 +260,7 @@ def _logprobs(
         return [None] * len(params)
     logprobs = logits.log_softmax(dim=-1)
     most = min(max(n or 0 for n in wanted), logits.shape[1])
-    top_values, top_ids = logprobs.topk(most, dim=-1) if most else (None, None)
+    top_values, top_ids = logprobs.topk(most, dim=-1)  # k = 0: empty, never read
     chosen = logprobs.gather(1, torch.tensor(token_ids, device=logits.device).unsqueeze(1))
     chosen_values = chosen.squeeze(1).tolist()
     result: list[dict[int, float] | None] = []

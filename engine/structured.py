@@ -221,7 +221,8 @@ def fill_bitmask(grammars: Sequence[GrammarState | None], vocab_size: int) -> to
         assert grammar is not None
         grammar.matcher.fill_next_token_bitmask(bitmask, i)
         bitmask[i] &= grammar.guard.masks[grammar.lead]  # valid UTF-8 only (utf8_guard)
-    return bitmask
+    allowed: torch.Tensor = bitmask
+    return allowed
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:

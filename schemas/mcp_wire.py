@@ -61,7 +61,8 @@ def wire_for(protocol_version: str) -> str:
 @cache
 def _definitions(wire: str) -> dict[str, Any]:
     text = resources.files("schemas").joinpath("mcp", f"{wire}.json").read_text("utf-8")
-    return json.loads(text)["$defs"]
+    definitions: dict[str, Any] = json.loads(text)["$defs"]
+    return definitions
 
 
 @cache

@@ -70,6 +70,13 @@ class KVCache:
     def block_size(self) -> int:
         return self.k.shape[2]
 
+    def kernel_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp8 scales; without them K and V stand in, never read (a Triton kernel takes a
+        tensor in every pointer argument)."""
+        if self.k_scale is None or self.v_scale is None:
+            return self.k, self.v
+        return self.k_scale, self.v_scale
+
 
 def kv_bytes_per_token(
     num_layers: int, num_kv_heads: int, head_dim: int, cache_dtype: torch.dtype

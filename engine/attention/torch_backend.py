@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +41,7 @@ from engine.attention.metadata import AttentionMetadata
 
 # Prefill query tiles are 256 rows (fewer, larger batched matmuls: 7-10% faster than 128 at
 # 512-2,000 tokens on Zen 4), fewer where a tile would exceed this many scores.
+T = TypeVar("T")
 _MAX_TILE_SCORES = 1 << 22
 
 
@@ -133,11 +135,18 @@ class _StepPlan:
         return bias.masked_fill_(padding, float("-inf"))[:, None, None, :]
 
 
-def _step_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
-    key = f"torch_plan/{block_size}/{kv_heads}"
+def _once(md: AttentionMetadata, key: str, build: Callable[[], T]) -> T:
+    """``build()``, computed once a step and kept in ``md.derived`` for the step's layers."""
     if key not in md.derived:
-        md.derived[key] = _build_plan(md, block_size, kv_heads)
-    return md.derived[key]
+        md.derived[key] = build()
+    value: T = md.derived[key]
+    return value
+
+
+def _step_plan(md: AttentionMetadata, block_size: int, kv_heads: int) -> _StepPlan:
+    return _once(
+        md, f"torch_plan/{block_size}/{kv_heads}", lambda: _build_plan(md, block_size, kv_heads)
+    )
 
 
 def _cache_rows(blocks: torch.Tensor, kv_heads: int) -> torch.Tensor:
@@ -212,13 +221,14 @@ def _window_bias(
     md: AttentionMetadata, plan: _StepPlan, block_size: int, window: int
 ) -> torch.Tensor:
     """The decode bias with the keys that fell out of a sliding window masked as well."""
-    key = f"torch_window_bias/{block_size}/{window}"
-    if key not in md.derived:
+
+    def build() -> torch.Tensor:
         keys = torch.arange(plan.decode_bias.shape[-1], device=plan.decode_bias.device)
         first = md.seq_lens.index_select(0, plan.decode_seqs)[:, None] - window
         outside = (keys[None, :] < first)[:, None, None, :]
-        md.derived[key] = plan.decode_bias.masked_fill(outside, float("-inf"))
-    return md.derived[key]
+        return plan.decode_bias.masked_fill(outside, float("-inf"))
+
+    return _once(md, f"torch_window_bias/{block_size}/{window}", build)
 
 
 def _decode_bias(
@@ -229,10 +239,7 @@ def _decode_bias(
     bias = plan.decode_bias if window is None else _window_bias(md, plan, block_size, window)
     if bias.dtype == dtype:
         return bias
-    key = f"torch_decode_bias/{block_size}/{window}/{dtype}"
-    if key not in md.derived:
-        md.derived[key] = bias.to(dtype)
-    return md.derived[key]
+    return _once(md, f"torch_decode_bias/{block_size}/{window}/{dtype}", lambda: bias.to(dtype))
 
 
 def _weighted_values(scores: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -298,15 +305,16 @@ def _prefill_mask(
     n_q = seq.q_end - seq.q_start
     if n_q == seq.seq_len and window is None:
         return None
-    key = f"torch_prefill_mask/{seq.q_start}/{window}"
-    if key not in md.derived:
+
+    def build() -> torch.Tensor:
         keys = torch.arange(seq.seq_len, device=device)[None, :]
         positions = torch.arange(seq.seq_len - n_q, seq.seq_len, device=device)[:, None]
         mask = keys <= positions
         if window is not None:
             mask &= keys > positions - window
-        md.derived[key] = mask
-    return md.derived[key]
+        return mask
+
+    return _once(md, f"torch_prefill_mask/{seq.q_start}/{window}", build)
 
 
 def _fused_decode(
@@ -358,12 +366,12 @@ def paged_attention(
     ``prefill_kernel``: likewise the prefill sequences (those ``fused`` does not take)."""
     plan = _step_plan(md, cache.block_size, cache.k.shape[1])
     fused = fused and softcap is None and q.dtype == cache.k.dtype == torch.bfloat16
-    native = decode_kernel is not None and decode_kernel.takes(q, cache)
+    native = decode_kernel if decode_kernel is not None and decode_kernel.takes(q, cache) else None
 
     def decode(rows: torch.Tensor) -> torch.Tensor:
-        if native:
+        if native is not None:
             tables, lens = plan.decode_tables, plan.decode_lens
-            return decode_kernel(rows, cache, tables, lens, scale, window, softcap)
+            return native(rows, cache, tables, lens, scale, window, softcap)
         dtype = q.dtype if fused else plan.decode_bias.dtype
         bias = _decode_bias(md, plan, cache.block_size, window, dtype)
         if fused:

@@ -93,7 +93,7 @@ def attach(
             dense.gate_up_weight = dense.down_weight = None
     if "token_embd.weight" in blocks:
         model.embed_quantized = single("token_embd.weight")
-        model.embed_weight = None  # type: ignore[assignment]
+        model.embed_weight = None
         if model.config.tie_word_embeddings:
             model.lm_head_quantized = model.embed_quantized
     if "output.weight" in blocks:

@@ -13,9 +13,10 @@ from typing import TYPE_CHECKING, NamedTuple
 import torch
 
 from engine.models.moe import SparseMoE
+from engine.models.params import dense
 
 if TYPE_CHECKING:
-    from engine.models.llama import MLP, LlamaForCausalLM
+    from engine.models.llama import MLP, LlamaForCausalLM, RMSNorm
 
 
 class WeightSlot(NamedTuple):
@@ -28,13 +29,15 @@ class WeightSlot(NamedTuple):
     offset: float = 0.0
 
 
-def _whole(param: torch.Tensor, offset: float = 0.0) -> WeightSlot:
+def _whole(weight: torch.Tensor | None, offset: float = 0.0) -> WeightSlot:
+    param = dense(weight)  # loading comes before packing
     return WeightSlot(param, 0, tuple(param.shape), offset)
 
 
-def _rows(param: torch.Tensor, sizes: dict[str, int], names: str) -> dict[str, WeightSlot]:
-    """Consecutive row ranges of a fused 2-D `param`, one per name in `names` (a template
+def _rows(weight: torch.Tensor | None, sizes: dict[str, int], names: str) -> dict[str, WeightSlot]:
+    """Consecutive row ranges of a fused 2-D `weight`, one per name in `names` (a template
     with ``{}``), in the order of `sizes`."""
+    param = dense(weight)
     slots, start = {}, 0
     for part, rows in sizes.items():
         slots[names.format(part)] = WeightSlot(param, start, (rows, *param.shape[1:]))
@@ -63,11 +66,11 @@ def hf_weight_slots(model: LlamaForCausalLM) -> dict[str, WeightSlot]:
         if attn.qkv_bias is not None:
             slots.update(_rows(attn.qkv_bias, qkv, prefix + "self_attn.{}_proj.bias"))
         slots[f"{prefix}self_attn.o_proj.weight"] = _whole(attn.o_weight)
-        if attn.q_norm is not None:
+        if attn.q_norm is not None and attn.k_norm is not None:
             slots[f"{prefix}self_attn.q_norm.weight"] = _whole(attn.q_norm.weight, norm_offset)
             slots[f"{prefix}self_attn.k_norm.weight"] = _whole(attn.k_norm.weight, norm_offset)
         slots.update(_mlp_slots(c.layout, prefix, layer.mlp))
-        norms = {"input_layernorm": layer.input_norm}
+        norms: dict[str, RMSNorm | None] = {"input_layernorm": layer.input_norm}
         if gemma:
             norms["post_attention_layernorm"] = layer.attn_out_norm
             norms["pre_feedforward_layernorm"] = layer.post_attention_norm
@@ -75,6 +78,7 @@ def hf_weight_slots(model: LlamaForCausalLM) -> dict[str, WeightSlot]:
         else:
             norms["post_attention_layernorm"] = layer.post_attention_norm
         for name, norm in norms.items():
+            assert norm is not None, name  # the sandwich norms exist where the layout has them
             slots[f"{prefix}{name}.weight"] = _whole(norm.weight, norm_offset)
     return slots
 
@@ -87,7 +91,7 @@ def _mlp_slots(layout: str, prefix: str, mlp: MLP | SparseMoE) -> dict[str, Weig
             f"{prefix}mlp.gate_up_proj.weight": _whole(mlp.gate_up_weight),
             f"{prefix}mlp.down_proj.weight": _whole(mlp.down_weight),
         }
-    size = mlp.down_weight.shape[1]
+    size = dense(mlp.down_weight).shape[1]
     slots = _rows(mlp.gate_up_weight, {"gate": size, "up": size}, prefix + "mlp.{}_proj.weight")
     slots[f"{prefix}mlp.down_proj.weight"] = _whole(mlp.down_weight)
     return slots
@@ -99,10 +103,11 @@ def _expert_slots(layout: str, prefix: str, moe: SparseMoE) -> dict[str, WeightS
     else:
         base, names = f"{prefix}mlp.", ("gate_proj", "up_proj", "down_proj")
     slots = {f"{base}gate.weight": _whole(moe.router_weight)}
-    size = moe.w2.shape[2]
-    for j in range(moe.w13.shape[0]):
+    w13, w2 = dense(moe.w13), dense(moe.w2)
+    size = w2.shape[2]
+    for j in range(w13.shape[0]):
         expert = f"{base}experts.{j}."
         gate_up = {names[0]: size, names[1]: size}
-        slots.update(_rows(moe.w13[j], gate_up, expert + "{}.weight"))
-        slots[f"{expert}{names[2]}.weight"] = _whole(moe.w2[j])
+        slots.update(_rows(w13[j], gate_up, expert + "{}.weight"))
+        slots[f"{expert}{names[2]}.weight"] = _whole(w2[j])
     return slots

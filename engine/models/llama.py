@@ -26,6 +26,9 @@ the embedding and the lm_head have their own (`embed_quantized`, `lm_head_quanti
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -40,7 +43,7 @@ from engine.model_config import ModelConfig
 from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
 from engine.models.moe import SparseMoE
-from engine.models.params import new_param
+from engine.models.params import dense, new_param
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.rope import rope_inv_freq, rope_tables, rotate
 
@@ -99,7 +102,8 @@ class Attention(nn.Module):
         self.o_weight: nn.Parameter | None = new_param(
             config.hidden_size, config.q_size, dtype=dtype, device=device
         )
-        self.q_norm = self.k_norm = None
+        self.q_norm: RMSNorm | None = None
+        self.k_norm: RMSNorm | None = None
         if config.qk_norm:  # per head, before RoPE (Qwen3, Gemma 3)
             self.q_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
             self.k_norm = RMSNorm(config.head_dim, config.rms_norm_eps, dtype, device)
@@ -109,7 +113,10 @@ class Attention(nn.Module):
         """Replace the weights by packed copies; the forward then reads only those."""
         if self.packed:  # quantized blocks from a GGUF file
             return
-        self.packed = {"qkv": gemm.pack(self.qkv_weight), "o": gemm.pack(self.o_weight)}
+        self.packed = {
+            "qkv": gemm.pack(dense(self.qkv_weight)),
+            "o": gemm.pack(dense(self.o_weight)),
+        }
         self.qkv_weight = self.o_weight = None
 
     def forward(
@@ -131,12 +138,12 @@ class Attention(nn.Module):
         if packed:
             qkv = packed["qkv"].linear(x, self.qkv_bias)
         else:
-            qkv = F.linear(x, self.qkv_weight, self.qkv_bias)
+            qkv = F.linear(x, dense(self.qkv_weight), self.qkv_bias)
         if lora is not None:
             lora.add(qkv, x, "qkv")
         heads = self.num_heads
         qk = qkv[:, : q_size + kv_size].view(tokens, heads + self.num_kv_heads, -1)
-        if self.q_norm is not None:
+        if self.q_norm is not None and self.k_norm is not None:
             qk = torch.cat((self.q_norm(qk[:, :heads]), self.k_norm(qk[:, heads:])), dim=1)
         rotated = cpu_ops.rope(qk, heads, cos[:, 0], sin[:, 0])  # one call: q and k contiguous
         if rotated is None:
@@ -160,11 +167,11 @@ class Attention(nn.Module):
             )
         out = out.reshape(q.shape[0], q_size)
         if residual is None:
-            y = packed["o"].linear(out) if packed else F.linear(out, self.o_weight)
+            y = packed["o"].linear(out) if packed else F.linear(out, dense(self.o_weight))
         elif packed:
             y = packed["o"].linear_add(out, residual)
         else:
-            y = residual + F.linear(out, self.o_weight)
+            y = residual + F.linear(out, dense(self.o_weight))
         return y if lora is None else lora.add(y, out, "o")
 
 
@@ -187,8 +194,8 @@ class MLP(nn.Module):
             return
         # Gate and up as one pair: act(gate) * up runs in the matmul's epilogue.
         self.packed = {
-            "gate_up": gemm.pack(self.gate_up_weight, gated=True),
-            "down": gemm.pack(self.down_weight),
+            "gate_up": gemm.pack(dense(self.gate_up_weight), gated=True),
+            "down": gemm.pack(dense(self.down_weight)),
         }
         self.gate_up_weight = self.down_weight = None
 
@@ -212,7 +219,7 @@ class MLP(nn.Module):
         if packed:
             gate_up = packed["gate_up"].linear(x)
         else:
-            gate_up = F.linear(x, self.gate_up_weight)
+            gate_up = F.linear(x, dense(self.gate_up_weight))
         if lora is not None:
             lora.add(gate_up, x, "gate_up")
         gate, up = gate_up.chunk(2, dim=-1)
@@ -221,7 +228,7 @@ class MLP(nn.Module):
         if packed:
             out = packed["down"].linear(hidden)
         else:
-            out = F.linear(hidden, self.down_weight)
+            out = F.linear(hidden, dense(self.down_weight))
         if lora is not None:
             lora.add(out, hidden, "down")
         return out if residual is None else residual + out
@@ -261,18 +268,23 @@ class DecoderLayer(nn.Module):
             residual = x.index_select(0, outputs.rows)
             mlp_lora = None if lora is None else lora.select(outputs.rows)
         attend = (cos, sin, kv_cache, metadata, backend, lora, outputs)
-        if self.attn_out_norm is None:
+        attn_out_norm, mlp_out_norm = self.attn_out_norm, self.mlp_out_norm
+        if attn_out_norm is None or mlp_out_norm is None:
             x = self.attn(normed, residual, *attend)
             return self._mlp(self.post_attention_norm(x), x, mlp_lora)
-        x = residual + self.attn_out_norm(self.attn(normed, None, *attend))
-        return x + self.mlp_out_norm(self._mlp(self.post_attention_norm(x), None, mlp_lora))
+        x = residual + attn_out_norm(self.attn(normed, None, *attend))
+        out: torch.Tensor = x + mlp_out_norm(self._mlp(self.post_attention_norm(x), None, mlp_lora))
+        return out
 
     def _mlp(
         self, x: torch.Tensor, residual: torch.Tensor | None, lora: LayerLoRA | None
     ) -> torch.Tensor:
-        if lora is None or isinstance(self.mlp, SparseMoE):  # adapters never target experts
-            return self.mlp(x, residual)
-        return self.mlp(x, residual, lora)
+        out: torch.Tensor = (
+            self.mlp(x, residual)
+            if lora is None or isinstance(self.mlp, SparseMoE)  # adapters never target experts
+            else self.mlp(x, residual, lora)
+        )
+        return out
 
 
 class LlamaForCausalLM(nn.Module):
@@ -281,11 +293,13 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.config = config
-        self.embed_weight = new_param(
+        self.embed_weight: nn.Parameter | None = new_param(
             config.vocab_size, config.hidden_size, dtype=dtype, device=device
         )
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, i, dtype, device) for i in range(config.num_layers)
+        # A ModuleList (registered as submodules), typed as the layers it holds.
+        self.layers = cast(
+            "Sequence[DecoderLayer]",
+            nn.ModuleList(DecoderLayer(config, i, dtype, device) for i in range(config.num_layers)),
         )
         self.norm = _norm(config, dtype, device)
         self.lm_head_weight: nn.Parameter | None = (
@@ -329,10 +343,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_packed = gemm.pack(self._lm_head_weight())
         self.lm_head_weight = None
         if self.config.tie_word_embeddings and isinstance(self.lm_head_packed, gemm.NativeLinear):
-            self.embed_weight = None  # type: ignore[assignment]  # looked up in the packed copy
+            self.embed_weight = None  # looked up in the packed copy
 
     def _lm_head_weight(self) -> torch.Tensor:
-        return self.embed_weight if self.config.tie_word_embeddings else self.lm_head_weight
+        return dense(self.embed_weight if self.config.tie_word_embeddings else self.lm_head_weight)
 
     def forward(
         self,
@@ -365,7 +379,9 @@ class LlamaForCausalLM(nn.Module):
         if lora is None and outputs is None and metadata.max_query_len == 1:  # decodes alone
             stack = self.decode_stack_for(kv_caches, backend)
             if stack is not None and stack.serves(x):
-                return self.norm(stack.run(x, tables, metadata))
+                x = stack.run(x, tables, metadata)
+                hidden: torch.Tensor = self.norm(x)
+                return hidden
         last = len(self.layers) - 1
         for i, (layer, kv_cache, rope) in enumerate(
             zip(self.layers, kv_caches, self.layer_rope, strict=True)
@@ -373,7 +389,8 @@ class LlamaForCausalLM(nn.Module):
             layer_lora = None if lora is None else lora.layer(i)
             layer_outputs = outputs if i == last else None
             x = layer(x, *tables[rope], kv_cache, metadata, backend, layer_lora, layer_outputs)
-        return self.norm(x)
+        hidden = self.norm(x)
+        return hidden
 
     def decode_stack_for(
         self, kv_caches: list[KVCache], backend: AttentionBackend

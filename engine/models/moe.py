@@ -18,7 +18,7 @@ from torch import nn
 
 import engine.models.gemm as gemm
 from engine.model_config import ModelConfig
-from engine.models.params import new_param
+from engine.models.params import dense, new_param
 
 
 class SparseMoE(nn.Module):
@@ -28,15 +28,17 @@ class SparseMoE(nn.Module):
         self.top_k = config.num_experts_per_tok
         self.norm_topk_prob = config.norm_topk_prob
         self.router_weight = new_param(experts, hidden, dtype=dtype, device=device)
-        self.w13 = new_param(experts, 2 * size, hidden, dtype=dtype, device=device)
-        self.w2 = new_param(experts, hidden, size, dtype=dtype, device=device)
+        self.w13: nn.Parameter | None = new_param(
+            experts, 2 * size, hidden, dtype=dtype, device=device
+        )
+        self.w2: nn.Parameter | None = new_param(experts, hidden, size, dtype=dtype, device=device)
         self.packed: list[tuple[gemm.LinearWeight, gemm.LinearWeight]] = []
 
     def pack_weights(self) -> None:
         """Packed (gate/up pair, down) per expert for CPU (`gemm`); the 3-D tensors are freed."""
         self.packed = [
             (gemm.pack(w13, gated=True), gemm.pack(w2))
-            for w13, w2 in zip(self.w13, self.w2, strict=True)
+            for w13, w2 in zip(dense(self.w13), dense(self.w2), strict=True)
         ]
         self.w13 = self.w2 = None
 
@@ -52,8 +54,8 @@ class SparseMoE(nn.Module):
         if self.packed:
             gate_up, down = self.packed[j]
             return down.linear(gate_up.linear_gated(h, "silu"))
-        gate, up = F.linear(h, self.w13[j]).chunk(2, dim=-1)
-        return F.linear(F.silu(gate) * up, self.w2[j])
+        gate, up = F.linear(h, dense(self.w13)[j]).chunk(2, dim=-1)
+        return F.linear(F.silu(gate) * up, dense(self.w2)[j])
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
         """``residual`` plus the MoE output of ``x [T, H]`` (the output alone when None).

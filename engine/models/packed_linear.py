@@ -30,16 +30,19 @@ _linear = torch.ops.mkldnn._linear_pointwise
 
 def packing_helps(weight: torch.Tensor) -> bool:
     """Pack fp32 CPU weights, and bf16 ones where oneDNN has bf16 kernels."""
-    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
         return False
     if weight.dtype == torch.bfloat16:
-        return torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     return weight.dtype == torch.float32
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """``[out, in]`` weight -> an opaque oneDNN tensor for the functions below."""
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach().contiguous(), None)
+    packed: torch.Tensor = torch.ops.mkldnn._reorder_linear_weight(
+        weight.detach().contiguous(), None
+    )
+    return packed
 
 
 def _row_step(rows: int) -> int:
@@ -78,22 +81,26 @@ def _pad(x: torch.Tensor, rows: int) -> torch.Tensor:
 
 def linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     rows = padded_rows(x.shape[0])
-    return _linear(_pad(x, rows), packed, bias, "none", [], "")[: x.shape[0]]
+    out: torch.Tensor = _linear(_pad(x, rows), packed, bias, "none", [], "")
+    return out[: x.shape[0]]
 
 
 def linear_silu(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
     """``silu(x @ W.T)``."""
     rows = padded_rows(x.shape[0])
-    return _linear(_pad(x, rows), packed, None, "swish", [], "")[: x.shape[0]]
+    out: torch.Tensor = _linear(_pad(x, rows), packed, None, "swish", [], "")
+    return out[: x.shape[0]]
 
 
 def linear_mul(x: torch.Tensor, packed: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``(x @ W.T) * other``."""
     rows = padded_rows(x.shape[0])
-    return _linear.binary(_pad(x, rows), _pad(other, rows), packed, None, "mul")[: x.shape[0]]
+    out: torch.Tensor = _linear.binary(_pad(x, rows), _pad(other, rows), packed, None, "mul")
+    return out[: x.shape[0]]
 
 
 def linear_add(x: torch.Tensor, packed: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     """``(x @ W.T) + other``."""
     rows = padded_rows(x.shape[0])
-    return _linear.binary(_pad(x, rows), _pad(other, rows), packed, None, "add")[: x.shape[0]]
+    out: torch.Tensor = _linear.binary(_pad(x, rows), _pad(other, rows), packed, None, "add")
+    return out[: x.shape[0]]

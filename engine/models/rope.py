@@ -11,6 +11,7 @@ transformers for every sequence that stays within the original length.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -49,7 +50,7 @@ def rope_inv_freq(
     return torch.where(is_medium, smoothed, scaled)
 
 
-def _longrope_attention_factor(scaling: dict) -> float:
+def _longrope_attention_factor(scaling: dict[str, Any]) -> float:
     original = float(scaling["original_max_position_embeddings"])
     factor = scaling.get("factor") or float(scaling["max_position_embeddings"]) / original
     if scaling.get("attention_factor") is not None:

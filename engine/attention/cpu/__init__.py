@@ -43,10 +43,11 @@ class NativeDecode:
         k_scale, v_scale = (
             (cache.k_scale, cache.v_scale) if cache.is_fp8 else (self._no_scales, self._no_scales)
         )
-        return self._decode(
+        out: torch.Tensor = self._decode(
             q.contiguous(), cache.k, cache.v, k_scale, v_scale, block_tables, seq_lens, scale,
             window or 0, softcap or 0.0,
         )  # fmt: skip
+        return out
 
 
 def native_decode() -> NativeDecode | None:

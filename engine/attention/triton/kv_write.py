@@ -60,7 +60,7 @@ def kv_write(cache: KVCache, k: torch.Tensor, v: torch.Tensor, slot_mapping: tor
     v = v if v.stride(-1) == 1 else v.contiguous()
     assert cache.k.stride() == cache.v.stride() and cache.k.stride(-1) == 1
     fp8 = cache.k_scale is not None
-    scales = (cache.k_scale, cache.v_scale) if fp8 else (cache.k, cache.v)  # unused unless fp8
+    scales = cache.kernel_scales()
     _kv_write_kernel[(num_tokens, kv_heads)](
         k, v, slot_mapping.to(torch.int64), cache.k, cache.v, *scales,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),

@@ -155,7 +155,7 @@ def paged_decode(
     block_tables = block_tables if block_tables.stride(-1) == 1 else block_tables.contiguous()
     assert cache.k.stride() == cache.v.stride() and cache.k.stride(-1) == 1
     fp8 = cache.k_scale is not None
-    scales = (cache.k_scale, cache.v_scale) if fp8 else (cache.k, cache.v)  # unused unless fp8
+    scales = cache.kernel_scales()
     dot, precision = dot_dtype(q, cache.k.dtype)
     _decode_split_kernel[(batch, kv_heads, grid_splits)](
         q, cache.k, cache.v, *scales, seq_lens, block_tables, o_part, lse,

@@ -127,7 +127,7 @@ def paged_prefill(
     assert out.stride(-1) == 1 and cache.k.stride() == cache.v.stride()
     tables = md.block_tables if md.block_tables.stride(-1) == 1 else md.block_tables.contiguous()
     fp8 = cache.k_scale is not None
-    scales = (cache.k_scale, cache.v_scale) if fp8 else (cache.k, cache.v)  # unused unless fp8
+    scales = cache.kernel_scales()
     dot, precision = dot_dtype(q, cache.k.dtype)
     _prefill_kernel[(tile_seq.shape[0], kv_heads)](
         q, cache.k, cache.v, *scales, out, tile_seq, tile_first, md.query_start_loc,

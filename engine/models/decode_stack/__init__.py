@@ -27,6 +27,7 @@ import engine.native as native
 from engine.attention.cpu import NativeDecode
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata
+from engine.models.moe import SparseMoE
 
 if TYPE_CHECKING:
     from engine.attention.backend import AttentionBackend
@@ -104,6 +105,7 @@ def build(
     act = _ACTIVATIONS[config.hidden_act]
     layers, quantized = [], False
     for i, (layer, cache) in enumerate(zip(model.layers, kv_caches, strict=True)):
+        assert not isinstance(layer.mlp, SparseMoE)  # no MoE layer (checked above)
         weights = {**layer.attn.packed, **layer.mlp.packed}
         linears = {name: _linear(classes, weight, act) for name, weight in weights.items()}
         if len(linears) != 4 or any(linear is None for linear in linears.values()):
