@@ -5,7 +5,7 @@ dropped) and nothing else — ``str.splitlines`` and httpx's ``aiter_lines`` als
 U+2028, U+2029 and U+0085, which are text inside a JSON string. A line over
 ``MAX_LINE_BYTES``, an event over ``MAX_EVENT_BYTES``, a stream over its byte budget or its
 line budget (lines that carry no event, comments and blank lines, count too), bytes that are
-not UTF-8 or a body in a content coding (a gzip bomb is decoded by httpx in one piece) are a
+not UTF-8 or a body in a content coding (decoded, a gzip bomb has no bound) are a
 ``wire.StreamError``: the reply is malformed. Bodies that are not streams (an error answer,
 ``/v1/models``, ``/health``, ``/metrics``) are read up to a limit.
 
@@ -18,10 +18,9 @@ handed on ``YIELD_LINES`` at a time between turns of the event loop, never all i
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
-import httpx
 import orjson
 
 from gateway.upstream.http1 import Pool, Response
@@ -49,10 +48,9 @@ def stream_budget(max_tokens: int) -> int:
     return STREAM_BASE_BYTES + STREAM_BYTES_PER_TOKEN * max_tokens
 
 
-def coded(response: Response | httpx.Response) -> str | None:
+def coded(response: Response) -> str | None:
     """The response's content coding, unless it is none (``identity``)."""
-    headers: Mapping[str, str] = response.headers
-    coding = headers.get("content-encoding", "").strip().lower()
+    coding = response.headers.get("content-encoding", "").strip().lower()
     return coding if coding not in ("", "identity") else None
 
 
@@ -132,26 +130,10 @@ async def read_head(response: Response, limit: int) -> bytes:
     return bytes(data[:limit])
 
 
-def models_sync(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
-    """``GET /v1/models``'s JSON, read up to ``MAX_BODY_BYTES`` (ValueError beyond, or for
-    a non-2xx answer)."""
-    with httpx.stream(
-        "GET", url + "/v1/models", timeout=timeout_s, headers={**HEADERS, **headers}
-    ) as response:
-        response.raise_for_status()
-        data = bytearray()
-        if coded(response) is None:
-            for piece in response.iter_raw():
-                data += piece
-                if len(data) > MAX_BODY_BYTES:
-                    break
-        if not data or len(data) > MAX_BODY_BYTES:
-            raise ValueError(f"/v1/models answered no JSON within {MAX_BODY_BYTES} bytes")
-        return orjson.loads(data)
-
-
 async def models(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
-    """The same without blocking: over a connection of its own, closed after."""
+    """``GET /v1/models``'s JSON, read up to ``MAX_BODY_BYTES`` (ValueError beyond, or for
+    a non-2xx answer), over a connection of its own, closed after: the URL is not a member
+    yet (a probe at startup, or an address that may join)."""
     pool = Pool(url, {**HEADERS, **headers}, timeout_s)
     try:
         async with asyncio.timeout(timeout_s):
@@ -163,7 +145,7 @@ async def models(url: str, timeout_s: float, headers: dict[str, str]) -> Any:
             finally:
                 response.close()
     finally:
-        pool.aclose()
+        await pool.aclose()
     if not data:
         raise ValueError(f"/v1/models answered no JSON within {MAX_BODY_BYTES} bytes")
     return orjson.loads(data)

@@ -33,7 +33,6 @@ from collections.abc import AsyncGenerator, Awaitable, Callable, Iterator
 from dataclasses import asdict
 from typing import Any
 
-import httpx
 import orjson
 from prometheus_client import Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -75,7 +74,6 @@ from gateway.upstream.upstream import Upstream
 from gateway.upstream.upstream import headers as upstream_headers
 
 logger = logging.getLogger("kvgate.fleet")
-logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per upstream call is noise
 DEFAULT_MAX_MODEL_LEN = 32_768  # when an upstream's /v1/models does not say
 SCRAPES_FRESH = 3  # a scrape older than this many intervals is no longer routed on
 # What of a vLLM /tokenize body goes upstream (its completion and chat forms); ``model`` is
@@ -163,16 +161,18 @@ class Fleet:
             )
         _salt_secret(settings)
         key_header = upstream_headers(settings.upstream_api_key)
+        timeout = settings.upstream_connect_timeout_s
+        answers = asyncio.run(_ask_all(urls, timeout, key_header))
         models: dict[str, tuple[str, int]] = {}
         down: set[str] = set()
-        for url in urls:
-            try:
-                models[url] = _served_model(
-                    bounded.models_sync(url, settings.upstream_connect_timeout_s, key_header)
+        for url, answer in zip(urls, answers, strict=True):
+            if isinstance(answer, BaseException):
+                logger.warning(
+                    "upstream %s: /v1/models failed (%s); starting it as down", url, answer
                 )
-            except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as exc:
-                logger.warning("upstream %s: /v1/models failed (%s); starting it as down", url, exc)
                 down.add(url)
+            else:
+                models[url] = answer
         if not models:
             raise FleetConfigError(f"no upstream answered GET /v1/models: {', '.join(urls)}")
         names = {name for name, _ in models.values()}
@@ -550,10 +550,10 @@ class Fleet:
     async def _serves_our_model(self, url: str) -> bool:
         """May a new address join: does its ``/v1/models`` name the fleet's model?"""
         timeout = self.settings.upstream_connect_timeout_s
+        key_header = upstream_headers(self.settings.upstream_api_key)
         try:
-            key_header = upstream_headers(self.settings.upstream_api_key)
-            name, _ = _served_model(await bounded.models(url, timeout, key_header))
-        except (*TRANSPORT_ERRORS, ValueError, KeyError, IndexError, TypeError) as exc:
+            name, _ = await _served_model(url, timeout, key_header)
+        except PROBE_ERRORS as exc:
             logger.info("upstream %s is not serving yet (%s)", url, exc)
             return False
         if name != self.model_name:
@@ -638,10 +638,27 @@ def _natural(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def _served_model(answer: Any) -> tuple[str, int]:
-    """(model id, max_model_len or 0) from a ``/v1/models`` answer."""
-    entry = answer["data"][0]
+# What asking an address which model it serves may fail with: the transport, or an answer
+# that is not a /v1/models one.
+PROBE_ERRORS = (*TRANSPORT_ERRORS, ValueError, KeyError, IndexError, TypeError)
+
+
+async def _served_model(url: str, timeout_s: float, key_header: dict[str, str]) -> tuple[str, int]:
+    """(model id, max_model_len or 0) from the address's ``/v1/models`` (``PROBE_ERRORS``)."""
+    entry = (await bounded.models(url, timeout_s, key_header))["data"][0]
     return str(entry["id"]), int(entry.get("max_model_len") or 0)
+
+
+async def _ask_all(
+    urls: list[str], timeout_s: float, key_header: dict[str, str]
+) -> list[tuple[str, int] | BaseException]:
+    """Each address's served model, or what asking it failed with, all asked at once."""
+    asked = [_served_model(url, timeout_s, key_header) for url in urls]
+    answers = await asyncio.gather(*asked, return_exceptions=True)
+    for answer in answers:
+        if isinstance(answer, BaseException) and not isinstance(answer, PROBE_ERRORS):
+            raise answer
+    return answers
 
 
 def _salt_secret(settings: Settings) -> None:

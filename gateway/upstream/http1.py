@@ -11,8 +11,13 @@ by the caller).
 
 A connection goes back to the pool only once its response was read to the end and both
 sides keep it alive; one closed early is closed, which aborts the request upstream. Idle
-connections expire before the usual server keep-alive (uvicorn's 5 s); a request on a
-reused connection that the server closed before answering is sent again once on a new one.
+connections expire before the usual server keep-alive (uvicorn's 5 s). A pool opens at most
+``max_connections`` at once: a request beyond them waits for one to come back. A request on
+a reused connection that the server closed before answering is sent again, once, on a new
+connection only where that cannot do it twice: a ``GET`` (idempotent), or any request whose
+bytes provably never left (the connection was found closed as it was written). A ``POST``
+that was written may have reached the upstream, and is not repeated here: the caller decides
+(the fleet's call tries another upstream while it has yielded nothing).
 
 The upstream is outside data, so its framing is bounded as the bytes arrive, not once a
 piece is complete (httptools buffers a header's value until its line ends, growing it by
@@ -43,13 +48,18 @@ HIGH_WATER = 1 << 20  # body bytes buffered before reading pauses
 PIECE_BYTES = 64  # what a buffered piece costs beyond its bytes (a flood of 1-byte chunks)
 MAX_FRAMING_BYTES = 64 << 10  # the head, and any framing between two body bytes
 MAX_HEADERS = 128  # header lines in a response (interim ones and trailers included)
+MAX_CACHED_HEADS = 64  # request heads kept built (a method and path each; a fleet uses ~5)
+# Connections one pool has in use at once, by default: vLLM's largest default batch
+# (``max_num_seqs`` 1024 on an H100-class GPU); calls beyond it would only queue upstream.
+MAX_CONNECTIONS = 1024
+IDEMPOTENT = frozenset(("GET", "HEAD", "OPTIONS"))  # safe to send twice (RFC 9110 9.2.2)
 
 
 class ConnectError(OSError):
     """The upstream could not be reached (refused, unresolvable, TLS failed, timed out)."""
 
 
-class ProtocolError(OSError):
+class FramingError(OSError):
     """The upstream's bytes are not HTTP/1.1 as this client reads it, or it closed early."""
 
 
@@ -60,6 +70,7 @@ class _Connection(asyncio.Protocol):
         self.loop = loop
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.lost = loop.create_future()  # done once the transport is gone (``Pool.aclose``)
         self.idle_since = 0.0
         self._reset()
 
@@ -75,10 +86,11 @@ class _Connection(asyncio.Protocol):
         self.complete = False
         self.keep_alive = False
         self.received_any = False
+        self.unsent = False  # the request's bytes never left: the connection was closed first
         self.body: deque[bytes] = deque()
         self.buffered = 0
         self.paused = False
-        self.error: ProtocolError | None = None  # never raised itself: see raised()
+        self.error: FramingError | None = None  # never raised itself: see raised()
         self.waiter: asyncio.Future[bool] | None = None  # True: news; False: silence
 
     # -- asyncio.Protocol ----------------------------------------------------------------
@@ -119,11 +131,13 @@ class _Connection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        if not self.lost.done():
+            self.lost.set_result(None)
         if self.headers_done and not self.complete and self._until_close():
             self.complete = True  # a body delimited by the close itself
             self._wake()
         elif not self.complete:
-            self._fail(ProtocolError(f"the upstream closed the connection ({exc or 'EOF'})"))
+            self._fail(FramingError(f"the upstream closed the connection ({exc or 'EOF'})"))
 
     def eof_received(self) -> bool | None:
         return None  # close the transport: connection_lost follows
@@ -187,36 +201,44 @@ class _Connection(asyncio.Protocol):
     def _refuse(self, why: str) -> None:
         """The upstream's bytes are not an answer this client reads: the call fails, the
         connection is closed at once."""
-        self._fail(ProtocolError(f"malformed HTTP from the upstream: {why}"))
+        self._fail(FramingError(f"malformed HTTP from the upstream: {why}"))
         self.close()
 
     def _unasked(self) -> None:
         """Bytes no request asked for: the connection is closed and they are dropped; a
         complete answer stands, one not begun fails."""
         if not self.complete:
-            self._fail(ProtocolError("the upstream sent bytes before it was asked"))
+            self._fail(FramingError("the upstream sent bytes before it was asked"))
         self.close()
 
     def send(self, data: bytes) -> None:
-        """Write a request; its answer is expected from here on."""
+        """Write a request; its answer is expected from here on. ``unsent`` once the
+        connection turns out closed before the bytes left: a transport already closing, or a
+        write the kernel refused at once (a reset that came while the connection was idle;
+        asyncio then closes the transport before ``write`` returns, nothing of it sent)."""
         if self.error is not None:  # the upstream spoke first
             raise self.raised()
-        assert self.transport is not None
+        transport = self.transport
+        assert transport is not None
         self.expecting = True
-        self.transport.write(data)
+        if self.closed or transport.is_closing():
+            self.unsent = True
+            raise ConnectionResetError("the connection was closed before the request")
+        transport.write(data)
+        self.unsent = transport.is_closing()
 
-    def _fail(self, exc: ProtocolError) -> None:
+    def _fail(self, exc: FramingError) -> None:
         if self.error is None:
             self.error = exc
         self._wake()
 
-    def raised(self) -> ProtocolError:
+    def raised(self) -> FramingError:
         """The connection's error as a new exception. The one kept is never raised: raised,
         it would hold the frames it passed through, one of them holding this connection — a
         cycle keeping the call's buffers until the cyclic GC runs. For the same reason the
         waiter only ever gets a result."""
         assert self.error is not None
-        return ProtocolError(*self.error.args)
+        return FramingError(*self.error.args)
 
     async def wait(self, timeout_s: float | None) -> None:
         """Until the parser has news (headers, body, the end, an error: the next wait raises
@@ -313,8 +335,9 @@ class Response:
 
 
 class Pool:
-    """Keep-alive connections to one upstream (``scheme://host:port``), unbounded: a call
-    never waits for a connection; at most the calls in flight are open."""
+    """Keep-alive connections to one upstream (``scheme://host:port``): at most
+    ``max_connections`` in use at once (a request beyond them waits for one to be given
+    back), and only as many open as were ever in use together."""
 
     def __init__(
         self,
@@ -322,9 +345,12 @@ class Pool:
         headers: Mapping[str, str],
         connect_timeout_s: float,
         body_type: str | None = None,
+        max_connections: int = MAX_CONNECTIONS,
     ) -> None:
         """``headers`` go on every request, ``body_type`` as the content type of those that
         carry a body."""
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
         parts = urlsplit(url)
         if parts.scheme not in ("http", "https") or parts.hostname is None:
             raise ValueError(f"not an http(s) URL: {url!r}")
@@ -339,6 +365,9 @@ class Pool:
         self.connect_timeout_s = connect_timeout_s
         self._idle: list[_Connection] = []
         self._open: set[_Connection] = set()
+        # A connection in use holds one: none is opened while another is idle, so the open
+        # ones are at most those in use (a connection goes idle only when given back).
+        self._in_use = asyncio.Semaphore(max_connections)
         self._heads: dict[tuple[str, str, bool], bytes] = {}
 
     async def request(
@@ -350,17 +379,22 @@ class Pool:
         read_timeout_s: float | None = None,
     ) -> Response:
         """Send the request and return once the status and headers are in (ConnectError,
-        ProtocolError, another OSError or TimeoutError otherwise)."""
+        FramingError, another OSError or TimeoutError otherwise)."""
         data = self._head(method, path, headers, len(body)) + body
-        connection, reused = await self._acquire()
+        await self._in_use.acquire()
         try:
+            connection, reused = await self._acquire()
+            try:
+                return await self._exchange(connection, data, read_timeout_s)
+            except (FramingError, ConnectionError):
+                if not (reused and _resendable(connection, method)):
+                    raise
+            # The server closed an idle connection as we sent on it: once more, on a new one.
+            connection = await self._connect()
             return await self._exchange(connection, data, read_timeout_s)
-        except (ProtocolError, ConnectionError):
-            if not reused or connection.received_any:
-                raise
-        # The server closed an idle connection as we sent on it: once more, on a new one.
-        connection = await self._connect()
-        return await self._exchange(connection, data, read_timeout_s)
+        except BaseException:
+            self._in_use.release()
+            raise
 
     async def _exchange(
         self, connection: _Connection, data: bytes, read_timeout_s: float | None
@@ -388,7 +422,7 @@ class Pool:
         typed = self._typed if length else ""
         start = f"{method} {self.prefix}{path} HTTP/1.1\r\n{self._common}{typed}{extra}"
         head = f"{start}content-length: ".encode("latin-1")
-        if cached:
+        if cached and len(self._heads) < MAX_CACHED_HEADS:
             self._heads[key] = head
         return head + b"%d\r\n\r\n" % length
 
@@ -419,19 +453,32 @@ class Pool:
         return connection
 
     def release(self, connection: _Connection) -> None:
+        """A response is done with ``connection``: pooled if it can serve another."""
         if connection.reusable():
             connection.idle_since = time.monotonic()
             self._idle.append(connection)
         else:
             self._discard(connection)
+        self._in_use.release()
 
     def _discard(self, connection: _Connection) -> None:
         connection.close()
         connection.forget()
         self._open.discard(connection)
 
-    def aclose(self) -> None:
-        """Close every connection (calls in flight fail)."""
-        for connection in list(self._open):
+    async def aclose(self) -> None:
+        """Close every connection (calls in flight fail), and return once they are gone."""
+        closing = list(self._open)
+        for connection in closing:
+            if connection.transport is not None:
+                connection.transport.abort()  # a close would wait for an unread write
             self._discard(connection)
         self._idle.clear()
+        await asyncio.gather(*(connection.lost for connection in closing))
+
+
+def _resendable(connection: _Connection, method: str) -> bool:
+    """May a request that failed on a reused connection go again on a new one? Only if the
+    upstream cannot have acted on it: nothing came back, and the request is idempotent or
+    provably never left."""
+    return not connection.received_any and (connection.unsent or method in IDEMPOTENT)

@@ -12,10 +12,11 @@ The client keeps no cookies, follows no redirect, asks
 for no content coding (and decodes none), and sends ``--upstream-api-key`` as
 ``Authorization: Bearer`` on every request (calls, checks, scrapes).
 
-The client is ``http1.Pool``, one per upstream with an unbounded keep-alive pool: on
-benchmarks/fleet.py's overhead path (c=32 POSTs to an instant upstream) it spends 0.02 ms of
-CPU per call where aiohttp spent 0.12 ms and httpx 1.1 ms (httpcore's pool scans every
-connection per request).
+The client is ``http1.Pool``: on benchmarks/fleet.py's overhead path (c=32 POSTs to an
+instant upstream) it spends 0.02 ms of CPU per call where aiohttp spent 0.12 ms and httpx
+1.1 ms (httpcore's pool scans every connection per request). Each upstream has two: one for
+calls and proxied requests, capped at ``http1.MAX_CONNECTIONS``, and a small one for health
+checks and scrapes, so that calls filling the first never make a check wait (and fail).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ class Upstream:
         self._scraped_at = 0.0
         self.read_timeout_s = read_timeout_s
         self.pool = http1.Pool(url, headers(api_key), connect_timeout_s, "application/json")
+        self._checks = http1.Pool(url, headers(api_key), connect_timeout_s, max_connections=2)
 
     async def post(
         self, path: str, content: bytes, headers: dict[str, str] | None = None, whole: bool = False
@@ -135,7 +137,7 @@ class Upstream:
         non-2xx answer or a body over the limit)."""
         try:
             async with asyncio.timeout(timeout_s):
-                response = await self.pool.request("GET", path)
+                response = await self._checks.request("GET", path)
                 try:
                     if not 200 <= response.status < 300:
                         raise AttemptFailed(
@@ -155,7 +157,7 @@ class Upstream:
         await self.get_text(path, timeout_s, bounded.MAX_BODY_BYTES)
 
     async def aclose(self) -> None:
-        self.pool.aclose()
+        await asyncio.gather(self.pool.aclose(), self._checks.aclose())
 
 
 def _readable(response: http1.Response, streamed: bool) -> bool:
