@@ -18,7 +18,12 @@ d. ``protocol`` and ``schemas`` import no torch, no triton and no ``engine`` mod
 e. a package whose ``__init__`` re-exports lazily (a module ``__getattr__``: ``engine``,
    ``engine.attention``, ``engine.models``) is never imported from inside itself: its modules
    import the module that defines a name. The lazy table is invisible to rule a, so an
-   ``from engine import X`` inside the engine could close a cycle this test cannot see.
+   ``from engine import X`` inside the engine could close a cycle this test cannot see;
+f. the fleet's parts know the fleet only through ``gateway.upstream.choice.Route``: none of
+   ``gateway.upstream.call``, ``.proxies``, ``.choice`` or ``.membership`` imports
+   ``gateway.upstream.fleet``, not even under ``if TYPE_CHECKING:`` (a type-only import is
+   still a dependency on the whole backend), and no cycle runs through ``gateway.upstream``
+   with type-only imports counted too.
 
 A package ``P`` "imports ``Q``" here when any module ``P`` or ``P.*`` has an edge to ``Q`` or
 ``Q.*``. The ``test_checker_*`` tests run the checker on small synthetic sources.
@@ -134,7 +139,9 @@ def _defines_getattr(tree: ast.Module) -> bool:
     return False
 
 
-def build_graph(sources: Iterable[Source]) -> Graph:
+def build_graph(sources: Iterable[Source], type_only_too: bool = False) -> Graph:
+    """The import graph of ``sources``: run-time imports, or with ``type_only_too`` those
+    under ``if TYPE_CHECKING:`` as well."""
     sources = list(sources)
     known = {source.module for source in sources}
     graph = Graph()
@@ -143,7 +150,7 @@ def build_graph(sources: Iterable[Source]) -> Graph:
         if source.is_package and _defines_getattr(tree):
             graph.lazy_packages.add(source.module)
         edges = graph.edges.setdefault(source.module, [])
-        for node in _runtime_nodes(tree.body):
+        for node in ast.walk(tree) if type_only_too else _runtime_nodes(tree.body):
             if isinstance(node, ast.Import):
                 edges.extend(
                     Edge(source.module, alias.name, source.path, node.lineno)
@@ -354,6 +361,23 @@ def test_e_a_lazy_package_is_not_imported_from_inside() -> None:
     assert not violations, _report(violations)
 
 
+def test_f_the_fleets_parts_import_no_fleet_and_close_no_cycle_even_for_types() -> None:
+    graph = build_graph(project_sources(), type_only_too=True)
+    violations = [
+        found
+        for part in ("call", "proxies", "choice", "membership")
+        for found in forbidden_imports(
+            graph, f"gateway.upstream.{part}", ["gateway.upstream.fleet"]
+        )
+    ]
+    violations += [
+        found
+        for found in cycles(graph)
+        if found.startswith("import cycle through gateway.upstream.")
+    ]
+    assert not violations, _report(violations)
+
+
 # --- the checker, on synthetic sources --------------------------------------------------------
 
 
@@ -422,6 +446,8 @@ def test_checker_ignores_type_checking_imports_only() -> None:
     # so a cycle closed only under TYPE_CHECKING is none; one closed at run time is one
     ok = graph_of({"p.a": "if TYPE_CHECKING:\n    import p.b\n", "p.b": "import p.a\n"})
     assert cycles(ok) == []
+    every = build_graph([Source("p.a", "p/a.py", source)], type_only_too=True)
+    assert targets(every, "p.a") == {"typing", *(f"p.{m}" for m in "bcdefgh")}
     bad = graph_of({"p.a": "if TYPE_CHECKING:\n    pass\nimport p.b\n", "p.b": "import p.a\n"})
     assert len(cycles(bad)) == 1
 

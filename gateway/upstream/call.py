@@ -3,7 +3,11 @@
 
 ``connect`` opens the stream on the best untried upstream, trying the next choice on the ring
 once when one fails; a failure before anything was yielded is retried the same way from inside
-the stream, one after is ``UpstreamFailed``. ``Call.aclose`` always releases the upstream.
+the stream, one after is ``UpstreamFailed``. That failover sends the request again to another
+upstream, whatever the first one did with it: a generation has no effect beyond its answer,
+and the first one's connection is closed, which aborts it there. The upstream being read is
+held by a ``Lease`` (its in-flight count); ``UpstreamCall.aclose`` always releases it. All a
+call knows of the fleet is a ``choice.Route``.
 
 The stream is read within bounds (``bounded``: lines, events, bytes) and no further than the
 request asked: more than ``max_tokens`` + ``TOKEN_SLACK`` tokens, or ``EVENT_SLACK`` more
@@ -19,17 +23,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
 from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
-from gateway.upstream import bounded, http1, wire
+from gateway.upstream import bounded, wire
+from gateway.upstream.choice import Route
 from gateway.upstream.failures import TRANSPORT_ERRORS, AttemptFailed, Failure, transport_failure
-from gateway.upstream.upstream import Upstream
-
-if TYPE_CHECKING:
-    from gateway.upstream.fleet import Fleet
+from gateway.upstream.fleet_metrics import FleetMetrics
+from gateway.upstream.upstream import Lease, Upstream
 
 RETRIES = 1
 TOKEN_SLACK = 8  # tokens past max_tokens an upstream may send (counted as it chunks them)
@@ -37,35 +40,41 @@ EVENT_SLACK = 16  # events beyond that: role, finish, usage, [DONE], empty delta
 TAIL_S = 1.5  # after the last token asked for: seconds for the stream's end to arrive
 
 
-class Call:
-    """One call's attempts: the upstreams tried, the one streaming now, the retry left."""
+class UpstreamCall:
+    """One call's attempts: the upstreams tried, the lease on the one streaming now, the
+    retry left."""
 
     def __init__(
         self,
-        fleet: Fleet,
+        route: Route,
+        observed: FleetMetrics,
+        token_ids: wire.TokenIds | None,
         request: GenerationRequest,
         hashes: list[bytes],
-        path: str,
-        body: dict[str, Any],
-        headers: dict[str, str],
+        wire_request: tuple[str, dict[str, Any], dict[str, str]],
     ) -> None:
-        self.fleet, self.request, self.hashes = fleet, request, hashes
-        self.path, self.body, self.headers = path, body, headers
+        """``wire_request``: the upstream path, body and headers (``wire.request_body``)."""
+        self.route, self.observed, self.token_ids = route, observed, token_ids
+        self.request, self.hashes = request, hashes
+        self.path, self.body, self.headers = wire_request
         self.tried: set[int] = set()
         self.retries = RETRIES
-        self.upstream: Upstream | None = None
-        self.response: http1.Response | None = None
+        self.lease: Lease | None = None
         self.started = 0.0
         self.last: AttemptFailed | None = None
         self.placed: Upstream | None = None  # the upstream the key's placement record names
 
+    @property
+    def upstream(self) -> Upstream | None:
+        """The upstream being read now."""
+        return None if self.lease is None else self.lease.upstream
+
     async def connect(self) -> None:
         """Open the stream on the best untried upstream; on failure try the next once.
         Raises AdmissionRefused when none can take it, ValueError for a 4xx."""
-        fleet = self.fleet
         while True:
             try:
-                upstream, _ = fleet.choose(
+                upstream = self.route.choose(
                     self.hashes, self.request.cache_key, self.tried, self.placed
                 )
             except EngineUnavailable:
@@ -75,23 +84,17 @@ class Call:
                     raise UpstreamFailed(str(self.last)) from None
                 raise
             self.tried.add(upstream.index)
-            upstream.in_flight += 1
-            fleet.metrics.count("kvgate_upstream_requests", upstream=str(upstream.index))
+            self.observed.count("kvgate_upstream_requests", upstream=str(upstream.index))
             self.started = time.perf_counter()
             try:
-                self.response = await upstream.open(self.path, self.body, self.headers)
+                self.lease = await upstream.open(self.path, self.body, self.headers)
             except AttemptFailed as failure:
-                upstream.in_flight -= 1
                 self._retry_or_refuse(upstream, failure)
                 continue
-            except BaseException:
-                upstream.in_flight -= 1
-                raise
-            self.upstream = upstream
             return
 
     def _retry_or_refuse(self, upstream: Upstream, failure: AttemptFailed) -> None:
-        self.fleet.failed(upstream, failure)
+        self.route.failed(upstream, failure)
         self.last = failure.unraised()
         if self.retries == 0:
             if failure.kind.gives_up:
@@ -99,7 +102,7 @@ class Call:
             refusal = EngineOverloaded if failure.kind is Failure.OVERLOADED else EngineUnavailable
             raise refusal(str(failure), failure.retry_after_s)
         self.retries -= 1
-        self.fleet.metrics.count("kvgate_upstream_retries", upstream=str(upstream.index))
+        self.observed.count("kvgate_upstream_retries", upstream=str(upstream.index))
 
     async def relay(self) -> AsyncGenerator[TextDelta | Completion]:
         sent = 0
@@ -112,9 +115,9 @@ class Call:
                         yield item
                     return
                 except AttemptFailed as failure:
-                    upstream = await self._release()
+                    upstream = self._release()
                     if sent:
-                        self.fleet.failed(upstream, failure)
+                        self.route.failed(upstream, failure)
                         raise UpstreamFailed(f"{failure} after {sent} chunks") from None
                     try:
                         self._retry_or_refuse(upstream, failure)
@@ -128,17 +131,18 @@ class Call:
         """The current upstream's answer as deltas then one Completion (AttemptFailed if it
         breaks, stalls past the read timeout, reports an error, runs past its bounds or ends
         early)."""
-        assert self.response is not None
-        kind = self.response.headers.get("content-type", "")
+        assert self.lease is not None and self.lease.response is not None
+        kind = self.lease.response.headers.get("content-type", "")
         return self._stream() if kind.startswith("text/event-stream") else self._whole()
 
     async def _whole(self) -> AsyncIterator[TextDelta | Completion]:
         """A non-streamed answer: read within the stream's budget, parsed once, checked as
         its chunks would be, relayed as one delta and the Completion."""
-        assert self.response is not None and self.upstream is not None
-        upstream, asked = self.upstream, self.request.params.max_tokens
+        lease = self.lease
+        assert lease is not None and lease.response is not None
+        upstream, asked = lease.upstream, self.request.params.max_tokens
         try:
-            data = await bounded.read_within(self.response, bounded.stream_budget(asked))
+            data = await bounded.read_within(lease.response, bounded.stream_budget(asked))
             if data is None:
                 raise wire.StreamError("malformed answer from the upstream: over its budget")
             chunk = wire.parse_body(data)
@@ -153,7 +157,7 @@ class Call:
         except wire.StreamError as exc:
             raise AttemptFailed(Failure.MALFORMED, f"upstream {upstream.url}: {exc}") from None
         if chunk.tokens:
-            self.fleet.ttft.observe(upstream.index, time.perf_counter() - self.started)
+            self.observed.ttft.observe(upstream.index, time.perf_counter() - self.started)
             yield self._delta(chunk, chunk.tokens)
         reasoning = chunk.reasoning or None
         yield self._done(
@@ -172,7 +176,7 @@ class Call:
         upstream = self.upstream
         assert upstream is not None
         upstream.breaker.success()
-        self.fleet.latency.observe(upstream.index, time.perf_counter() - self.started)
+        self.observed.latency.observe(upstream.index, time.perf_counter() - self.started)
         usage = usage or {}
         return Completion(
             text=text,
@@ -187,13 +191,14 @@ class Call:
         )
 
     async def _stream(self) -> AsyncIterator[TextDelta | Completion]:
-        assert self.response is not None and self.upstream is not None
-        upstream, text, count, events, finish, usage = self.upstream, [], 0, 0, None, None
+        lease = self.lease
+        assert lease is not None and lease.response is not None
+        upstream, text, count, events, finish, usage = lease.upstream, [], 0, 0, None, None
         calls, thought = wire.ToolCalls(), list[str]()
         asked = self.request.params.max_tokens
         most = asked + TOKEN_SLACK + EVENT_SLACK
         lines = bounded.sse_lines(
-            self.response.chunks(), bounded.stream_budget(asked), bounded.LINES_PER_EVENT * most
+            lease.response.chunks(), bounded.stream_budget(asked), bounded.LINES_PER_EVENT * most
         )
         tail_at: float | None = None
         try:
@@ -229,7 +234,9 @@ class Call:
                 finish = chunk.finish_reason or finish
                 if chunk.tokens:
                     if not count:
-                        self.fleet.ttft.observe(upstream.index, time.perf_counter() - self.started)
+                        self.observed.ttft.observe(
+                            upstream.index, time.perf_counter() - self.started
+                        )
                     count += chunk.tokens
                     if count > asked + TOKEN_SLACK:
                         raise wire.StreamError(f"over {count - 1} tokens for max_tokens {asked}")
@@ -250,26 +257,22 @@ class Call:
         yield self._done("".join(text), finish, usage, count, calls, "".join(thought) or None)
 
     def _delta(self, chunk: wire.Chunk, count: int) -> TextDelta:
-        token_ids, tool_calls = self.fleet.token_ids, chunk.tool_calls or None
+        token_ids, tool_calls = self.token_ids, chunk.tool_calls or None
         final = chunk.finish_reason is not None  # the body's end follows (the stream's tail)
         if not chunk.logprobs or token_ids is None or self.request.params.logprobs is None:
             return TextDelta(chunk.text, count, [], None, tool_calls, chunk.reasoning, final)
         ids, entries = token_ids.entries(chunk.logprobs)
         return TextDelta(chunk.text, count, ids, entries, tool_calls, chunk.reasoning, final)
 
-    async def _release(self) -> Upstream:
-        upstream, response = self.upstream, self.response
-        assert upstream is not None and response is not None
-        upstream.in_flight -= 1
-        self.upstream = self.response = None
-        response.close()
-        return upstream
+    def _release(self) -> Upstream:
+        lease, self.lease = self.lease, None
+        assert lease is not None
+        lease.release()
+        return lease.upstream
 
     async def aclose(self) -> None:
-        """The call is done or abandoned: closing the response drops the connection when the
-        stream is unfinished, which aborts the request upstream."""
-        if self.upstream is None or self.response is None:
-            return
-        self.upstream.in_flight -= 1
-        response, self.upstream, self.response = self.response, None, None
-        response.close()
+        """The call is done or abandoned: its lease released (an unfinished stream's
+        connection dropped, which aborts the request upstream)."""
+        lease, self.lease = self.lease, None
+        if lease is not None:
+            lease.release()

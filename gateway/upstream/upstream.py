@@ -1,7 +1,8 @@
 """One upstream engine server: its pooled HTTP/1.1 client, breaker, in-flight count and
 last scraped load figures.
 
-``open`` sends a generation and returns the response once the upstream has answered 200 —
+``open`` sends a generation and returns a ``Lease`` on the upstream holding the response,
+once the upstream has answered 200 —
 an event stream when the body asked to stream, one JSON answer (or an event stream, which is
 read the same way) when it did not; anything else is an ``AttemptFailed`` with its kind
 (``failures.Failure``) or, for a 400/422 with an OpenAI error body, a ValueError carrying
@@ -59,7 +60,7 @@ class Upstream:
         self.index = index
         self.url = url
         self.breaker = breaker
-        self.in_flight = 0
+        self._in_flight = 0  # this gateway's calls here: counted by their leases alone
         self.scraped: Scraped | None = None
         self._queued = 0.0  # the waiting figure of the scrape before the last
         self._scraped_at = 0.0
@@ -79,7 +80,22 @@ class Upstream:
         except TRANSPORT_ERRORS as exc:
             raise transport_failure(exc, self.url) from None
 
-    async def open(
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    async def open(self, path: str, body: dict[str, Any], headers: dict[str, str]) -> Lease:
+        """The call counted here from now until its lease is released; released at once
+        when it fails to open."""
+        lease = Lease(self)
+        try:
+            lease.response = await self._answered(path, body, headers)
+        except BaseException:
+            lease.release()
+            raise
+        return lease
+
+    async def _answered(
         self, path: str, body: dict[str, Any], headers: dict[str, str]
     ) -> http1.Response:
         streamed = bool(body.get("stream"))
@@ -104,7 +120,9 @@ class Upstream:
         where = f"upstream {self.url}"
         if status in OVERLOADED:
             raise AttemptFailed(
-                Failure.OVERLOADED, f"{where}: {message or status}", _retry_after(response)
+                Failure.OVERLOADED,
+                f"{where}: {message or status}",
+                retry_after(response.headers.get("retry-after")),
             )
         if status >= 500:
             raise AttemptFailed(Failure.STATUS_5XX, f"{where}: {message or f'HTTP {status}'}")
@@ -124,9 +142,9 @@ class Upstream:
         ``max_age_s`` (a stale figure is no figure)."""
         scraped = self.scraped
         if scraped is None or time.monotonic() - self._scraped_at > max_age_s:
-            return Load(self.in_flight)
+            return Load(self._in_flight)
         return Load(
-            self.in_flight,
+            self._in_flight,
             min(scraped.waiting, self._queued),
             scraped.running,
             scraped.kv_usage,
@@ -160,6 +178,30 @@ class Upstream:
         await asyncio.gather(self.pool.aclose(), self._checks.aclose())
 
 
+class Lease:
+    """One call's hold on an upstream: it counts in the upstream's ``in_flight`` (routing's
+    load) from its making until ``release``, which also closes the response opened under it
+    (an unfinished one drops its connection, which aborts the request upstream). Released
+    once, however many times ``release`` is called: a call held across its start and its
+    stream, closed from either, never counts twice or goes below zero."""
+
+    __slots__ = ("upstream", "response", "_held")
+
+    def __init__(self, upstream: Upstream) -> None:
+        self.upstream = upstream
+        self.response: http1.Response | None = None
+        self._held = True
+        upstream._in_flight += 1
+
+    def release(self) -> None:
+        if not self._held:
+            return
+        self._held = False
+        self.upstream._in_flight -= 1
+        if self.response is not None:
+            self.response.close()
+
+
 def _readable(response: http1.Response, streamed: bool) -> bool:
     """Is a 200 one the call can read: an event stream, or (not streamed) JSON; uncoded."""
     kind = response.headers.get("content-type", "").split(";")[0].strip().lower()
@@ -190,8 +232,9 @@ def _names_model(detail: bytes) -> bool:
     return isinstance(error, dict) and error.get("param") == "model"
 
 
-def _retry_after(response: http1.Response) -> float:
+def retry_after(value: str | None) -> float:
+    """A ``Retry-After`` header's seconds (1 when absent or not a number of seconds)."""
     try:
-        return max(float(response.headers.get("retry-after", "1")), 0.0)
+        return max(float(value or 1), 0.0)
     except ValueError:
         return 1.0
