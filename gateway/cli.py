@@ -399,6 +399,10 @@ def run_app(
     from gateway.catalog.config import CatalogConfigError
     from gateway.http.serving import http_protocol, serve_app
 
+    if settings.otlp_traces_endpoint:  # this process's exporter (each worker has one)
+        from gateway.ops.otlp import export_traces
+
+        export_traces(settings.otlp_traces_endpoint)
     try:
         app = create_app(settings, created=created, **backend)
     except (CatalogConfigError, ValueError) as exc:  # a bad catalog, keys file or OAuth setting
@@ -451,6 +455,11 @@ def main(argv: list[str] | None = None) -> None:
             from gateway.reasoning.parser import resolve as resolve_reasoning
 
             resolve_reasoning(settings.reasoning_parser)
+        if settings.otlp_traces_endpoint:  # a missing extra is said before a model loads
+            from gateway.ops.otlp import check_installed, traces_url
+
+            check_installed()
+            traces_url(settings.otlp_traces_endpoint)
     except ValueError as exc:
         sys.exit(f"kvgate: {exc}")
     serve(settings)

@@ -454,6 +454,15 @@ class Settings:
         "`--no-access-log` turns it off, as uvicorn's flag does",
         group="logging",
     )
+    otlp_traces_endpoint: str | None = flag(
+        None,
+        "send OpenTelemetry spans to this OTLP/HTTP collector",
+        metavar="URL",
+        doc="one span per call, GenAI attributes, the caller's `traceparent` continued, "
+        "sent over OTLP/HTTP (`http://collector:4318`, or the full `.../v1/traces` URL); "
+        "needs the `otel` extra; vLLM's flag",
+        group="logging",
+    )
     # Admission and abuse limits (0 = off where it says so).
     max_waiting: int = flag(
         256,

@@ -44,7 +44,7 @@ from gateway.generation import (
     Tokenized,
     TokenizeRequest,
 )
-from gateway.ops import access_log
+from gateway.ops import access_log, tracing
 from gateway.reasoning.parser import ReasoningFormat
 from gateway.reasoning.reading import Reasoning
 
@@ -117,7 +117,7 @@ class Generations:
         record = access_log.current()
         if record is not None:
             items = access_log.counted(items, record)
-        return Guarded(items, source)
+        return Guarded(tracing.counted(items, request), source)
 
     async def tokenize(self, request: TokenizeRequest) -> Tokenized:
         """Token ids (BadInput when it cannot fit the context or a template refuses it)."""
@@ -159,6 +159,7 @@ class Generations:
         record = access_log.current()
         if record is not None:
             record.prompt_tokens += result.prompt_tokens
+        tracing.count_input(result.prompt_tokens)
         return result
 
     def adapters(self) -> list[Adapter] | None:

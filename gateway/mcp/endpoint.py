@@ -143,7 +143,9 @@ class McpEndpoint:
                 check_legacy_meta(message, headers.get("mcp-protocol-version"))
             check_method(message.method, era)
             authorize_call(scope, message.method)
-            with tracing.request_span(message.method, message.params, message.meta, message.id):
+            with tracing.request_span(
+                message.method, message.params, message.meta, message.id, headers
+            ):
                 if message.method == "tools/call":
                     name = message.params.get("name")
                     tool = name if name in catalog.tool_specs else "unknown"

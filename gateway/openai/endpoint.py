@@ -39,7 +39,7 @@ from gateway.openai.errors import OpenAIError, wire
 from gateway.openai.response_store import ResponseStore
 from gateway.openai.responses import Choice, Envelope, TokenText
 from gateway.openai.responses_route import ResponsesRoute
-from gateway.ops import access_log
+from gateway.ops import access_log, tracing
 from gateway.ops.metrics import Metrics
 
 logger = logging.getLogger("kvgate.openai")
@@ -117,13 +117,14 @@ class OpenAIEndpoint:
         try:
             self.calls.check_origin(scope["headers"])
             method, handler = self._route(path, scope["method"])
-            body = Body({})
-            if method == "POST":
-                raw = await self.calls.read_body(receive, headers)
-                # a large body is parsed (and depth-checked) on a worker: other clients wait not
-                fields = await self.generations.off_loop(len(raw), self.calls.parse_object, raw)
-                body = Body(fields, len(raw))
-            outcome = await handler(body, headers, receive, send)
+            with tracing.server_span(f"{method} {path}", headers, {"http.route": path}):
+                body = Body({})
+                if method == "POST":
+                    raw = await self.calls.read_body(receive, headers)
+                    # a large body is parsed (and depth-checked) on a worker: others wait not
+                    fields = await self.generations.off_loop(len(raw), self.calls.parse_object, raw)
+                    body = Body(fields, len(raw))
+                outcome = await handler(body, headers, receive, send)
         except CallError as error:
             outcome = "rejected" if error.reason is not None else "error"
             await self._error(send, error)
@@ -201,6 +202,7 @@ class OpenAIEndpoint:
         )
         requests = [replace(base, prompt=p) for p in prompts]
         envelope = Envelope.new("cmpl", base.adapter or self.model)
+        tracing.describe("text_completion", envelope.model, envelope.id)
         tokenizer = self.generations.tokenizer
         answer = CompletionsAnswer(envelope, sampling, self.token_text, prompts, echo, tokenizer)
         return await self._run(requests, sampling, headers, receive, send, answer)
@@ -231,6 +233,7 @@ class OpenAIEndpoint:
             request.size, self._read_chat, request.fields
         )
         envelope = Envelope.new("chatcmpl", generation.adapter or self.model)
+        tracing.describe("chat", envelope.model, envelope.id)
         answer = ChatAnswer(envelope, sampling, self.token_text)
         return await self._run([generation], sampling, headers, receive, send, answer)
 
@@ -260,6 +263,7 @@ class OpenAIEndpoint:
         asked = await self.generations.off_loop(
             request.size, embeddings.read, request.fields, self.model, self.generations.adapters()
         )
+        tracing.describe("embeddings", self.model)
         async with self.calls.admit(receive, headers) as call:
             result = await call.run(self.generations.embed(asked.request))
         size = sum(map(len, result.vectors)) * 8  # ~20 bytes of JSON a float; dumps is quick

@@ -1,10 +1,16 @@
-"""OpenTelemetry spans for MCP requests, continuing the caller's trace from ``_meta``.
+"""OpenTelemetry spans for every call, continuing the caller's trace (GenAI conventions).
 
-MCP carries W3C trace context in a request's ``_meta`` (``traceparent``, ``tracestate``,
-``baggage``; basic/index.mdx). A request becomes a SERVER span in that trace, with children for
-the gateway's routing of a generation and for the engine's run of it (GenAI semantic-convention
-attributes). ``opentelemetry-api`` is optional (the ``otel`` extra): without it, or without an
-SDK tracer provider configured, nothing is recorded and the hot path pays one check.
+A call is one SERVER span. An MCP request continues the W3C trace context its ``_meta``
+carries (``traceparent``, ``tracestate``, ``baggage``; basic/index.mdx), else its HTTP
+headers'; an OpenAI call, its headers'. The span gathers the GenAI semantic-convention
+attributes of its generations (``gen_ai.request.*``, ``gen_ai.usage.*``,
+``gen_ai.response.finish_reasons``: ``counted``) and ends in error when the call fails. The
+embedded engine adds children for the routing of a generation and for its run.
+
+Tracing is on once an SDK tracer provider is set: by ``--otlp-traces-endpoint``
+(``gateway.ops.otlp``) or by ``opentelemetry-instrument``. This module never imports
+OpenTelemetry itself: until something has, ``enabled`` is one dictionary lookup and the
+``otel`` extra costs nothing at import.
 
 Child spans are started and ended explicitly, never made "current": tool calls run inside
 async generators, where attaching a context on one step and detaching it on another is unsafe.
@@ -13,50 +19,151 @@ async generators, where attaching a context on one step and detaching it on anot
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import sys
+from collections.abc import AsyncGenerator, Iterator, Mapping
+from contextlib import aclosing
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 from typing import Any
 
-try:
-    from opentelemetry import propagate, trace
-except ImportError:  # the otel extra is not installed: tracing is off
-    trace = None  # type: ignore[assignment]
+from gateway.generation import Completion, GenerationRequest, Stream, TextDelta
 
 TRACER_NAME = "kvgate"
 CONTEXT_KEYS = ("traceparent", "tracestate", "baggage")
 Span = Any  # opentelemetry.trace.Span when installed
 
 
+def _api() -> Any:
+    """``opentelemetry.trace`` once something imported it (the SDK's setup did), else None."""
+    return sys.modules.get("opentelemetry.trace")
+
+
 def enabled() -> bool:
     """True once an SDK tracer provider is set; the API alone would only make no-op spans."""
+    trace = _api()
     if trace is None:
         return False
     provider = trace.get_tracer_provider()
     return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
 
 
+@dataclass
+class CallSpan:
+    """A call's SERVER span and the GenAI figures its generations add up to (``n`` > 1)."""
+
+    span: Span
+    input_tokens: int = 0
+    output_tokens: int = 0
+    finish_reasons: list[str] = field(default_factory=list)
+
+    def add(self, done: Completion) -> None:
+        self.input_tokens += done.prompt_tokens
+        self.output_tokens += done.completion_tokens
+        self.finish_reasons.append(done.finish_reason)
+        self.span.set_attributes(
+            {
+                "gen_ai.usage.input_tokens": self.input_tokens,
+                "gen_ai.usage.output_tokens": self.output_tokens,
+                "gen_ai.response.finish_reasons": self.finish_reasons,
+            }
+        )
+
+
+_call: ContextVar[CallSpan | None] = ContextVar("kvgate_call_span", default=None)
+
+
 @contextlib.contextmanager
-def request_span(
-    method: str, params: Mapping[str, Any], meta: Mapping[str, Any], request_id: Any
-) -> Iterator[Span | None]:
-    """The current SERVER span for one MCP request, a child of the caller's span if ``meta``
-    carries one; named ``{method} {target}`` (the MCP semantic conventions)."""
+def server_span(
+    name: str, carrier: Mapping[str, Any], attributes: Mapping[str, Any]
+) -> Iterator[CallSpan | None]:
+    """The current SERVER span of one call, a child of the span ``carrier`` names (W3C trace
+    context keys: ``_meta`` or the headers) if any. An exception out of it marks it failed."""
     if not enabled():
         yield None
         return
-    carrier = {key: value for key in CONTEXT_KEYS if isinstance(value := meta.get(key), str)}
-    target = params.get("uri") if method == "resources/read" else params.get("name")
-    target = target if isinstance(target, str) else None
-    attributes = {"mcp.method.name": method, "jsonrpc.request.id": str(request_id)}
-    if target is not None:
-        attributes["gen_ai.tool.name" if method == "tools/call" else "mcp.target"] = target
-    tracer = trace.get_tracer(TRACER_NAME)
-    with tracer.start_as_current_span(
-        f"{method} {target}" if target else method,
-        context=propagate.extract(carrier),
+    from opentelemetry import propagate, trace
+
+    context = {key: value for key in CONTEXT_KEYS if isinstance(value := carrier.get(key), str)}
+    with trace.get_tracer(TRACER_NAME).start_as_current_span(
+        name,
+        context=propagate.extract(context),
         kind=trace.SpanKind.SERVER,
         attributes=attributes,
     ) as span:
-        yield span
+        call = CallSpan(span)
+        reset = _call.set(call)
+        try:
+            yield call
+        except BaseException as exc:  # the SDK records it and the status; this names its kind
+            span.set_attribute("error.type", type(exc).__name__)
+            raise
+        finally:
+            _call.reset(reset)
+
+
+def request_span(
+    method: str,
+    params: Mapping[str, Any],
+    meta: Mapping[str, Any],
+    request_id: Any,
+    headers: Mapping[str, str],
+) -> contextlib.AbstractContextManager[CallSpan | None]:
+    """An MCP request's SERVER span, named ``{method} {target}`` (the MCP semantic
+    conventions); the caller's trace from ``_meta``, else from the HTTP headers."""
+    target = params.get("uri") if method == "resources/read" else params.get("name")
+    target = target if isinstance(target, str) else None
+    attributes = {"mcp.method.name": method, "jsonrpc.request.id": str(request_id)}
+    if method == "tools/call":
+        attributes["gen_ai.operation.name"] = "execute_tool"
+    if target is not None:
+        attributes["gen_ai.tool.name" if method == "tools/call" else "mcp.target"] = target
+    carrier = meta if any(key in meta for key in CONTEXT_KEYS) else headers
+    return server_span(f"{method} {target}" if target else method, carrier, attributes)
+
+
+def describe(operation: str, model: str, response_id: str | None = None) -> None:
+    """Name the current call's span after its GenAI operation (``chat {model}``), with the
+    model asked for and the id its answer carries."""
+    call = _call.get()
+    if call is None:
+        return
+    call.span.update_name(f"{operation} {model}")
+    attributes = {"gen_ai.operation.name": operation, "gen_ai.request.model": model}
+    if response_id is not None:
+        attributes["gen_ai.response.id"] = response_id
+    call.span.set_attributes(attributes)
+
+
+def counted(items: Stream, request: GenerationRequest) -> Stream:
+    """``items`` passed on, their completions' usage and finish reasons added to the current
+    call's span, with what the request asked; ``items`` alone when tracing is off."""
+    call = _call.get()
+    if call is None:
+        return items
+    params = request.params
+    call.span.set_attributes(
+        {
+            "gen_ai.request.max_tokens": params.max_tokens,
+            "gen_ai.request.temperature": params.temperature,
+        }
+    )
+    return _counted(items, call)
+
+
+async def _counted(items: Stream, call: CallSpan) -> AsyncGenerator[TextDelta | Completion]:
+    async with aclosing(items):
+        async for item in items:
+            if isinstance(item, Completion):
+                call.add(item)
+            yield item
+
+
+def count_input(tokens: int) -> None:
+    """An embeddings call's input tokens on its span."""
+    call = _call.get()
+    if call is not None:
+        call.input_tokens += tokens
+        call.span.set_attribute("gen_ai.usage.input_tokens", call.input_tokens)
 
 
 @contextlib.contextmanager
@@ -65,6 +172,8 @@ def span(name: str, parent: Span | None = None, **attributes: Any) -> Iterator[S
     if not enabled():
         yield None
         return
+    from opentelemetry import trace
+
     context = trace.set_span_in_context(parent) if parent is not None else None
     child = trace.get_tracer(TRACER_NAME).start_span(name, context=context, attributes=attributes)
     try:
@@ -85,11 +194,14 @@ def annotate(target: Span | None, **attributes: Any) -> None:
 def inject(headers: dict[str, str]) -> None:
     """Add the current trace context (``traceparent``, ``tracestate``) to outgoing headers."""
     if enabled():
+        from opentelemetry import propagate
+
         propagate.inject(headers)
 
 
 def current_ids() -> dict[str, str]:
     """The current trace and span ids (hex), for log lines; empty outside a span."""
+    trace = _api()
     if trace is None:
         return {}
     context = trace.get_current_span().get_span_context()

@@ -61,6 +61,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--log-format": ("log_format", str, "store", ("text", "json"), "logging"),
     "--stats-interval": ("stats_interval_s", float, "store", None, "logging"),
     "--access-log": ("access_log", str, "bool", None, "logging"),
+    "--otlp-traces-endpoint": ("otlp_traces_endpoint", str, "store", None, "logging"),
     "--upstream": ("upstream", str, "extend", None, "fleet"),
     "--upstream-dns": ("upstream_dns", str, "extend", None, "fleet"),
     "--upstream-refresh": ("upstream_refresh_s", float, "store", None, "fleet"),

@@ -50,7 +50,7 @@ def finished(exporter: InMemorySpanExporter, names: set[str], within_s: float = 
 def test_without_an_sdk_nothing_is_recorded() -> None:
     if tracing.enabled():
         pytest.skip("an SDK provider is already set in this process")
-    with tracing.request_span("tools/list", {}, {"traceparent": TRACEPARENT}, 1) as span:
+    with tracing.request_span("tools/list", {}, {"traceparent": TRACEPARENT}, 1, {}) as span:
         assert span is None and tracing.current_ids() == {}
 
 
@@ -102,15 +102,18 @@ def test_no_or_bad_context_starts_a_new_trace(exporter, server: LiveServer) -> N
     assert failed.status.status_code == trace.StatusCode.ERROR  # the -32602 is recorded
 
 
-def test_log_ids_inside_a_span(exporter) -> None:
-    with tracing.request_span("ping", {}, {"traceparent": TRACEPARENT}, 7):
+def test_log_ids_inside_a_span_continued_from_the_headers(exporter) -> None:
+    """No trace context in ``_meta``: the HTTP request's ``traceparent`` header is the one."""
+    with tracing.request_span("ping", {}, {}, 7, {"traceparent": TRACEPARENT}):
         ids = tracing.current_ids()
     assert ids["trace_id"] == TRACE_ID and len(ids["span_id"]) == 16
 
 
 def test_inject_forwards_the_calls_trace_context(exporter: InMemorySpanExporter) -> None:
     """What fleet mode sends upstream as ``traceparent``: the call's trace, a new parent."""
-    with tracing.request_span("tools/call", {"name": "generate"}, {"traceparent": TRACEPARENT}, 1):
+    with tracing.request_span(
+        "tools/call", {"name": "generate"}, {"traceparent": TRACEPARENT}, 1, {}
+    ):
         headers: dict[str, str] = {}
         tracing.inject(headers)
     version, trace_id, parent_id, _ = headers["traceparent"].split("-")
