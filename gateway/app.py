@@ -34,6 +34,7 @@ from gateway.catalog.catalog import Catalog, CatalogHolder, ModelFacts
 from gateway.catalog.config import CatalogConfig, CatalogConfigError, load_catalog_config
 from gateway.catalog.discovery_cache import DiscoveryCache, EventHook
 from gateway.catalog.reload import CatalogReloader
+from gateway.console.routes import console_routes
 from gateway.embedded import EngineBackend
 from gateway.function_calls import formats as tool_formats
 from gateway.generation import Backend
@@ -228,10 +229,11 @@ def create_app(
             Route("/metrics", prometheus),
             *probe_routes(facts, model),  # what sglang-router asks a worker it registers
             *admin_routes(authenticator.admin_enabled, reloader),
+            *(console_routes() if settings.ui else ()),
             Route("/v1/{rest:path}", openai),
         ],
         lifespan=lifespan,
-        middleware=[  # /healthz, /readyz, /metrics and /admin/* follow the Origin/Host rules too
+        middleware=[  # /healthz, /readyz, /metrics, /admin/*, the console: Origin/Host rules too
             Middleware(
                 HostOriginGuard,
                 policy=OriginPolicy(settings.host, settings.allowed_origins),

@@ -428,6 +428,14 @@ class Settings:
         group="server",
         ge=0,
     )
+    ui: bool = flag(
+        True,
+        "the web console at / and /ui",
+        doc="the web console at `/` and `/ui`: a chat playground, the catalog, live charts "
+        "of `/metrics`, the fleet's upstreams; its data comes through the API, with the key "
+        "typed into it when keys are on; `--no-ui` serves neither path",
+        group="server",
+    )
     log_format: str = flag(
         "text",
         "log lines",

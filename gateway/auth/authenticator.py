@@ -2,7 +2,8 @@
 
 Authentication is on when API keys or an OAuth issuer are configured (off by default: a
 loopback-only server is reached only by its own host). Then every path needs a credential
-except ``/healthz``, ``/readyz``, ``/metrics`` and the protected-resource metadata.
+except ``/healthz``, ``/readyz``, ``/metrics``, the protected-resource metadata and the web
+console's pages (they hold no data: the page sends the key the operator types into it).
 ``/admin/*`` always needs the admin key or a token with the admin scope. So do, once
 authentication is on, the runtime LoRA routes (``OPERATOR_PATHS``): adapters are one namespace
 served to every tenant, and a tenant that loaded, replaced or unloaded one would change what
@@ -23,6 +24,7 @@ from gateway.auth.api_keys import ApiKeys
 from gateway.auth.challenge import Challenge
 from gateway.auth.identity import Identity
 from gateway.auth.oauth import InvalidToken, OAuthConfig, TokenValidator
+from gateway.console.routes import is_console
 from gateway.http.security import LOOPBACK_NAMES
 from gateway.settings import Settings
 from protocol.methods import TASK_METHODS
@@ -114,7 +116,7 @@ class Authenticator:
         """The caller's identity (None when this path needs none); raises Challenge.
         ``authorization``: every ``Authorization`` header sent (two are ambiguous: 400)."""
         admin = path.startswith("/admin/")
-        if path in OPEN_PATHS or path.startswith(METADATA_PATH):
+        if path in OPEN_PATHS or path.startswith(METADATA_PATH) or is_console(path):
             return None
         if not (self.admin_enabled if admin else self.enabled):
             return None

@@ -58,6 +58,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--budget-tokens-per-min": ("budget_tokens_per_min", int, "store", None, "authentication"),
     "--budget-processes": ("budget_processes", int, "store", None, "authentication"),
     "--drain-timeout": ("drain_timeout_s", float, "store", None, "server"),
+    "--ui": ("ui", str, "bool", None, "server"),
     "--log-format": ("log_format", str, "store", ("text", "json"), "logging"),
     "--stats-interval": ("stats_interval_s", float, "store", None, "logging"),
     "--access-log": ("access_log", str, "bool", None, "logging"),

@@ -1,0 +1,1 @@
+"""The web console: static pages served by the gateway itself (``console.routes``)."""
