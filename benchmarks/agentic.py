@@ -34,7 +34,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import AsyncLLM, EngineConfig, SamplingParams  # noqa: E402
-from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash  # noqa: E402
+from engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash  # noqa: E402
 
 TOKEN_IDS = range(4, 260)  # ordinary byte-level tokens of the tiny model (no specials)
 Trace = tuple[list[int], list[list[list[int]]]]  # system prompt; per session, per turn

@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     args = parser.parse_args()
     if args.file is None:
-        from engine.fetch_model import fetch_model
+        from engine.loading.fetch_model import fetch_model
 
         path = fetch_model("smollm2")
     else:

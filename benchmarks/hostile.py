@@ -106,7 +106,7 @@ def wait_healthy(base: str, server: subprocess.Popen[bytes], within_s: float = 1
             raise RuntimeError("the server exited")
         try:
             health = httpx.get(base + "/healthz", timeout=1)
-            if health.status_code == 200 and "loading" not in health.json():  # loaded
+            if health.status_code == 200 and "loading" not in health.text:  # loaded, not loading
                 return
         except httpx.HTTPError:
             pass

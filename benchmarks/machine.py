@@ -18,8 +18,8 @@ import torch.nn.functional as F
 
 from benchmarks.record import cpu_model
 from engine.config import cpu_flags, native_bf16_flags, usable_cores
-from engine.model_config import ModelConfig
 from engine.models import packed_linear as pl
+from engine.models.model_config import ModelConfig
 
 # Flags worth naming: what the matmul and attention kernels can use.
 SHOWN_FLAGS = (

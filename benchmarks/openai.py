@@ -53,7 +53,7 @@ from benchmarks.loopback import free_port, stop  # noqa: E402
 from benchmarks.mcp import request_parts  # noqa: E402
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
 from engine.config import native_bf16_flags  # noqa: E402
-from engine.tiny_model import default_model_dir  # noqa: E402
+from engine.loading.tiny_model import default_model_dir  # noqa: E402
 
 WORDS = "the model reads a long prompt and answers it one token at a time".split()
 

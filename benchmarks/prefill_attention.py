@@ -1,6 +1,6 @@
 """One layer's prefill attention: the native fused kernel against the torch path it replaces.
 
-The shape is the bench55m model's (`engine.tiny_model` preset: 8 query heads, 4 KV heads,
+The shape is the bench55m model's (`engine.loading.tiny_model` preset: 8 query heads, 4 KV heads,
 head size 64, 8 layers) in bf16, a ``--tokens``-token prompt (default 2,000) in 16-token
 blocks; the kernel also runs the fp32 path and a chunk after a cached prefix. The two paths
 run interleaved, best of ``--rounds``, in one process, so their ratio holds on a shared

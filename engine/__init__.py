@@ -4,7 +4,7 @@ from engine import LLM, SamplingParams
 LLM().generate("Hello", SamplingParams(max_tokens=16, temperature=0))
 
 The names below load their modules on first use (``engine._lazy``): importing a light
-submodule (``engine.sampling_params``, ``engine.errors``, ``engine.tokenizer``, ...) or a
+submodule (``engine.sampling_params``, ``engine.errors``, ``engine.tokenization.tokenizer``, ...) or a
 light name (``from engine import SamplingParams``) does not import torch.
 """
 

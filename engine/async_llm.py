@@ -21,18 +21,18 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from engine.config import EngineConfig
-from engine.engine_core import EngineCore
+from engine.core.engine_core import EngineCore
+from engine.core.prompt_rules import Prompt
+from engine.core.replica import Replica
+from engine.core.request import Request
+from engine.core.stat_logger import started
 from engine.errors import EngineStepError
-from engine.lora import LoRAAdapter
+from engine.models.lora import LoRAAdapter
 from engine.output_processor import OutputCollector, OutputProcessor, OutputStream
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
-from engine.prompt_rules import Prompt
-from engine.replica import Replica
-from engine.request import Request
 from engine.sampling_params import SamplingParams, StructuredOutputs
-from engine.stat_logger import started
 from engine.stats import EngineStats
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 
 
 class RequestStream(OutputStream):
@@ -140,7 +140,7 @@ class AsyncLLM:
         self.core.grammars.compile(spec)
 
     def add_lora(self, name: str, path: str, replace: bool = False) -> LoRAAdapter:
-        """Load a PEFT adapter (``engine.lora.AdapterError`` if it cannot be served): reads
+        """Load a PEFT adapter (``engine.models.lora.AdapterError`` if it cannot be served): reads
         and checks its files, so a front door calls it on a worker thread."""
         return self.core.add_lora(name, path, replace)
 

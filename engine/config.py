@@ -30,7 +30,7 @@ _UNITS = {
     "mib": 2**20,
     "gib": 2**30,
 }
-TINY_MODEL = "tiny"  # the random test model's name as a `model` (engine.tiny_model)
+TINY_MODEL = "tiny"  # the random test model's name as a `model` (engine.loading.tiny_model)
 
 
 @dataclass
@@ -58,12 +58,12 @@ class EngineConfig:
     max_prompt_tokens: int | None = None  # None = only max_model_len bounds a prompt
     max_tokens_limit: int | None = None  # largest SamplingParams.max_tokens; None = no cap
     step_timeout_s: float = 120.0  # a step running longer marks its replica stalled
-    # Structured outputs (engine/structured.py): compiled grammars kept, by their memory, and
+    # Structured outputs (engine/sampling/structured.py): compiled grammars kept, by their memory, and
     # the largest spec (canonical JSON bytes) compiled at all.
     grammar_cache_bytes: int | str = 256 * 2**20
     max_grammar_bytes: int | str = 128 * 2**10
     threads: int | None = None  # CPU compute threads; None = torch's setting (physical cores)
-    # LoRA adapters (engine/lora.py): served only when enabled; ranks up to max_lora_rank;
+    # LoRA adapters (engine/models/lora.py): served only when enabled; ranks up to max_lora_rank;
     # at most max_loras distinct adapters among a replica's running requests (so in a step).
     enable_lora: bool = False
     max_lora_rank: int = 16

@@ -90,3 +90,7 @@ class UnknownAdapter(InvalidArgument):
     def __init__(self, name: str) -> None:
         super().__init__(f"The model `{name}` does not exist.", "model")
         self.name = name
+
+
+class ModelLoadError(ValueError):
+    """A checkpoint folder the engine cannot use; the message names the offending piece."""

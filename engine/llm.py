@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from engine.config import EngineConfig
-from engine.engine_core import EngineCore
+from engine.core.engine_core import EngineCore
+from engine.core.prompt_rules import Prompt
+from engine.core.request import Request
 from engine.errors import EngineStepError
-from engine.lora import LoRARequest
+from engine.models.lora import LoRARequest
 from engine.output_processor import OutputProcessor
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
-from engine.prompt_rules import Prompt
-from engine.request import Request
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
 

@@ -12,7 +12,7 @@ Two pieces, after vLLM v1's output processor:
   ``stopped`` and the caller aborts the request in the engine.
 
 ``OutputStream`` joins the two for one request's reader: the async iterator that
-``engine.async_llm`` (engine in this process) and ``engine.core_client`` (engine in a process
+``engine.async_llm`` (engine in this process) and ``engine.process.core_client`` (engine in a process
 of its own) hand out, each saying only how a request is let go of in its engine.
 """
 
@@ -23,7 +23,7 @@ import threading
 
 from engine.outputs import OutputKind, RequestOutput, StepOutput
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 
 
 class OutputCollector:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.serving_stats import ServingStats
+from engine.core.serving_stats import ServingStats
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, NoReturn
 
-from engine.fetch_model import WHEEL_MODELS
+from engine.loading.fetch_model import WHEEL_MODELS
 from gateway import __version__
 from gateway.default_model import default_model
 from gateway.ops.logs import configure_logging
@@ -29,7 +29,7 @@ from gateway.startup import Start, listen
 logger = logging.getLogger("kvgate")
 ENGINE_START_TIMEOUT_S = 1800.0  # loading a model (a first native build: minutes)
 # The engine process's start: the process itself, the model, the KV cache (its phases,
-# engine.core_process), then the API.
+# engine.process.core_process), then the API.
 ENGINE_PROCESS_STEPS = 4
 
 
@@ -305,8 +305,8 @@ def serve_engine_worker(
 ) -> None:
     """One API process over the engine process at ``path`` (no torch here); ``created``: see
     `run_app`; ``start``: the start it ends (the first worker's)."""
-    from engine.core_client import EngineClient
     from engine.errors import EngineUnavailable
+    from engine.process.core_client import EngineClient
     from gateway.adapters import parse_lora_module
 
     try:
@@ -431,8 +431,8 @@ def main(argv: list[str] | None = None) -> None:
             Path(args.write).write_text(flags_table())
         return
     if args.command == "fetch-model":
-        from engine.fetch_model import fetch_model
-        from engine.model_config import ModelLoadError
+        from engine.errors import ModelLoadError
+        from engine.loading.fetch_model import fetch_model
 
         try:
             print(fetch_model(args.name))
@@ -440,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
             sys.exit(f"kvgate: {exc}")
         return
     if args.command == "make-tiny-model":
-        from engine.tiny_model import make_tiny_model
+        from engine.loading.tiny_model import make_tiny_model
 
         print(make_tiny_model(args.dir, seed=args.seed, preset=args.preset))
         return

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 
 from engine.config import TINY_MODEL
-from engine.fetch_model import WHEEL_MODELS, local_model_path
+from engine.loading.fetch_model import WHEEL_MODELS, local_model_path
 
 log = logging.getLogger("kvgate")
 REAL_MODEL = "smollm2"

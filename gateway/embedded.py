@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.auth.identity import current as current_identity
 from gateway.catalog.catalog import ModelFacts
 from gateway.generation import (
@@ -51,7 +51,7 @@ EMBED_WINDOW = 64
 
 class EngineStream(Protocol):
     """A submitted request's outputs (``engine.async_llm.RequestStream`` in this process,
-    ``engine.core_client.RemoteStream`` for an engine in a process of its own)."""
+    ``engine.process.core_client.RemoteStream`` for an engine in a process of its own)."""
 
     @property
     def replica(self) -> int: ...

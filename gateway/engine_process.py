@@ -1,8 +1,8 @@
 """The embedded engine in a process of its own, started and watched by ``kvgate serve``.
 
-The engine (``engine.core_process``) computes with every usable core and no event loop in its
+The engine (``engine.process.core_process``) computes with every usable core and no event loop in its
 process; the API processes (one, or ``--workers N``) tokenize, template, detokenize and
-answer HTTP, each over a Unix socket to it (``engine.core_client``). The socket and the
+answer HTTP, each over a Unix socket to it (``engine.process.core_client``). The socket and the
 engine's settings live in a folder only this user can open, removed when serving ends.
 
 While it starts, the engine writes each step as it begins (loading the model, allocating the KV
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 log = logging.getLogger("kvgate")
-FATAL = 2  # engine.core_process: the model cannot be loaded
+FATAL = 2  # engine.process.core_process: the model cannot be loaded
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 30.0
 STEADY_S = 60.0
@@ -73,7 +73,7 @@ class EngineProcess:
             [
                 sys.executable,
                 "-m",
-                "engine.core_process",
+                "engine.process.core_process",
                 self.socket_path,
                 self._config_path,
                 str(os.getpid()),

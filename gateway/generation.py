@@ -22,7 +22,7 @@ from typing import Any, Protocol, TypeVar
 from engine.errors import InvalidArgument, TooManyTokens
 from engine.sampling_params import SamplingParams
 from engine.stats import EngineStats
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.catalog.catalog import ModelFacts
 from gateway.function_calls.functions import Functions
 from gateway.function_calls.parser import FunctionCall

@@ -219,7 +219,7 @@ class Settings:
         "dequantize a GGUF's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K weights at load",
         doc="dequantize a `.gguf` model's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K weights to `--dtype` at load; "
         "by default they stay quantized on CPU (less memory, faster decode: see "
-        "`engine/gguf/quantized.py`)",
+        "`engine/loading/gguf/quantized.py`)",
         group="model",
     )
     threads: int = flag(

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.fetch_model import fetch_model
-from engine.model_config import ModelLoadError
+from engine.errors import ModelLoadError
+from engine.loading.fetch_model import fetch_model
 
 
 @functools.cache

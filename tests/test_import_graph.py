@@ -378,6 +378,32 @@ def test_f_the_fleets_parts_import_no_fleet_and_close_no_cycle_even_for_types() 
     assert not violations, _report(violations)
 
 
+PUBLIC = ["engine.llm", "engine.async_llm", "engine.output_processor"]
+ENGINE_LAYERS = {  # each layer of the engine and what it must never import, types included
+    "engine.attention": ["engine.core", "engine.process", "engine.loading", "engine.models"],
+    "engine.sampling": ["engine.core", "engine.process", "engine.loading", "engine.models"],
+    "engine.tokenization": ["engine.core", "engine.process", "engine.loading", "engine.models"],
+    "engine.models": ["engine.core", "engine.process", "engine.loading", *PUBLIC],
+    "engine.loading": ["engine.core", "engine.process", *PUBLIC],
+    "engine.core": ["engine.process", *PUBLIC],
+    "engine.process": ["engine.llm", "engine.async_llm"],  # its client builds the outputs
+    "engine": ["gateway", "protocol", "schemas"],  # the engine knows nothing of HTTP or MCP
+}
+
+
+def test_g_the_engines_layers_import_downward_only_even_for_types() -> None:
+    graph = build_graph(project_sources(), type_only_too=True)
+    violations = [
+        found
+        for layer, below in ENGINE_LAYERS.items()
+        for found in forbidden_imports(graph, layer, below)
+    ]
+    violations += [
+        found for found in cycles(graph) if found.startswith("import cycle through engine")
+    ]
+    assert not violations, _report(violations)
+
+
 # --- the checker, on synthetic sources --------------------------------------------------------
 
 

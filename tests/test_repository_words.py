@@ -20,7 +20,7 @@ SKIPPED_DIRS = {".git", ".venv", "site", "build", "dist", "node_modules", "__pyc
 SKIPPED_DIRS |= {".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis", "tmp"}
 # Third-party text kept verbatim: the MCP spec's schemas speak of sessions, and chat templates
 # are the model vendors' own.
-THIRD_PARTY = ("schemas/mcp/", "tests/engine/chat_templates/")
+THIRD_PARTY = ("schemas/mcp/", "tests/engine/tokenization/chat_templates/")
 
 # A numbered round of work, or one named relative to the present ("this stop", "last round").
 WORK_ROUND = re.compile(

@@ -46,6 +46,9 @@ def _rows(weight: torch.Tensor | None, sizes: dict[str, int], names: str) -> dic
 
 
 def hf_weight_slots(model: LlamaForCausalLM) -> dict[str, WeightSlot]:
+    """Every Hugging Face tensor name ``model`` expects, and where it is stored."""
+    if model.lm_head_packed is not None:
+        raise RuntimeError("the checkpoint weights were released when they were packed")
     c = model.config
     gemma = c.layout == "gemma"
     norm_offset = c.norm_offset

@@ -18,7 +18,7 @@ their parameters and use `F.linear`.
 LoRA adapters (`lora_layers`) add their low-rank products to the fused outputs of their rows;
 an MLP whose gate/up an adapter in the step targets runs unfused that step.
 
-A GGUF model served quantized (`engine.gguf.quantized`) gives whole modules their weights as
+A GGUF model served quantized (`engine.loading.gguf.quantized`) gives whole modules their weights as
 `quantized_linear.QuantizedLinear` handles instead, the same `gemm.LinearWeight` interface
 over the file's blocks (qkv and o, gate_up and down), which `pack_weights` leaves as they are;
 the embedding and the lm_head have their own (`embed_quantized`, `lm_head_quantized`).
@@ -26,28 +26,44 @@ the embedding and the lm_head have their own (`embed_quantized`, `lm_head_quanti
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import cast
+from collections.abc import Callable, Sequence
+from typing import Protocol, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 import engine.cpu_ops as cpu_ops
-import engine.models.decode_stack as decode_stack
 import engine.models.gemm as gemm
 from engine.attention.backend import TORCH_BACKEND, AttentionBackend
 from engine.attention.kv_cache import KVCache
 from engine.attention.metadata import AttentionMetadata, OutputRows
-from engine.model_config import ModelConfig
-from engine.models.checkpoint import WeightSlot, hf_weight_slots
 from engine.models.lora_layers import LayerLoRA, StepLoRA
+from engine.models.model_config import ModelConfig
 from engine.models.moe import SparseMoE
 from engine.models.params import dense, new_param
 from engine.models.quantized_linear import QuantizedLinear
 from engine.models.rope import rope_inv_freq, rope_tables, rotate
 
-__all__ = ["LlamaForCausalLM", "RMSNorm", "WeightSlot", "rope_inv_freq", "rotate"]
+__all__ = ["LlamaForCausalLM", "RMSNorm", "rope_inv_freq", "rotate"]
+
+
+class LayerStack(Protocol):
+    """Every layer of a decode step in one call (`engine.models.decode_stack`)."""
+
+    def serves(self, x: torch.Tensor) -> bool: ...
+
+    def run(
+        self,
+        x: torch.Tensor,
+        tables: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor: ...
+
+
+LayerStackBuilder = Callable[
+    ["LlamaForCausalLM", list[KVCache], AttentionBackend], LayerStack | None
+]
 
 
 class RMSNorm(nn.Module):
@@ -323,8 +339,11 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head_quantized: QuantizedLinear | None = None
         # The decode layers as one native call, built for the caches and backend it serves
         # (by the model runner at start; None where it cannot serve this model).
-        self._decode_stack: tuple[list[KVCache], AttentionBackend, decode_stack.DecodeStack | None]
+        self._decode_stack: tuple[list[KVCache], AttentionBackend, LayerStack | None]
         self._decode_stack = ([], TORCH_BACKEND, None)
+        # What builds it (`engine.models.decode_stack.build`, set by `registry.build_model`):
+        # the stack reads this module's layers, so this module does not import it.
+        self.build_layer_stack: LayerStackBuilder | None = None
 
     def pack_weights(self) -> None:
         """Prepack the matmul weights where that helps (bf16 and fp32 on CPU), after loading.
@@ -394,11 +413,12 @@ class LlamaForCausalLM(nn.Module):
 
     def decode_stack_for(
         self, kv_caches: list[KVCache], backend: AttentionBackend
-    ) -> decode_stack.DecodeStack | None:
+    ) -> LayerStack | None:
         """The decode stack over these caches and backend, built once (None: the layers serve)."""
         caches, built_for, stack = self._decode_stack
         if caches is not kv_caches or built_for is not backend:
-            stack = decode_stack.build(self, kv_caches, backend)
+            build = self.build_layer_stack
+            stack = None if build is None else build(self, kv_caches, backend)
             self._decode_stack = (kv_caches, backend, stack)
         return stack
 
@@ -419,9 +439,3 @@ class LlamaForCausalLM(nn.Module):
         logits = logits.float()
         cap = self.config.final_softcap
         return logits if cap is None else torch.tanh(logits / cap) * cap
-
-    def hf_weight_slots(self) -> dict[str, WeightSlot]:
-        """Every Hugging Face tensor name this model expects, and where it is stored."""
-        if self.lm_head_packed is not None:
-            raise RuntimeError("the checkpoint weights were released when they were packed")
-        return hf_weight_slots(self)

@@ -1,7 +1,7 @@
 """LoRA deltas for one step's rows: several adapters and the base model in one batch.
 
 The adapters present in a step are stacked per fused site (qkv, o, gate_up, down; see
-``engine.lora``): ``A`` of every adapter one above the other ``[sum r, in]``, ``B`` side by side
+``engine.models.lora``): ``A`` of every adapter one above the other ``[sum r, in]``, ``B`` side by side
 ``[out, sum r]``, and each stacked column knows its adapter. A site then adds to the base output
 
     y += ((x @ A.T) * mask) @ B.T        mask[row, col] = (row's adapter == col's adapter)
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 
 import engine.models.gemm as gemm
-from engine.lora import SITES, LoRAAdapter
+from engine.models.lora import SITES, LoRAAdapter
 
 MAX_STACKS = 4  # sets of adapters whose stacked weights are kept (LRU)
 

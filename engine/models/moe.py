@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import engine.models.gemm as gemm
-from engine.model_config import ModelConfig
+from engine.models.model_config import ModelConfig
 from engine.models.params import dense, new_param
 
 

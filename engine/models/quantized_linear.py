@@ -97,7 +97,7 @@ class QuantizedLinear:
 
     def linear_gated(self, x: torch.Tensor, act: str) -> torch.Tensor:
         """``silu(x @ G.T) * (x @ U.T)`` where the weight is G's rows then U's (SwiGLU only:
-        `engine.gguf.quantized` serves no other MLP quantized)."""
+        `engine.loading.gguf.quantized` serves no other MLP quantized)."""
         if act != "silu":
             raise ValueError(f"quantized gate/up pairs compute SiLU x up, not {act}")
         if x.shape[0] >= DENSE_ROWS:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from engine.model_config import SUPPORTED_ARCHITECTURES, ModelLoadError
+import torch
+
+import engine.models.decode_stack as decode_stack
+from engine.errors import ModelLoadError
 from engine.models.llama import LlamaForCausalLM
+from engine.models.model_config import SUPPORTED_ARCHITECTURES, ModelConfig
 
 MODEL_CLASSES: dict[str, type[LlamaForCausalLM]] = {
     name: LlamaForCausalLM for name in SUPPORTED_ARCHITECTURES
 }
+
+
+def build_model(
+    config: ModelConfig, dtype: torch.dtype, device: torch.device | str
+) -> LlamaForCausalLM:
+    """The model of ``config``'s architecture, its weights unset, its decode stack wired."""
+    model = model_class(config.architecture)(config, dtype, device)
+    model.build_layer_stack = decode_stack.build
+    return model
 
 
 def model_class(architecture: str) -> type[LlamaForCausalLM]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from engine.model_config import ModelConfig
+from engine.models.model_config import ModelConfig
 
 
 def rotary_dim(config: ModelConfig) -> int:

@@ -23,7 +23,7 @@ from engine.errors import (
     UnknownAdapter,
 )
 from engine.sampling_params import SamplingParams
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.auth.budgets import Budgets
 from gateway.auth.identity import current as current_identity
 from gateway.auth.identity import tenant_salt

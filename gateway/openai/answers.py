@@ -14,7 +14,7 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.calls.errors import BadInput
 from gateway.function_calls.parser import FunctionCall
 from gateway.function_calls.reading import content

@@ -1,4 +1,4 @@
-"""Log setup: the engine's formats (``engine.logs``), a JSON line carrying the trace and span
+"""Log setup: the engine's formats (``engine.process.logs``), a JSON line carrying the trace and span
 ids of the request it was logged in (when OpenTelemetry is active), so logs and traces join up.
 """
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from engine import logs
+from engine.process import logs
 from gateway.ops import tracing
 
 

@@ -24,7 +24,7 @@ from prometheus_client.core import (
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 
-from engine import serving_stats
+from engine.core import serving_stats
 from engine.stats import EngineStats, ReplicaStats
 
 # From half a millisecond (a cached list answer) to minutes (a long generation).
@@ -117,9 +117,9 @@ class EngineCollector(Collector):
     `replica` label rather than mixing label sets in one family.
 
     The per-request figures (token counters, latency histograms) are measured by the engine
-    itself (`engine.serving_stats`) and read here from the same snapshot as the gauges. With
+    itself (`engine.core.serving_stats`) and read here from the same snapshot as the gauges. With
     the engine in a process of its own that snapshot comes with its state (at most
-    `engine.core_process.STATE_INTERVAL_S` old), the same for every API process: with
+    `engine.process.core_process.STATE_INTERVAL_S` old), the same for every API process: with
     `--workers N` each worker's `/metrics` is the whole server's, and a scraper may read any.
     """
 

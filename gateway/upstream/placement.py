@@ -54,7 +54,7 @@ from typing import Any, NamedTuple, TypeAlias, TypeVar
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from engine.router import KEY_BLOCKS
+from engine.core.router import KEY_BLOCKS
 from gateway.redis_connection import stop_tasks
 from gateway.redis_records import BOUNDED_GET, key_part
 from gateway.upstream.upstream import Upstream
@@ -287,7 +287,7 @@ class Placements:
 def placement_key(
     hashes: Sequence[bytes], cache_key: str | None, cache_salt: str | None
 ) -> bytes | None:
-    """The key a call is placed by: the one the prefix router hashes (``engine.router``),
+    """The key a call is placed by: the one the prefix router hashes (``engine.core.router``),
     under the call's ``cache_salt``: prefixes cached under different salts are different
     prefixes, and a tenant's salt is its own (``identity.tenant_salt``)."""
     salt = b"" if cache_salt is None else b"salt:" + key_part(cache_salt).encode() + b":"

@@ -1,4 +1,4 @@
-"""Which upstream takes a call: ``engine.router.PrefixRouter`` over the upstreams.
+"""Which upstream takes a call: ``engine.core.router.PrefixRouter`` over the upstreams.
 
 The key is the call's ``cache_key``, else the chained sha256 of its first prefix chunks:
 blocks of 16 token ids when the gateway has the model's tokenizer, else fixed 64-character
@@ -18,10 +18,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from engine.block_hash import BLOCK_SIZE, block_hashes
+from engine.core.block_hash import BLOCK_SIZE, block_hashes
+from engine.core.router import KEY_BLOCKS, PrefixRouter, make_router
 from engine.errors import EngineUnavailable
-from engine.router import KEY_BLOCKS, PrefixRouter, make_router
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.generation import GenerationRequest
 
 CHUNK_CHARS = 64

@@ -21,7 +21,7 @@ from typing import Any
 import orjson
 
 from engine import StructuredOutputs
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.function_calls.parser import FunctionCall
 from gateway.generation import GenerationRequest
 

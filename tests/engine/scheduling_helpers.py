@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import itertools
 
-from engine.block_hash import block_hashes, root_hash
-from engine.block_pool import BlockPool
-from engine.kv_cache_manager import KVCacheManager
-from engine.request import Request
+from engine.core.block_hash import block_hashes, root_hash
+from engine.core.block_pool import BlockPool
+from engine.core.kv_cache_manager import KVCacheManager
+from engine.core.request import Request
+from engine.core.scheduler import ScheduledBatch, Scheduler
+from engine.core.serving_stats import ServingMeter
 from engine.sampling_params import SamplingParams
-from engine.scheduler import ScheduledBatch, Scheduler
-from engine.serving_stats import ServingMeter
 
 ROOT = root_hash("scheduler-test", "float32")
 NEXT_TOKEN = 7

@@ -13,7 +13,7 @@ import pytest
 
 from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, OutputKind, SamplingParams
 from engine.errors import TooManyTokens
-from tests.engine.test_tokenizer import CountingBackend
+from tests.engine.tokenization.test_tokenizer import CountingBackend
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
 

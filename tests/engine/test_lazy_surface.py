@@ -33,7 +33,7 @@ PROBE = textwrap.dedent(
     sys.meta_path.insert(0, RecordTorch())
 
     import engine.sampling_params, engine.errors, engine.outputs, engine.stats
-    import engine.tokenizer, engine.router, engine.block_hash
+    import engine.tokenization.tokenizer, engine.core.router, engine.core.block_hash
     from engine import SamplingParams, AdmissionRefused
 
     assert "torch" not in sys.modules, "torch was imported by:\\n" + RecordTorch.stack

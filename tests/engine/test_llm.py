@@ -13,9 +13,9 @@ from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 from engine import LLM, EngineStepError, SamplingParams
-from engine.block_hash import BLOCK_SIZE, block_hashes, root_hash
-from engine.engine_core import MAX_SALT_ROOTS
-from tests.engine.test_sampler import valid_params
+from engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash
+from engine.core.engine_core import MAX_SALT_ROOTS
+from tests.engine.sampling.test_sampler import valid_params
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 # Token-id prompts of different lengths: within a block, across blocks, exactly two blocks.

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 
 # A fresh interpreter: the engine first, then a KV cache of 64 MiB, touched; its huge-page KiB.

@@ -12,8 +12,8 @@ import pytest
 from transformers import AutoTokenizer
 
 from engine import LLM, AsyncLLM, SamplingParams
-from engine.loader import load_model
-from tests.engine.test_chat_templates import TEMPLATES, TOOL_TURN_TEXT, WEATHER
+from engine.loading.loader import load_model
+from tests.engine.tokenization.test_chat_templates import TEMPLATES, TOOL_TURN_TEXT, WEATHER
 
 
 def _copy(src: Path, dst: Path) -> Path:

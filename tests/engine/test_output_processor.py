@@ -6,10 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine import SamplingParams
+from engine.core.request import GRAMMAR_DEAD_END
 from engine.output_processor import OutputProcessor
 from engine.outputs import OutputKind, StepOutput
-from engine.request import GRAMMAR_DEAD_END
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 
 
 def finish(

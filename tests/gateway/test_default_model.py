@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from engine.fetch_model import WHEEL_MODELS, cached_model_path
+from engine.loading.fetch_model import WHEEL_MODELS, cached_model_path
 from gateway.default_model import default_model
-from tests.engine.test_fetch_model import install
+from tests.engine.loading.test_fetch_model import install
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from engine.tiny_model import default_model_dir
+from engine.loading.tiny_model import default_model_dir
 from tests.gateway.ops.test_metrics import sample
 from tests.gateway.upstream.processes import (
     Process,
@@ -40,7 +40,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def is_engine(pid: int) -> bool:
     try:
-        return b"engine.core_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"engine.process.core_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except FileNotFoundError:
         return False
 

@@ -20,7 +20,7 @@ import pytest
 from engine import AsyncLLM, SamplingParams, StructuredOutputs
 from gateway.embedded import EngineBackend
 from gateway.generation import HUGE_CHARS, OFF_LOOP_CHARS, Completion, GenerationRequest, OffLoop
-from tests.engine.test_tokenizer import CountingBackend
+from tests.engine.tokenization.test_tokenizer import CountingBackend
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool
 

@@ -70,6 +70,8 @@ def test_the_port_answers_while_loading_then_the_start_ends_with_the_urls(
                         break
                     health = http.get("/healthz")
                     call = http.post("/v1/chat/completions", json={"messages": []})
+                    if http.get("/readyz").status_code == 200:
+                        break  # ready in between: the app, not the loading answer, took them
                 except httpx.TransportError:  # not bound yet (Python is starting)
                     time.sleep(0.01)
                     continue

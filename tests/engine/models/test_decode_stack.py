@@ -16,10 +16,10 @@ import engine.native as native
 from engine import LLM, SamplingParams
 from engine.attention import allocate_kv_caches, get_attention_backend
 from engine.attention.backend import TORCH_BACKEND
-from engine.loader import load_model
+from engine.loading.loader import load_model
 from engine.models import decode_stack, llama
-from tests.engine.gguf.gguf_files import Q, folder_to_gguf
-from tests.engine.test_llama import PROMPTS, PagedRun
+from tests.engine.loading.gguf.gguf_files import Q, folder_to_gguf
+from tests.engine.models.test_llama import PROMPTS, PagedRun
 
 pytestmark = pytest.mark.skipif(
     native.library() is None or get_attention_backend("torch").decode_kernel is None,

@@ -13,12 +13,12 @@ import jsonschema
 import pytest
 
 from engine import AsyncLLM, SamplingParams
-from engine.chat_template import render
+from engine.tokenization.chat_template import render
 from gateway.function_calls.formats import FAMILIES, HERMES, LLAMA3_JSON, MISTRAL, Family, resolve
 from gateway.function_calls.functions import Functions, ToolChoice, parse_tools, template_messages
 from gateway.function_calls.parser import parse
 
-TEMPLATES = Path(__file__).parents[2] / "engine" / "chat_templates"
+TEMPLATES = Path(__file__).parents[2] / "engine" / "tokenization" / "chat_templates"
 WEATHER = {
     "type": "object",
     "properties": {

@@ -16,7 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from engine import AsyncLLM
-from engine.tiny_model import default_model_dir
+from engine.loading.tiny_model import default_model_dir
 from tests.engine.test_embeddings import cosine, hf_embedding
 from tests.gateway.live_server import LiveServer
 

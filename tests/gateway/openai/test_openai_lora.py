@@ -11,7 +11,7 @@ import openai
 import pytest
 
 from engine import AsyncLLM, EngineConfig
-from engine.tiny_model import default_model_dir
+from engine.loading.tiny_model import default_model_dir
 from gateway.cli import load_lora_modules
 from gateway.settings import Settings
 from gateway.upstream.fleet import Fleet

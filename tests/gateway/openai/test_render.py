@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from engine import AsyncLLM, EngineConfig, SamplingParams
-from engine.tiny_model import default_model_dir
+from engine.loading.tiny_model import default_model_dir
 from gateway.calls.errors import BadInput
 from gateway.openai import render
 from tests.gateway.live_server import LiveServer, free_port

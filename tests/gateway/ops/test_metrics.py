@@ -12,7 +12,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from engine import LLM, AsyncLLM, EngineStats, ReplicaStats, SamplingParams
-from engine.serving_stats import request_tokens_buckets
+from engine.core.serving_stats import request_tokens_buckets
 from gateway.ops.metrics import Metrics
 from tests.gateway.live_server import LiveServer
 

@@ -22,9 +22,9 @@ import orjson
 import pytest
 
 from engine.errors import EngineOverloaded, EngineUnavailable
+from engine.loading.tiny_model import default_model_dir
 from engine.sampling_params import SamplingParams
-from engine.tiny_model import default_model_dir
-from engine.tokenizer import Tokenizer
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.calls.errors import BadInput, UpstreamFailed
 from gateway.generation import EmbeddingsRequest, GenerationRequest
 from gateway.settings import Settings

@@ -15,7 +15,7 @@ import jsonschema
 import openai
 import pytest
 
-from engine.tiny_model import make_tiny_model
+from engine.loading.tiny_model import make_tiny_model
 from gateway.settings import Settings
 from gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer, free_port

@@ -14,8 +14,8 @@ import orjson
 import pytest
 
 from engine import AsyncLLM, SamplingParams, StructuredOutputs
-from engine.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
-from engine.tokenizer import Tokenizer
+from engine.loading.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
+from engine.tokenization.tokenizer import Tokenizer
 from gateway.cli import main
 from gateway.function_calls.functions import Functions
 from gateway.generation import GenerationRequest

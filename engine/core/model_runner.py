@@ -1,0 +1,137 @@
+"""Runs one scheduled step: flatten the batch into an explicit AttentionMetadata, run the
+model over the paged cache, sample the requests whose last token was computed, and pool the
+embedding requests' last rows (the final normalized hidden state, before ``lm_head``).
+
+    batch:  req A computes tokens 32..39 (prefill chunk), req B computes token 70 (decode)
+    input_ids / positions / slot_mapping: 9 rows, A's 8 then B's 1
+    query_start_loc [0, 8, 9]   seq_lens [40, 71]
+    outputs: row 8, and row 7 if the chunk ends A's prompt (the last layer computes no other)
+
+Everything the layers need travels in the metadata object; nothing is module-global.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+
+from engine.attention.backend import AttentionBackend
+from engine.attention.kv_cache import KVCache
+from engine.attention.metadata import AttentionMetadata, OutputRows
+from engine.core.scheduler import ScheduledBatch
+from engine.models.llama import LlamaForCausalLM
+from engine.models.lora_layers import Stacks, StepLoRA
+from engine.sampling.sampler import argmax, plain_greedy, sample
+
+SampledToken = tuple[int, dict[int, float] | None]
+
+
+class StepResult(NamedTuple):
+    sampled: list[SampledToken]  # one per request in ``batch.sampling`` order
+    pooled: list[list[float]]  # one L2-normalized fp32 vector per request in ``batch.pooling``
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model: LlamaForCausalLM,
+        kv_caches: list[KVCache],
+        backend: AttentionBackend,
+        block_size: int,
+        device: torch.device,
+    ):
+        self.model = model
+        self.kv_caches = kv_caches
+        self.backend = backend
+        self.block_size = block_size
+        self.device = device
+        self.lora_stacks = Stacks()  # LoRA weights stacked per set of adapters in a step
+        if isinstance(model, LlamaForCausalLM):  # its decode stack (and kernels) built now:
+            model.decode_stack_for(kv_caches, backend)  # not in the first request's decode
+
+    def execute(self, batch: ScheduledBatch) -> StepResult:
+        """Run the step: a token for each sampling request, a vector for each pooling one."""
+        sampling, pooling = batch.sampling, batch.pooling
+        input_ids, metadata = self.prepare(batch)
+        outputs, pooled_rows = self.output_rows(batch, metadata)
+        sampled: list[SampledToken] = []
+        pooled: list[list[float]] = []
+        adapters = [request.lora for request in batch.requests]
+        lora = StepLoRA.of(adapters, batch.num_new_tokens, self.lora_stacks, self.device)
+        with torch.inference_mode():
+            hidden = self.model(
+                input_ids, metadata.positions, self.kv_caches, metadata, self.backend, lora, outputs
+            )
+            if pooling:  # last-token pooling, L2-normalized in fp32 (vLLM's default for embed)
+                is_pooled = torch.tensor(pooled_rows, dtype=torch.bool, device=self.device)
+                pooled = F.normalize(hidden[is_pooled].float(), dim=-1).tolist()
+                hidden = hidden[~is_pooled]
+            if sampling:
+                rows = hidden
+                if self.model.config.final_softcap is None and plain_greedy(sampling):
+                    # The argmax of the lm_head's own output: no fp32 copy of the logits.
+                    tokens = argmax(self.model.compute_logits(rows, raw=True)).tolist()
+                    sampled = [(token, None) for token in tokens]
+                else:
+                    result = sample(self.model.compute_logits(rows), sampling)
+                    sampled = list(zip(result.token_ids, result.logprobs, strict=True))
+        return StepResult(sampled, pooled)
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
+        """The step's token ids and metadata, built from plain lists with one tensor each."""
+        bs = self.block_size
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        starts = [0]
+        seq_lens: list[int] = []
+        tables = []
+        for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
+            start, end = request.num_computed, request.num_computed + n
+            table = request.block_table
+            tokens += request.token_ids[start:end]
+            positions += range(start, end)
+            # A cached block's tokens keep their K/V (-1: not written; see KVCacheManager).
+            slots += [
+                table[p // bs] * bs + p % bs if p >= request.num_cached else -1
+                for p in range(start, end)
+            ]
+            starts.append(starts[-1] + n)
+            seq_lens.append(end)
+            tables.append(table)
+        width = max(len(t) for t in tables)
+        padded = [t + [0] * (width - len(t)) for t in tables]
+        device = self.device
+        metadata = AttentionMetadata(
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+            block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            max_query_len=max(batch.num_new_tokens),
+            max_seq_len=max(seq_lens),
+        )
+        return torch.tensor(tokens, dtype=torch.int64, device=device), metadata
+
+    def output_rows(
+        self, batch: ScheduledBatch, metadata: AttentionMetadata
+    ) -> tuple[OutputRows | None, list[bool]]:
+        """The rows the step samples or pools, in batch order, for the model to compute alone
+        past its last K/V write (None: every row, as in a step of decodes), and which of them
+        are pooled."""
+        chosen = {id(request) for request in batch.sampling + batch.pooling}
+        seqs, rows, pooled, end, max_len = [], [], [], 0, 1
+        for i, (request, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
+            end += n
+            if id(request) in chosen:
+                seqs.append(i)
+                rows.append(end - 1)
+                pooled.append(request.pooling)
+                max_len = max(max_len, request.num_computed + n)
+        if len(rows) == end:
+            return None, pooled
+        device = self.device
+        last = metadata.last_queries(torch.tensor(seqs, dtype=torch.int64, device=device), max_len)
+        return OutputRows(torch.tensor(rows, dtype=torch.int64, device=device), last), pooled

@@ -1,0 +1,1 @@
+"""Text to tokens and back: the tokenizer and chat templates."""
