@@ -19,6 +19,8 @@ import threading
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
 
+from engine.core.kv_events import KVEventLog
+
 NULL_BLOCK = 0
 
 
@@ -41,6 +43,7 @@ class BlockPool:
         self.by_hash: dict[bytes, int] = {}
         self._free: deque[int] = deque(range(1, num_blocks))
         self._lru: OrderedDict[int, None] = OrderedDict()
+        self.events: KVEventLog | None = None  # told what is stored and removed, when set
 
     # -- queries ---------------------------------------------------------------------------
 
@@ -118,9 +121,12 @@ class BlockPool:
 
     def mark_ready(self, blocks: Iterable[int]) -> None:
         """The step that wrote these blocks has finished: every replica may now match them."""
+        blocks = list(blocks)
         with self._lock:
             for block in blocks:
                 self._ready[block] = True
+            if self.events is not None:
+                self.events.written(blocks)
 
     def release(self, table: list[int], replica: int) -> None:
         """Drop ``replica``'s references on ``table``, tail first, and empty it (so a second
@@ -169,6 +175,8 @@ class BlockPool:
         block_hash = self._hash[block]
         if block_hash is not None and self.by_hash.get(block_hash) == block:
             del self.by_hash[block_hash]
+        if block_hash is not None and self.events is not None:
+            self.events.uncached(block, block_hash, self._ready[block])
         self._hash[block] = None
         self._ready[block] = False
 

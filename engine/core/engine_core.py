@@ -251,6 +251,7 @@ class EngineCore:
             cache_key=cache_key,
             grammar=grammar,
             lora=adapter,
+            cache_salt=cache_salt,
         )
 
     def make_embedding_request(

@@ -78,8 +78,23 @@ class KVCacheManager:
             return []
         hashes = self._hashes(request, full)
         request.num_registered_blocks = full
-        entries = zip(request.block_table[start:full], hashes[start:full], strict=True)
-        return self.pool.register(entries, self.replica)
+        entries = list(zip(request.block_table[start:full], hashes[start:full], strict=True))
+        registered = self.pool.register(entries, self.replica)
+        if self.pool.events is not None and registered:
+            self._tell_registered(request, start, set(registered))
+        return registered
+
+    def _tell_registered(self, request: Request, start: int, registered: set[int]) -> None:
+        """The pool's event log learns what the newly registered blocks will hold."""
+        events, size, hashes = self.pool.events, self.block_size, request.block_hashes
+        assert events is not None
+        lora = None if request.lora is None else request.lora.name
+        for index in range(start, request.num_registered_blocks):
+            block = request.block_table[index]
+            if block in registered:
+                parent = hashes[index - 1] if index else None
+                tokens = request.token_ids[index * size : (index + 1) * size]
+                events.registered(block, hashes[index], parent, tokens, lora, request.cache_salt)
 
     def mark_written(self, blocks: list[int]) -> None:
         """The step has written these pending blocks: other replicas may now match them."""

@@ -55,6 +55,7 @@ class Request:
     pooling: bool = False  # an embedding request: pooled at its last prompt token, never sampled
     embedding: list[float] | None = None  # its vector, once pooled
     lora: LoRAAdapter | None = None  # the adapter its rows run with (None: the base model)
+    cache_salt: str | None = None  # the tenant salt in hash_root (told in KV-cache events)
     replica: int = 0
     token_ids: list[int] = field(init=False)
     num_computed: int = 0
