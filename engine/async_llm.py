@@ -30,6 +30,7 @@ from engine.errors import EngineStepError
 from engine.models.lora import LoRAAdapter
 from engine.output_processor import OutputCollector, OutputProcessor, OutputStream
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
+from engine.process.kv_publisher import start_publisher
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
 from engine.tokenization.tokenizer import Tokenizer
@@ -75,6 +76,7 @@ class AsyncLLM:
         self._collectors: dict[str, OutputCollector] = {}
         self._lock = threading.Lock()
         self.core = EngineCore(self.config, on_output=self._deliver)
+        self.kv_events = start_publisher(self.config.kv_events_config, self.core.pool)
         self._closed = False
         for replica in self.core.replicas:
             replica.start()
@@ -260,6 +262,9 @@ class AsyncLLM:
             self._stat_logger = None
         for replica in self.core.replicas:
             replica.stop()
+        if self.kv_events is not None:
+            self.kv_events.close()
+            self.kv_events = None
         with self._lock:
             collectors = list(self._collectors.values())
         for collector in collectors:

@@ -69,6 +69,7 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_loras: int = 4
     stats_interval_s: float = 0.0  # a stats log line this often while busy (stat_logger); 0: none
+    kv_events_config: str | None = None  # vLLM's --kv-events-config JSON (process.kv_publisher)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:

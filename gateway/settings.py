@@ -272,6 +272,16 @@ class Settings:
         doc="KV cache byte budget, e.g. `256MiB`",
         group="kv cache",
     )
+    kv_events_config: str | None = flag(
+        None,
+        "publish KV-cache events as vLLM does (its JSON)",
+        metavar="JSON",
+        doc="publish the KV cache's block events as vLLM does, e.g. "
+        '`{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", '
+        '"replay_endpoint": "tcp://*:5558", "topic": "kv-events"}`: llm-d, Dynamo and '
+        "kvgate fleets route on them",
+        group="kv cache",
+    )
     redis_url: str | None = flag(
         None,
         "share the discovery cache through Redis",

@@ -52,6 +52,7 @@ from engine.errors import EngineStepError
 from engine.memory import freeze_long_lived
 from engine.outputs import StepOutput
 from engine.process.ipc import Adapter, Hello, State
+from engine.process.kv_publisher import start_publisher
 from engine.process.logs import configure_logging
 
 log = logging.getLogger("kvgate.engine")
@@ -217,6 +218,7 @@ class EngineServer:
         self.connections: set[Connection] = set()
         self._dirty: list[Connection] = []  # connections with news this step
         self.core = EngineCore(config, on_output=self._deliver, on_phase=on_phase)
+        self.kv_events = start_publisher(config.kv_events_config, self.core.pool)
         for replica in self.core.replicas:
             replica.on_step_end = self._flush
         self.calls = ThreadPoolExecutor(CALL_WORKERS, thread_name_prefix="kvgate-engine-call")
