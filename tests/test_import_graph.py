@@ -383,6 +383,13 @@ ENGINE_LAYERS = {  # each layer of the engine and what it must never import, typ
     "engine.attention": ["engine.core", "engine.process", "engine.loading", "engine.models"],
     "engine.sampling": ["engine.core", "engine.process", "engine.loading", "engine.models"],
     "engine.tokenization": ["engine.core", "engine.process", "engine.loading", "engine.models"],
+    "engine.spec_decode": [
+        "engine.core",
+        "engine.process",
+        "engine.loading",
+        "engine.models",
+        *PUBLIC,
+    ],
     "engine.models": ["engine.core", "engine.process", "engine.loading", *PUBLIC],
     "engine.loading": ["engine.core", "engine.process", *PUBLIC],
     "engine.core": ["engine.process", *PUBLIC],

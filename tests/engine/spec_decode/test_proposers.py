@@ -1,0 +1,159 @@
+"""The proposers: vLLM's n-gram choice of match, the suffix trie's counts and speculation,
+the reply cache's tenant walls, and the config's JSON with vLLM's defaults."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from engine.sampling_params import SamplingParams
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.ngram import propose_ngram
+from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.suffix import ReplyCache, SuffixLimits, SuffixTrie
+
+
+def brute_force_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """The rule as vLLM documents it: the longest suffix of min_n..max_n tokens that occurs
+    earlier (ending before the last token), its first occurrence, and up to k tokens after."""
+    total = len(tokens)
+    for n in range(min(max_n, total - 1), min_n - 1, -1):
+        suffix = tokens[total - n :]
+        for start in range(0, total - n):
+            if tokens[start : start + n] == suffix:
+                return tokens[start + n : start + n + k]
+    return []
+
+
+@given(
+    tokens=st.lists(st.integers(0, 3), max_size=40),
+    bounds=st.tuples(st.integers(1, 4), st.integers(0, 3)),
+    k=st.integers(0, 6),
+)
+def test_ngram_takes_the_longest_suffix_and_its_first_occurrence(
+    tokens: list[int], bounds: tuple[int, int], k: int
+) -> None:
+    low, extra = bounds
+    assert propose_ngram(tokens, low, low + extra, k) == brute_force_ngram(
+        tokens, low, low + extra, k
+    )
+
+
+def test_ngram_ignores_a_match_split_across_token_bytes() -> None:
+    # 256 packs as 00 01 00 00: a byte-level hit at an odd offset is not a token match.
+    tokens = [1, 256, 0, 7, 1, 0]
+    assert propose_ngram(tokens, 1, 2, 2) == brute_force_ngram(tokens, 1, 2, 2)
+
+
+def test_ngram_proposes_the_rest_of_a_repeated_span() -> None:
+    code = list(range(100, 140))
+    context = code + [9, 9] + code[:10]
+    assert propose_ngram(context, 2, 4, 5) == code[10:15]
+
+
+def test_suffix_trie_counts_every_run_up_to_its_depth_and_forgets_a_sequence() -> None:
+    trie = SuffixTrie(depth=3)
+    trie.extend([1, 2, 3, 1, 2, 4])
+    assert trie.root.children is not None
+    one = trie.root.children[1]
+    assert one.count == 2
+    assert one.children is not None and one.children[2].count == 2
+    assert one.children[2].children is not None
+    assert {t: n.count for t, n in one.children[2].children.items()} == {3: 1, 4: 1}
+    trie.end_sequence()
+    trie.extend([5])
+    assert 5 not in (trie.root.children[4].children or {})  # no run spans two sequences
+    trie.remove([5])
+    trie.remove([1, 2, 3, 1, 2, 4])
+    assert trie.empty
+
+
+def test_suffix_speculation_follows_the_frequent_path_within_its_limits() -> None:
+    trie = SuffixTrie(depth=8)
+    story = [1, 2, 3, 4, 5, 6]
+    trie.extend(story * 3 + [1, 2])
+    limits = SuffixLimits(depth=8, spec_factor=1.0, min_prob=0.1)
+    score, tokens = trie.propose(story * 3 + [1, 2], 6, limits)
+    assert tokens[:4] == [3, 4, 5, 6] and score > 0
+    strict = SuffixLimits(depth=8, spec_factor=1.0, min_prob=0.99)
+    assert trie.propose(story * 3 + [1, 2], 6, strict)[1] == []  # 3/4 of occurrences go on
+    short = SuffixLimits(depth=8, spec_factor=0.5, min_prob=0.1)
+    assert len(trie.propose([9, 1, 2], 6, short)[1]) <= 1  # a 2-token match: at most 1 token
+
+
+def test_reply_cache_keeps_tenants_apart_and_forgets_the_oldest() -> None:
+    limits = SuffixLimits(depth=8, spec_factor=4.0, min_prob=0.1)
+    cache = ReplyCache(capacity=2, depth=8)
+    cache.add(b"tenant-a", [10, 11, 12, 13, 14])
+    assert cache.propose(b"tenant-a", [7, 10, 11], 3, limits)[1] == [12, 13, 14]
+    assert cache.propose(b"tenant-b", [7, 10, 11], 3, limits)[1] == []
+    cache.add(b"tenant-b", [20, 21, 22])
+    cache.add(b"tenant-b", [30, 31, 32])
+    assert cache.propose(b"tenant-a", [7, 10, 11], 3, limits)[1] == []  # evicted, FIFO
+
+
+@dataclass(eq=False)
+class Drafting:
+    token_ids: list[int]
+    num_prompt_tokens: int
+    hash_root: bytes = b"root"
+    max_model_len: int = 1000
+    params: SamplingParams = field(default_factory=lambda: SamplingParams(max_tokens=100))
+
+
+def test_speculator_caps_drafts_by_budget_max_tokens_and_context() -> None:
+    speculator = Speculator(
+        SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 8}')
+    )
+    text = [random.Random(0).randrange(50) for _ in range(30)]
+    request = Drafting(text * 2, num_prompt_tokens=55)
+    assert len(speculator.propose(request, budget=100)) == 8
+    assert len(speculator.propose(request, budget=3)) == 3
+    request.params = SamplingParams(max_tokens=8)  # 5 generated: 3 more at most, 1 sampled
+    assert len(speculator.propose(request, budget=100)) == 2
+    request.max_model_len = 62
+    assert speculator.propose(request, budget=100) == [text[0]]
+    assert speculator.active(4) and not speculator.active(5)
+
+
+def test_suffix_speculator_reuses_a_finished_reply_of_the_same_root_only() -> None:
+    speculator = Speculator(SpeculativeConfig.parse({"method": "suffix"}))
+    reply = list(range(200, 230))
+    done = Drafting([1, 2, 3, *reply], num_prompt_tokens=3)
+    speculator.finished(done, keep_reply=True)
+    same = Drafting([4, 5, *reply[:6]], num_prompt_tokens=2)
+    assert speculator.propose(same, budget=10) == reply[6:12]
+    other = Drafting([4, 5, *reply[:6]], num_prompt_tokens=2, hash_root=b"another tenant")
+    assert speculator.propose(other, budget=10) == []
+
+
+def test_config_reads_vllms_json_and_defaults() -> None:
+    both = SpeculativeConfig.parse('{"method": "ngram", "num_speculative_tokens": 3}')
+    assert (both.prompt_lookup_min, both.prompt_lookup_max) == (5, 5)
+    one = SpeculativeConfig.parse(
+        {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    )
+    assert (one.prompt_lookup_min, one.prompt_lookup_max) == (4, 4)
+    assert SpeculativeConfig.parse({"method": "suffix"}).num_speculative_tokens == 24
+    for bad, words in (
+        ({"method": "ngram"}, "num_speculative_tokens"),
+        (
+            {
+                "method": "ngram",
+                "num_speculative_tokens": 2,
+                "prompt_lookup_min": 4,
+                "prompt_lookup_max": 2,
+            },
+            "<=",
+        ),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "method"),
+        ({"method": "ngram", "num_speculative_tokens": 2, "typo": 1}, "typo"),
+        ({"model": "/models/draft", "num_speculative_tokens": 2}, "draft model"),
+        ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
+    ):
+        with pytest.raises(ValueError, match=words):
+            SpeculativeConfig.parse(bad)
