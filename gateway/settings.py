@@ -643,6 +643,25 @@ class Settings:
         doc="a name resolving to one upstream per address, e.g. a Kubernetes headless Service "
         "(repeatable; `http[s]://HOST:PORT` too)",
     )
+    upstream_kv_events: tuple[str, ...] = flag(
+        (),
+        "URL=tcp://HOST:PORT[,replay=tcp://HOST:PORT]: an upstream's KV-cache events",
+        group="fleet",
+        repeat=True,
+        metavar="URL=ENDPOINT",
+        doc="route precisely on an upstream's KV-cache events (vLLM's or kvgate's "
+        "`--kv-events-config` publisher): `URL=tcp://HOST:PORT[,replay=tcp://HOST:PORT]"
+        "[,topic=NAME]`, URL as given to `--upstream` (repeat for each); needs `--tokenizer` "
+        "(or `--model`) for text prompts",
+    )
+    upstream_kv_index_blocks: int = flag(
+        200_000,
+        "blocks remembered per upstream from its KV-cache events",
+        group="fleet",
+        metavar="N",
+        ge=1,
+        le=10_000_000,
+    )
     upstream_refresh_s: float = flag(
         10.0,
         "seconds between re-resolving --upstream-dns",

@@ -32,6 +32,7 @@ from gateway.upstream import bounded, wire
 from gateway.upstream.choice import Route
 from gateway.upstream.failures import TRANSPORT_ERRORS, AttemptFailed, Failure, transport_failure
 from gateway.upstream.fleet_metrics import FleetMetrics
+from gateway.upstream.precise import PromptBlocks
 from gateway.upstream.upstream import Lease, Upstream
 
 RETRIES = 1
@@ -63,6 +64,7 @@ class UpstreamCall:
         self.started = 0.0
         self.last: AttemptFailed | None = None
         self.placed: Upstream | None = None  # the upstream the key's placement record names
+        self.prompt: PromptBlocks | None = None  # its blocks, for precise routing
 
     @property
     def upstream(self) -> Upstream | None:
@@ -75,7 +77,7 @@ class UpstreamCall:
         while True:
             try:
                 upstream = self.route.choose(
-                    self.hashes, self.request.cache_key, self.tried, self.placed
+                    self.hashes, self.request.cache_key, self.tried, self.placed, self.prompt
                 )
             except EngineUnavailable:
                 if self.last is not None and self.last.kind is Failure.OVERLOADED:  # pass it on

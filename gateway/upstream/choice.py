@@ -9,11 +9,13 @@ that an attempt failed.
 
 from __future__ import annotations
 
+import time
 from typing import Protocol
 
 from gateway.upstream.failures import AttemptFailed
 from gateway.upstream.fleet_metrics import FleetMetrics
 from gateway.upstream.membership import Membership
+from gateway.upstream.precise import PreciseScorer, PromptBlocks
 from gateway.upstream.routing import Load
 from gateway.upstream.upstream import Upstream
 
@@ -27,8 +29,10 @@ class Route(Protocol):
         cache_key: str | None,
         tried: set[int],
         placed: Upstream | None = None,
+        prompt: PromptBlocks | None = None,
     ) -> Upstream:
-        """The upstream for the next attempt (``EngineUnavailable`` when none can take it)."""
+        """The upstream for the next attempt (``EngineUnavailable`` when none can take it);
+        ``prompt``: the call's blocks, for precise routing."""
         ...
 
     def failed(self, upstream: Upstream, failure: AttemptFailed) -> None:
@@ -39,10 +43,17 @@ class Route(Protocol):
 class Chooser:
     """The ``Route`` the fleet gives its calls and proxies."""
 
-    def __init__(self, members: Membership, observed: FleetMetrics, scrape_interval_s: float):
+    def __init__(
+        self,
+        members: Membership,
+        observed: FleetMetrics,
+        scrape_interval_s: float,
+        precise: PreciseScorer | None = None,
+    ):
         self.members = members
         self.observed = observed
         self._max_age_s = SCRAPES_FRESH * scrape_interval_s
+        self.precise = precise
 
     def choose(
         self,
@@ -50,13 +61,25 @@ class Chooser:
         cache_key: str | None,
         tried: set[int],
         placed: Upstream | None = None,
+        prompt: PromptBlocks | None = None,
     ) -> Upstream:
-        """The upstream for a call: the one its placement record names (``placed``) while it
-        is available, untried and not pressed; else the router's choice."""
+        """The upstream for a call: where its KV-cache events say its longest prefix is,
+        weighed against load (``precise``); else the one its placement record names
+        (``placed``) while it is available, untried and not pressed; else the router's
+        choice. Which rule decided is counted in ``kvgate_routing_decisions{rule}``."""
         members, max_age = self.members.upstreams, self._max_age_s
         reason = "placed"
         upstream = placed
-        if (
+        now = time.monotonic()
+        if self.precise is not None and prompt is not None:
+            available = [u.breaker.available() and u.index not in tried for u in members]
+            if any(available):
+                loads = [u.load(max_age) for u in members]
+                urls = [u.url for u in members]
+                position = self.precise.choose(prompt, urls, loads, available, now)
+                if position is not None:
+                    upstream, reason = members[position], "precise"
+        if reason != "precise" and (
             upstream is None
             or upstream.index in tried
             or not upstream.breaker.available()
@@ -66,7 +89,11 @@ class Chooser:
             loads = [u.load(max_age) for u in members]
             position, reason = self.members.router.choose(hashes, cache_key, loads, available)
             upstream = members[position]
+        assert upstream is not None
+        if self.precise is not None and prompt is not None:
+            self.precise.routed(prompt, upstream.url, now)
         self.observed.count("kvgate_upstream_routing", upstream=str(upstream.index), reason=reason)
+        self.observed.count("kvgate_routing_decisions", rule=reason)
         return upstream
 
     def own(self, hashes: list[bytes], cache_key: str | None) -> Upstream | None:

@@ -51,9 +51,11 @@ from gateway.upstream import wire
 from gateway.upstream.call import UpstreamCall
 from gateway.upstream.choice import Chooser
 from gateway.upstream.fleet_metrics import FleetMetrics
+from gateway.upstream.kv_subscriber import EventSource, KVSubscriber
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.membership import Membership, ask_all, union
 from gateway.upstream.placement import Placements, follow_or_place, placement_key
+from gateway.upstream.precise import BLOCK_SIZES, PreciseScorer, PromptBlocks
 from gateway.upstream.proxies import Proxies
 from gateway.upstream.routing import PrefixKeys
 from gateway.upstream.upstream import Upstream
@@ -91,7 +93,19 @@ class Fleet:
             settings, model_name, urls, self.observed, resolve, dict(resolved or {})
         )
         self.members.start_down(down)
-        self.chooser = Chooser(self.members, self.observed, settings.upstream_scrape_interval_s)
+        self.subscriber: KVSubscriber | None = None
+        precise = None
+        if settings.upstream_kv_events:
+            sources = [EventSource.parse(spec) for spec in settings.upstream_kv_events]
+            self.subscriber = KVSubscriber(sources, settings.upstream_kv_index_blocks)
+            precise = PreciseScorer(self.subscriber)
+            if tokenizer is None:
+                logger.warning(
+                    "--upstream-kv-events without --tokenizer (or --model): only calls given "
+                    "as token ids route precisely; text prompts route by hash"
+                )
+        interval = settings.upstream_scrape_interval_s
+        self.chooser = Chooser(self.members, self.observed, interval, precise)
         self.proxies = Proxies(self.chooser, model_name, max_model_len, tokenizer, self.off_loop)
         self.placements = None
         if settings.redis_url is not None and settings.routing == "prefix":
@@ -110,6 +124,8 @@ class Fleet:
         ``--tokenizer`` (or ``--model``) when given."""
         try:
             targets = [DnsTarget.parse(spec) for spec in settings.upstream_dns]
+            for spec in settings.upstream_kv_events:
+                EventSource.parse(spec)
         except ValueError as exc:
             raise FleetConfigError(str(exc)) from None
         resolved: dict[DnsTarget, list[str]] = {}
@@ -200,6 +216,8 @@ class Fleet:
                 self._tasks.append(asyncio.create_task(_every(interval, work)))
         if self.placements is not None:
             await self.placements.connect()
+        if self.subscriber is not None:
+            self.subscriber.start()
         if self.token_ids is not None:  # string logprobs map back without a stall
             self._tasks.append(asyncio.create_task(asyncio.to_thread(self.token_ids.prepare)))
 
@@ -208,6 +226,8 @@ class Fleet:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.members.aclose()
+        if self.subscriber is not None:
+            self.subscriber.close()
         if self.placements is not None:
             await self.placements.aclose()
         self.off_loop.close()
@@ -221,12 +241,16 @@ class Fleet:
             )
         sent = wire.request_body(request, self.model_name)
         hashes: list[bytes] = []  # a cache_key routes on its own: no prompt to hash
-        if request.cache_key is None:
+        prompt = None
+        if self.subscriber is not None:
+            hashes, prompt = await self.off_loop.run(prompt_chars(request), self._blocks, request)
+        elif request.cache_key is None:
             hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
         headers: dict[str, str] = {}
         tracing.inject(headers)  # traceparent of the call's span, when tracing is on
         route, observed = self.chooser, self.observed
         call = UpstreamCall(route, observed, self.token_ids, request, hashes, (*sent, headers))
+        call.prompt = prompt
         placements = self.placements
         key = placement_key(hashes, request.cache_key, request.cache_salt)
         asked = None
@@ -245,6 +269,18 @@ class Fleet:
             placements.settle(key, asked, call.upstream.url)
         http_io.note_served_by(call.upstream.url)
         return Guarded(call.relay(), call)
+
+    def _blocks(self, request: GenerationRequest) -> tuple[list[bytes], PromptBlocks | None]:
+        """Off the loop: the routing keys and, where its token ids are known here, the
+        call's blocks with their content keys computed."""
+        ids = self.prefix_keys.token_ids(request)
+        hashes = [] if request.cache_key is not None else self.prefix_keys.of(request, ids)
+        if ids is None:
+            return hashes, None
+        prompt = PromptBlocks(ids, request.adapter, request.cache_salt)
+        for block_size in BLOCK_SIZES:
+            prompt.keys(block_size)
+        return hashes, prompt
 
     def adapters(self) -> list[Adapter] | None:
         """Not known here: a call's ``model`` goes upstream as given, and its 404 comes back."""

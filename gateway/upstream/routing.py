@@ -46,20 +46,28 @@ class PrefixKeys:
         self.tokenizer = tokenizer
 
     def __call__(self, request: GenerationRequest) -> list[bytes]:
-        if isinstance(request.prompt, list):
-            return block_hashes(request.prompt[: KEY_BLOCKS * BLOCK_SIZE], ROOT)
-        if self.tokenizer is None:
+        return self.of(request, self.token_ids(request))
+
+    def of(self, request: GenerationRequest, ids: list[int] | None) -> list[bytes]:
+        """The keys of a request whose token ids (None: not known here) are ``ids``."""
+        if ids is None:
             return _text_hashes(_text(request)[: KEY_BLOCKS * CHUNK_CHARS])
+        return block_hashes(ids[: KEY_BLOCKS * BLOCK_SIZE], ROOT)
+
+    def token_ids(self, request: GenerationRequest) -> list[int] | None:
+        """The prompt's token ids: given, or by the tokenizer (None without one)."""
+        if isinstance(request.prompt, list):
+            return request.prompt
+        if self.tokenizer is None:
+            return None
         if request.messages is None:
             assert request.prompt is not None
-            ids = self.tokenizer.encode(request.prompt)
-        else:
-            ids = self.tokenizer.encode_chat(
-                request.messages,
-                tools=request.template_tools,
-                chat_template_kwargs=request.chat_template_kwargs,
-            )
-        return block_hashes(ids[: KEY_BLOCKS * BLOCK_SIZE], ROOT)
+            return self.tokenizer.encode(request.prompt)
+        return self.tokenizer.encode_chat(
+            request.messages,
+            tools=request.template_tools,
+            chat_template_kwargs=request.chat_template_kwargs,
+        )
 
 
 def _text(request: GenerationRequest) -> str:

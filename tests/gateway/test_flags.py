@@ -66,6 +66,8 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--otlp-traces-endpoint": ("otlp_traces_endpoint", str, "store", None, "logging"),
     "--upstream": ("upstream", str, "extend", None, "fleet"),
     "--upstream-dns": ("upstream_dns", str, "extend", None, "fleet"),
+    "--upstream-kv-events": ("upstream_kv_events", str, "extend", None, "fleet"),
+    "--upstream-kv-index-blocks": ("upstream_kv_index_blocks", int, "store", None, "fleet"),
     "--upstream-refresh": ("upstream_refresh_s", float, "store", None, "fleet"),
     "--upstream-scrape-interval": ("upstream_scrape_interval_s", float, "store", None, "fleet"),
     "--tokenizer": ("tokenizer", str, "store", None, "fleet"),

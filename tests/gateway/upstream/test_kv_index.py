@@ -1,0 +1,113 @@
+"""The per-upstream block index and its subscriber, against a hostile publisher: content
+keys recomputed from token ids, tenants apart, a size cap, and malformed, oversized or
+flooding batches costing bounded memory."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import pytest
+import zmq
+
+from engine.process import kv_wire
+from gateway.upstream.kv_index import BlockIndex, request_keys
+from gateway.upstream.kv_subscriber import EventSource, KVSubscriber
+from tests.gateway.live_server import free_port
+
+TOKENS = list(range(100, 164))  # four 16-token blocks
+
+
+def stored(
+    hashes: list[bytes], tokens: list[int], parent: bytes | None = None, salt: str | None = None
+) -> kv_wire.BlockStored:
+    extras = [(salt,)] + [None] * (len(hashes) - 1) if salt else None
+    return kv_wire.BlockStored(hashes, parent, tokens, 16, None, "GPU", None, extras)
+
+
+def hashes(n: int, tag: int = 0) -> list[bytes]:
+    return [bytes([tag, i]) * 16 for i in range(n)]
+
+
+def test_keys_come_from_content_and_chain_through_parents() -> None:
+    index = BlockIndex(100)
+    first, second = hashes(2), hashes(2, 1)
+    assert index.stored(stored(first, TOKENS[:32]))
+    assert index.stored(stored(second, TOKENS[32:], parent=first[-1]))
+    assert index.match(request_keys(TOKENS + [1, 2], 16, None, None), 0) == 4
+    assert index.match(request_keys([7] + TOKENS[1:], 16, None, None), 0) == 0
+    index.removed([first[1]])
+    assert index.match(request_keys(TOKENS, 16, None, None), 0) == 1
+
+
+def test_a_tenants_salted_blocks_never_match_another_tenant() -> None:
+    index = BlockIndex(100)
+    assert index.stored(stored(hashes(4), TOKENS, salt="tenant-a"))
+    assert index.match(request_keys(TOKENS, 16, None, "tenant-a"), 0) == 4
+    assert index.match(request_keys(TOKENS, 16, None, "tenant-b"), 0) == 0
+    assert index.match(request_keys(TOKENS, 16, None, None), 0) == 0
+
+
+def test_inconsistent_or_unchainable_events_are_dropped() -> None:
+    index = BlockIndex(100)
+    assert not index.stored(stored(hashes(4), TOKENS[:60]))  # tokens do not fill the blocks
+    assert not index.stored(stored(hashes(1), TOKENS[:16], parent=b"unknown" * 4))
+    assert len(index) == 0
+
+
+def test_the_index_is_capped_and_speculation_expires() -> None:
+    index = BlockIndex(8)
+    for n in range(50):  # a flood of claimed blocks
+        index.stored(stored(hashes(4, n), [n] * 64))
+    assert len(index) == 8
+    keys = request_keys(list(range(500, 564)), 16, None, None)
+    index.speculate(keys, now=10.0)
+    assert index.match(keys, 11.0) == 4 and index.match(keys, 20.0) == 0
+
+
+@pytest.fixture
+def hostile() -> Iterator[tuple[zmq.Socket[bytes], KVSubscriber, str]]:
+    port = free_port()
+    context = zmq.Context()
+    pub = context.socket(zmq.PUB)
+    pub.bind(f"tcp://127.0.0.1:{port}")
+    url = "http://upstream.test:8000"
+    subscriber = KVSubscriber([EventSource.parse(f"{url}=tcp://127.0.0.1:{port}")], 64)
+    subscriber.start()
+    yield pub, subscriber, url
+    subscriber.close()
+    context.destroy(linger=0)
+
+
+def wait_until(condition: object, what: str) -> None:
+    deadline = time.monotonic() + 5
+    while not condition():  # type: ignore[operator]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.02)
+
+
+def test_a_hostile_publisher_costs_bounded_memory(
+    hostile: tuple[zmq.Socket[bytes], KVSubscriber, str],
+) -> None:
+    pub, subscriber, url = hostile
+    wait_until(lambda: subscriber.live_index(url) is not None, "no connection")
+    seq = iter(range(10_000))
+
+    def send(payload: bytes) -> None:
+        pub.send_multipart((b"", kv_wire.seq_bytes(next(seq)), payload))
+
+    send(b"\xc1 not msgpack")
+    send(kv_wire.encode(kv_wire.EventBatch(0.0, [stored(hashes(1), [1 << 40] * 16)])))
+    send(b"\x91" + b"\xdc\xff\xff" * 10)  # a batch that claims huge arrays
+    pub.send_multipart((b"", b"short", b""))  # framing that is not the protocol's
+    for n in range(40):  # a flood of claims: the index keeps 64 blocks at most
+        events = [stored(hashes(4, n), [n] * 64)]
+        send(kv_wire.encode(kv_wire.EventBatch(0.0, list(events))))
+    wait_until(lambda: subscriber.counts()[url].get("batches", 0) >= 40, "flood not read")
+    index = subscriber.live_index(url)
+    assert index is not None and len(index) == 64
+    assert subscriber.counts()[url]["malformed"] >= 3
+    read = subscriber.counts()[url]["batches"]
+    pub.send_multipart((b"", kv_wire.seq_bytes(99), b"x" * (5 << 20)))  # over the cap
+    time.sleep(0.3)
+    assert subscriber.counts()[url]["batches"] == read  # dropped by ZMQ, never decoded
