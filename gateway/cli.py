@@ -259,18 +259,18 @@ def log_engine(engine: Any, settings: Settings) -> None:
 
 
 def serve_engine_process(settings: Settings, sockets: list[socket.socket]) -> None:
-    """The engine in a process of its own with every usable core (``gateway.engine_process``)
+    """The engine in a process of its own with every usable core (``gateway.engine_supervisor``)
     and one API process over it, or ``--workers N`` of them on one port."""
     from engine.config import usable_cores
     from gateway.adapters import parse_lora_module
-    from gateway.engine_process import EngineProcess
+    from gateway.engine_supervisor import EngineSupervisor
 
     try:  # the served name is known once the engine has loaded: checked by the API side
         adapters = [parse_lora_module(spec, None) for spec in settings.lora_modules]
     except ValueError as exc:
         sys.exit(f"kvgate: --lora-modules: {exc}")
     config = engine_config(settings, settings.threads or usable_cores())
-    engine = EngineProcess(config, [(a.name, a.path) for a in adapters], settings.log_format)
+    engine = EngineSupervisor(config, [(a.name, a.path) for a in adapters], settings.log_format)
     try:
         with Start(sockets, ENGINE_PROCESS_STEPS) as start:
             start.step("engine", "starting the engine process (Python, torch, kernels)")

@@ -39,7 +39,7 @@ STOP_TIMEOUT_S = 10.0  # SIGTERM, then SIGKILL
 POLL_S = 0.05
 
 
-class EngineProcess:
+class EngineSupervisor:
     def __init__(
         self, config: Any, adapters: list[tuple[str, str]], log_format: str = "text"
     ) -> None:

@@ -4,7 +4,7 @@
 replicas stepping in their threads with every usable core: no event loop shares this process),
 then listens on ``SOCKET``; its appearance is the sign that the engine is ready. Until then it
 writes each step of its start as it begins to the pipe PHASES (a file descriptor it inherited),
-one ``name<TAB>what it does`` line each, for the parent to show (``gateway.engine_process``). Each API process
+one ``name<TAB>what it does`` line each, for the parent to show (``gateway.engine_supervisor``). Each API process
 holds one connection (``engine.process.core_client.EngineClient``) and sends frames (``engine.process.ipc``):
 
     ("submit", tag, token_ids, params, cache_key, cache_salt, lora_name)

@@ -29,7 +29,7 @@ from gateway.http.corking import CorkedTransport
 MAX_TARGET_BYTES = 8192  # the request line limit most servers use (Apache, nginx buffers)
 
 
-class Refused(Exception):
+class HeadRejected(Exception):
     """Raised inside a parser callback: the parser stops and ``send_400_response`` answers."""
 
 
@@ -100,7 +100,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._target_bytes += len(url)
         if self._target_bytes > self.max_target_bytes:
             self._refusal = (414, f"request target exceeds {self.max_target_bytes} bytes")
-            raise Refused
+            raise HeadRejected
         super().on_url(url)
 
     def on_headers_complete(self) -> None:
@@ -110,10 +110,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         hosts = sum(1 for name, _ in self.headers if name == b"host")
         if self.parser.get_http_version() == "1.1" and hosts != 1:
             self._refusal = (400, "an HTTP/1.1 request needs exactly one Host header")
-            raise Refused
+            raise HeadRejected
         if hosts > 1:
             self._refusal = (400, "more than one Host header")
-            raise Refused
+            raise HeadRejected
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:

@@ -13,7 +13,7 @@ ask the kernel for SIGTERM when the parent dies (``PR_SET_PDEATHSIG``), so a par
 with SIGKILL leaves no orphan serving the port.
 
 With an embedded engine the parent also starts the engine's own process
-(``gateway.engine_process``) before the workers, and every worker connects to it: it is
+(``gateway.engine_supervisor``) before the workers, and every worker connects to it: it is
 restarted with backoff when it dies, and stopped after the workers have drained.
 """
 
@@ -31,7 +31,7 @@ from types import FrameType
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from gateway.engine_process import EngineProcess
+    from gateway.engine_supervisor import EngineSupervisor
 
 log = logging.getLogger("kvgate")
 PR_SET_PDEATHSIG = 1
@@ -71,14 +71,14 @@ def die_with_parent(parent: int) -> None:
 
 class Supervisor:
     """Forks a worker per socket, forwards the stop signals, restarts a worker that died;
-    with an ``engine`` (``gateway.engine_process``), restarts it too, with its backoff, and
+    with an ``engine`` (``gateway.engine_supervisor``), restarts it too, with its backoff, and
     stops it once every worker has drained."""
 
     def __init__(
         self,
         sockets: list[socket.socket],
         work: Callable[[socket.socket, int], None],
-        engine: EngineProcess | None = None,
+        engine: EngineSupervisor | None = None,
     ):
         self.sockets = sockets
         self.work = work

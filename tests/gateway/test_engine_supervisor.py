@@ -243,12 +243,12 @@ def test_sigterm_drains_the_workers_then_stops_the_engine(two: Process) -> None:
 def test_the_restart_pause_doubles_with_quick_deaths_and_stops_at_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gateway import engine_process
-    from gateway.engine_process import BACKOFF_MAX_S, FATAL, STEADY_S, EngineProcess
+    from gateway import engine_supervisor
+    from gateway.engine_supervisor import BACKOFF_MAX_S, FATAL, STEADY_S, EngineSupervisor
 
     now = [1000.0]
-    monkeypatch.setattr(engine_process.time, "monotonic", lambda: now[0])
-    engine = EngineProcess(object(), [])
+    monkeypatch.setattr(engine_supervisor.time, "monotonic", lambda: now[0])
+    engine = EngineSupervisor(object(), [])
     try:
         engine._started_at = now[0]
         assert [engine.restart_delay(-9) for _ in range(8)] == [

@@ -1,7 +1,7 @@
 """``--workers N`` in fleet mode, with real processes: N workers on one port route every key
 alike (as separate gateways do), answer with ``X-Kvgate-Upstream``, drain on SIGTERM and die
 with their parent; ``--workers`` over an in-process engine is refused (over the engine's own
-process: ``tests/gateway/test_engine_process.py``)."""
+process: ``tests/gateway/test_engine_supervisor.py``)."""
 
 from __future__ import annotations
 
