@@ -8,8 +8,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.native_variants import read_cpu_flags
+from engine.spec_decode.config import SpeculativeConfig
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +71,9 @@ class EngineConfig:
     max_lora_rank: int = 16
     max_loras: int = 4
     stats_interval_s: float = 0.0  # a stats log line this often while busy (stat_logger); 0: none
+    # Speculative decoding (engine/spec_decode): vLLM's --speculative-config JSON (text or
+    # parsed), read into a SpeculativeConfig; None: off.
+    speculative_config: SpeculativeConfig | str | dict[str, Any] | None = None
     kv_events_config: str | None = None  # vLLM's --kv-events-config JSON (process.kv_publisher)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,8 @@ class EngineConfig:
             self.kv_cache_memory = parse_bytes(self.kv_cache_memory)
         for name in ("grammar_cache_bytes", "max_grammar_bytes"):
             setattr(self, name, parse_bytes(getattr(self, name), name))
+        if isinstance(self.speculative_config, (str, dict)):
+            self.speculative_config = SpeculativeConfig.parse(self.speculative_config)
 
 
 def parse_bytes(value: int | str, name: str = "kv_cache_memory") -> int:

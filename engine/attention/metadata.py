@@ -13,6 +13,7 @@ the key mask) are derived once per step and memoised on the object, not per laye
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -35,20 +36,40 @@ class AttentionMetadata:
     def num_seqs(self) -> int:
         return self.seq_lens.shape[0]
 
-    def last_queries(self, seqs: torch.Tensor, max_seq_len: int) -> AttentionMetadata:
+    def last_queries(
+        self, seqs: torch.Tensor, max_seq_len: int, query_lens: list[int] | None = None
+    ) -> AttentionMetadata:
         """Only the last query row of each of ``seqs`` (int64 indices), each a one-token query
         over its whole context (a decode row to every backend), its K/V already written:
-        what a model's last layer attends for the rows whose output is wanted."""
+        what a model's last layer attends for the rows whose output is wanted. With
+        ``query_lens``, the last ``query_lens[i]`` rows of sequence ``seqs[i]`` (a request
+        verifying drafts wants a row for each)."""
         count = seqs.shape[0]
         seq_lens = self.seq_lens.index_select(0, seqs)
         device = seq_lens.device
+        if query_lens is None:
+            positions = seq_lens.long() - 1
+            starts = torch.arange(count + 1, dtype=torch.int32, device=device)
+        else:
+            positions = torch.tensor(
+                [
+                    p
+                    for end, n in zip(seq_lens.tolist(), query_lens, strict=True)
+                    for p in range(end - n, end)
+                ],
+                dtype=torch.int64,
+                device=device,
+            )
+            starts = torch.tensor(
+                [0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=device
+            )
         return AttentionMetadata(
-            positions=seq_lens.long() - 1,
-            query_start_loc=torch.arange(count + 1, dtype=torch.int32, device=device),
+            positions=positions,
+            query_start_loc=starts,
             seq_lens=seq_lens,
             block_tables=self.block_tables.index_select(0, seqs),
-            slot_mapping=torch.full((count,), -1, dtype=torch.int64, device=device),
-            max_query_len=1,
+            slot_mapping=torch.full((positions.shape[0],), -1, dtype=torch.int64, device=device),
+            max_query_len=1 if query_lens is None else max(query_lens),
             max_seq_len=max_seq_len,
         )
 

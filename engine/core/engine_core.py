@@ -54,6 +54,8 @@ from engine.loading.tiny_model import default_model_dir
 from engine.models.lora import LoRAAdapter, LoRARegistry, load_adapter
 from engine.sampling.structured import GrammarCache
 from engine.sampling_params import SamplingParams
+from engine.spec_decode.config import SpeculativeConfig
+from engine.spec_decode.speculator import Speculator
 from engine.stats import EngineStats
 
 MAX_SALT_ROOTS = 1024  # memoised tenant-salt roots (LRU)
@@ -125,6 +127,9 @@ class EngineCore:
             raise ValueError("kv_cache_memory is too small to hold one request of 2 tokens")
         backend = get_attention_backend(config.attention_backend, self.device)
         runner = ModelRunner(self.model, self.kv_caches, backend, BLOCK_SIZE, self.device)
+        spec = config.speculative_config
+        assert spec is None or isinstance(spec, SpeculativeConfig)  # parsed by EngineConfig
+        num_spec = 0 if spec is None else spec.num_speculative_tokens
         self.replicas = [
             Replica(
                 i,
@@ -133,8 +138,9 @@ class EngineCore:
                     config.max_num_seqs,
                     config.max_num_batched_tokens,
                     reserve,
-                    ServingMeter(self.max_model_len),
+                    ServingMeter(self.max_model_len, num_spec),
                     config.max_loras,
+                    None if spec is None else Speculator(spec),  # one each: a step thread's own
                 ),
                 runner,
                 on_output,

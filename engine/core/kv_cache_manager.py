@@ -96,6 +96,16 @@ class KVCacheManager:
                 tokens = request.token_ids[index * size : (index + 1) * size]
                 events.registered(block, hashes[index], parent, tokens, lora, request.cache_salt)
 
+    def trim(self, request: Request) -> None:
+        """Release the blocks past the request's tokens, which held only drafts it rejected:
+        never published (`publish_full_blocks` counts verified tokens only), they go back to
+        the free list as plain storage."""
+        keep = -(-request.num_tokens // self.block_size)
+        if len(request.block_table) > keep:
+            tail = request.block_table[keep:]
+            del request.block_table[keep:]
+            self.pool.release(tail, self.replica)
+
     def mark_written(self, blocks: list[int]) -> None:
         """The step has written these pending blocks: other replicas may now match them."""
         self.pool.mark_ready(blocks)

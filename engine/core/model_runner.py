@@ -7,11 +7,17 @@ embedding requests' last rows (the final normalized hidden state, before ``lm_he
     query_start_loc [0, 8, 9]   seq_lens [40, 71]
     outputs: row 8, and row 7 if the chunk ends A's prompt (the last layer computes no other)
 
+A decode verifying K drafts (``Request.spec_token_ids``) runs K + 1 rows, its last token and
+the drafts, like a prefill chunk; every one of them is an output row, and the step's result
+carries the drafts it accepted (``engine.spec_decode.verify``). Such a step has rows of
+several query tokens, so the layers serve it, not the decode stack.
+
 Everything the layers need travels in the metadata object; nothing is module-global.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import NamedTuple
 
 import torch
@@ -24,13 +30,15 @@ from engine.core.scheduler import ScheduledBatch
 from engine.models.llama import LlamaForCausalLM
 from engine.models.lora_layers import Stacks, StepLoRA
 from engine.sampling.sampler import argmax, plain_greedy, sample
-
-SampledToken = tuple[int, dict[int, float] | None]
+from engine.spec_decode.verify import SampledToken, accept_greedy, verify
 
 
 class StepResult(NamedTuple):
     sampled: list[SampledToken]  # one per request in ``batch.sampling`` order
     pooled: list[list[float]]  # one L2-normalized fp32 vector per request in ``batch.pooling``
+    # Per request in ``batch.sampling`` order, the drafts it accepted before ``sampled``'s token
+    # (empty where the step verified none).
+    accepted: Sequence[list[SampledToken]] = ()
 
 
 class ModelRunner:
@@ -68,6 +76,8 @@ class ModelRunner:
                 is_pooled = torch.tensor(pooled_rows, dtype=torch.bool, device=self.device)
                 pooled = F.normalize(hidden[is_pooled].float(), dim=-1).tolist()
                 hidden = hidden[~is_pooled]
+            if any(request.spec_token_ids for request in sampling):
+                return self._verify(hidden, batch, pooled)
             if sampling:
                 rows = hidden
                 if self.model.config.final_softcap is None and plain_greedy(sampling):
@@ -78,6 +88,21 @@ class ModelRunner:
                     result = sample(self.model.compute_logits(rows), sampling)
                     sampled = list(zip(result.token_ids, result.logprobs, strict=True))
         return StepResult(sampled, pooled)
+
+    def _verify(
+        self, rows: torch.Tensor, batch: ScheduledBatch, pooled: list[list[float]]
+    ) -> StepResult:
+        """The step's tokens where some requests verify drafts: ``rows`` holds 1 + K rows
+        for each sampling request (K its drafts)."""
+        sampling = batch.sampling
+        drafts = [request.spec_token_ids for request in sampling]
+        kept: list[list[SampledToken]]
+        if self.model.config.final_softcap is None and plain_greedy(sampling):
+            chosen = argmax(self.model.compute_logits(rows, raw=True)).tolist()
+            kept = [[(t, None) for t in ts] for ts in accept_greedy(chosen, drafts)]
+        else:
+            kept = verify(self.model.compute_logits(rows), sampling, drafts)
+        return StepResult([k[-1] for k in kept], pooled, [k[:-1] for k in kept])
 
     def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
         """The step's token ids and metadata, built from plain lists with one tensor each."""
@@ -92,6 +117,7 @@ class ModelRunner:
             start, end = request.num_computed, request.num_computed + n
             table = request.block_table
             tokens += request.token_ids[start:end]
+            tokens += request.spec_token_ids  # a decode's drafts follow its last token
             positions += range(start, end)
             # A cached block's tokens keep their K/V (-1: not written; see KVCacheManager).
             slots += [
@@ -122,16 +148,24 @@ class ModelRunner:
         past its last K/V write (None: every row, as in a step of decodes), and which of them
         are pooled."""
         chosen = {id(request) for request in batch.sampling + batch.pooling}
-        seqs, rows, pooled, end, max_len = [], [], [], 0, 1
+        seqs: list[int] = []
+        rows: list[int] = []
+        counts: list[int] = []
+        pooled: list[bool] = []
+        end, max_len = 0, 1
         for i, (request, n) in enumerate(zip(batch.requests, batch.num_new_tokens, strict=True)):
             end += n
             if id(request) in chosen:
+                count = 1 + len(request.spec_token_ids)
                 seqs.append(i)
-                rows.append(end - 1)
-                pooled.append(request.pooling)
+                rows += range(end - count, end)
+                counts.append(count)
+                pooled += [request.pooling] * count
                 max_len = max(max_len, request.num_computed + n)
         if len(rows) == end:
             return None, pooled
         device = self.device
-        last = metadata.last_queries(torch.tensor(seqs, dtype=torch.int64, device=device), max_len)
+        index = torch.tensor(seqs, dtype=torch.int64, device=device)
+        spans = counts if len(rows) > len(seqs) else None  # drafts: several rows a sequence
+        last = metadata.last_queries(index, max_len, spans)
         return OutputRows(torch.tensor(rows, dtype=torch.int64, device=device), last), pooled

@@ -158,7 +158,7 @@ class Replica:
             return []
         finally:
             self._step_started = None
-        changed = self.scheduler.update(batch, result.sampled, result.pooled)
+        changed = self.scheduler.update(batch, result.sampled, result.pooled, result.accepted)
         if self.on_output is not None:
             for request in changed:
                 self.on_output(request, request.take_step_output())

@@ -60,6 +60,7 @@ class Request:
     token_ids: list[int] = field(init=False)
     num_computed: int = 0
     block_table: list[int] = field(default_factory=list)
+    spec_token_ids: list[int] = field(default_factory=list)  # drafts the scheduled step verifies
     num_registered_blocks: int = 0  # leading blocks already published in the pool
     num_cached: int = 0  # leading tokens whose K/V came with matched blocks: never rewritten
     cached_tokens: int | None = None  # prefix-cache hit at first admission

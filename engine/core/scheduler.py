@@ -2,12 +2,18 @@
 
 Each step, within a token budget:
 
-    1. running decodes (one token each), oldest first      -- decodes never starve
+    1. running decodes (one token each, plus any drafts to verify), oldest first
     2. running chunked prefills, oldest first
     3. waiting requests, strictly FCFS, while a free-block reserve remains
 
-Out of blocks -> preempt this replica's newest running request (it drops its blocks and
-recomputes later). A waiting request is never overtaken, so none starves.
+Out of blocks -> drop the decode's drafts, else preempt this replica's newest running
+request (it drops its blocks and recomputes later). A waiting request is never overtaken, so
+none starves.
+
+Speculative decoding (``engine.spec_decode``): a decode with drafts computes 1 + K rows, its
+last token and the K drafts, like a prefill chunk over its paged blocks; ``update`` keeps the
+accepted drafts, then trims the blocks that held only rejected ones. Blocks are published by
+verified tokens only, so no block holding a rejected draft's K/V is ever cached.
 """
 
 from __future__ import annotations
@@ -21,6 +27,8 @@ from engine.core.kv_cache_manager import KVCacheManager
 from engine.core.request import Request, RequestStatus
 from engine.core.serving_stats import ServingMeter
 from engine.models.packed_linear import trimmed_rows
+from engine.spec_decode.speculator import Speculator
+from engine.spec_decode.verify import SampledToken
 
 
 @dataclass
@@ -44,7 +52,7 @@ class ScheduledBatch:
         return [
             r
             for r, n in zip(self.requests, self.num_new_tokens, strict=True)
-            if r.num_computed + n == r.num_tokens
+            if r.num_computed + n >= r.num_tokens  # beyond: drafts after the last token
         ]
 
     def __len__(self) -> int:
@@ -63,7 +71,7 @@ def _fit_step_size(batch: ScheduledBatch) -> None:
     excess = total - trimmed_rows(total)
     for i in reversed(range(len(batch))):
         request, n = batch.requests[i], batch.num_new_tokens[i]
-        if request.num_computed + n == request.num_tokens:
+        if request.num_computed + n >= request.num_tokens:
             continue
         cut = min(excess, n - 1)
         if cut > 0:
@@ -87,6 +95,7 @@ class Scheduler:
         free_block_reserve: int,
         meter: ServingMeter,
         max_loras: int = 1,
+        speculator: Speculator | None = None,
     ):
         self.kv = kv
         self.meter = meter  # what the requests served here measure: fed on the step thread
@@ -97,6 +106,7 @@ class Scheduler:
         self.waiting: list[Request] = []  # sorted by arrival
         self.running: list[Request] = []  # sorted by arrival; the newest is preempted first
         self.num_preemptions = 0
+        self.speculator = speculator  # drafts for decodes (None: no speculative decoding)
 
     def add(self, request: Request) -> None:
         request.status = RequestStatus.WAITING
@@ -111,11 +121,21 @@ class Scheduler:
         decodes = [r for r in self.running if r.num_tokens - r.num_computed == 1]
         prefills = [r for r in self.running if r.num_tokens - r.num_computed > 1]
         preempted = False
+        speculator = self.speculator
+        speculating = speculator is not None and speculator.active(len(decodes))
         for request in decodes + prefills:
             if request.status is not RequestStatus.RUNNING or budget <= 0:
                 continue
             n = self._chunk(request, budget)
+            if speculating and request.num_tokens - request.num_computed == 1:
+                assert speculator is not None
+                request.spec_token_ids = speculator.propose(request, budget - 1)
+                n += len(request.spec_token_ids)
             while not self.kv.allocate_slots(request, n):
+                if request.spec_token_ids:  # drafts give way before any request does
+                    n -= len(request.spec_token_ids)
+                    request.spec_token_ids = []
+                    continue
                 victim = self.running[-1]
                 budget += self._preempt(victim, batch)
                 preempted = True
@@ -129,7 +149,8 @@ class Scheduler:
             budget = self._admit(batch, budget)
         _fit_step_size(batch)
         for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            batch.written_blocks += self.kv.publish_full_blocks(request, n)
+            verified = n - len(request.spec_token_ids)
+            batch.written_blocks += self.kv.publish_full_blocks(request, verified)
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> int:
@@ -171,6 +192,7 @@ class Scheduler:
         """Send ``victim`` back to waiting; returns the budget it had taken this step."""
         self.running.remove(victim)
         self.kv.free(victim)
+        victim.spec_token_ids = []
         self.add(victim)
         self.num_preemptions += 1
         self.meter.preempted(victim)
@@ -183,21 +205,26 @@ class Scheduler:
     def update(
         self,
         batch: ScheduledBatch,
-        sampled: Sequence[tuple[int, dict[int, float] | None]],
+        sampled: Sequence[SampledToken],
         pooled: Sequence[list[float]] = (),
+        accepted: Sequence[list[SampledToken]] = (),
     ) -> list[Request]:
         """Apply a finished step: advance computed counts, append sampled tokens (in the
-        order of ``batch.sampling``), finish embedding requests with their vectors (in the
-        order of ``batch.pooling``), free finished requests. Returns requests with news."""
+        order of ``batch.sampling``, each after the drafts ``accepted`` kept of its request),
+        finish embedding requests with their vectors (in the order of ``batch.pooling``),
+        free finished requests. Returns requests with news."""
         self.kv.mark_written(batch.written_blocks)
         now, meter = time.monotonic(), self.meter
         sampling, pooling = batch.sampling, batch.pooling
         for request, n in zip(batch.requests, batch.num_new_tokens, strict=True):
-            request.num_computed += n
+            request.num_computed += n - len(request.spec_token_ids)
         meter.step(sum(batch.num_new_tokens))
-        for request, (token_id, logprobs) in zip(sampling, sampled, strict=True):
+        for i, (request, (token_id, logprobs)) in enumerate(zip(sampling, sampled, strict=True)):
             before = request.num_tokens
-            request.append_output(token_id, logprobs)
+            if request.spec_token_ids:
+                self._keep_drafts(request, accepted[i])
+            if not request.finished:
+                request.append_output(token_id, logprobs)
             if request.num_tokens > before:  # a grammar's dead end drops the token
                 meter.tokens(request, request.num_tokens - before, now)
         for request, embedding in zip(pooling, pooled, strict=True):
@@ -209,7 +236,24 @@ class Scheduler:
                 self.kv.free(request)
                 if not request.pooling:
                     meter.finished(request, request.finish_reason or "stop", now)
+                    self._forget(request, keep_reply=True)
         return changed
+
+    def _keep_drafts(self, request: Request, kept: list[SampledToken]) -> None:
+        """Append the drafts the step accepted (their K/V is verified), up to a stop they
+        reach, and release the blocks that held only rejected ones."""
+        drafted, request.spec_token_ids = len(request.spec_token_ids), []
+        request.num_computed += len(kept)
+        self.meter.drafted(drafted, len(kept))
+        for token_id, logprobs in kept:
+            request.append_output(token_id, logprobs)
+            if request.finished:
+                return
+        self.kv.trim(request)
+
+    def _forget(self, request: Request, keep_reply: bool) -> None:
+        if self.speculator is not None:
+            self.speculator.finished(request, keep_reply)
 
     def abort(self, request: Request, reason: str = "abort") -> None:
         """Drop a request wherever it is and free its blocks (call between steps); a
@@ -220,7 +264,9 @@ class Scheduler:
         elif request in self.waiting:
             self.waiting.remove(request)
         self.kv.free(request)
+        request.spec_token_ids = []
         if not request.finished and not request.pooling:
+            self._forget(request, keep_reply=reason == "stop")
             self.meter.finished(request, reason, time.monotonic())
         request.status = RequestStatus.FINISHED
 

@@ -13,6 +13,8 @@ Times are ``time.monotonic`` seconds. A request's clock starts when the engine t
 (``Request.arrival_time``), as vLLM's engine core stamps its QUEUED event; the intervals are
 vLLM's: queue (arrival → first scheduled), prefill (first scheduled → first token), decode
 (first → last token), inference (first scheduled → last token), e2e (arrival → finish).
+Speculative decoding's counters are vLLM's ``spec_decode_*`` (``vllm/v1/spec_decode/metrics.py``):
+drafts verified, their tokens, the tokens accepted, and accepted per draft position.
 Each choice of an ``n > 1`` call is an engine request of its own: ``request_params_n`` reads 1
 for each, and ``request_max_num_generation_tokens`` is each choice's own length.
 """
@@ -115,6 +117,30 @@ class Histogram:
 
 
 @dataclass
+class SpecDecodeStats:
+    """Speculative decoding, cumulative: vLLM's ``spec_decode_num_*_total`` counters."""
+
+    drafts: int = 0  # requests' steps that verified drafts
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # accepted at draft position i
+
+    def add(self, other: SpecDecodeStats) -> None:
+        self.drafts += other.drafts
+        self.draft_tokens += other.draft_tokens
+        self.accepted_tokens += other.accepted_tokens
+        self.accepted_per_position = [
+            a + b
+            for a, b in zip(self.accepted_per_position, other.accepted_per_position, strict=True)
+        ]
+
+    def copy(self) -> SpecDecodeStats:
+        return SpecDecodeStats(
+            self.drafts, self.draft_tokens, self.accepted_tokens, list(self.accepted_per_position)
+        )
+
+
+@dataclass
 class ServingStats:
     """Cumulative figures since the engine started (one replica's, or summed)."""
 
@@ -124,16 +150,20 @@ class ServingStats:
     preemptions: int = 0
     finished: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FINISH_REASONS, 0))
     histograms: dict[str, Histogram] = field(default_factory=dict)
+    spec: SpecDecodeStats = field(default_factory=lambda: SpecDecodeStats())
 
     @classmethod
-    def empty(cls, max_model_len: int) -> ServingStats:
+    def empty(cls, max_model_len: int, num_speculative_tokens: int = 0) -> ServingStats:
         token_bounds = request_tokens_buckets(max_model_len)
         bounds = {
             **SECONDS_HISTOGRAMS,
             **dict.fromkeys(TOKEN_HISTOGRAMS, token_bounds),
             **COUNT_HISTOGRAMS,
         }
-        return cls(histograms={name: Histogram(b) for name, b in bounds.items()})
+        return cls(
+            histograms={name: Histogram(b) for name, b in bounds.items()},
+            spec=SpecDecodeStats(accepted_per_position=[0] * num_speculative_tokens),
+        )
 
     @classmethod
     def total(cls, parts: Iterable[ServingStats]) -> ServingStats:
@@ -150,6 +180,7 @@ class ServingStats:
                 whole.finished[reason] = whole.finished.get(reason, 0) + count
             for name, histogram in part.histograms.items():
                 whole.histograms[name].add(histogram)
+            whole.spec.add(part.spec)
         return whole if whole is not None else cls()
 
     def copy(self) -> ServingStats:
@@ -160,14 +191,15 @@ class ServingStats:
             self.preemptions,
             dict(self.finished),
             {name: h.copy() for name, h in self.histograms.items()},
+            self.spec.copy(),
         )
 
 
 class ServingMeter:
     """One replica's figures, fed by its step thread (``engine.core.scheduler.Scheduler``)."""
 
-    def __init__(self, max_model_len: int) -> None:
-        self.stats = ServingStats.empty(max_model_len)
+    def __init__(self, max_model_len: int, num_speculative_tokens: int = 0) -> None:
+        self.stats = ServingStats.empty(max_model_len, num_speculative_tokens)
         self._histograms = self.stats.histograms
 
     def snapshot(self) -> ServingStats:
@@ -185,6 +217,16 @@ class ServingMeter:
 
     def step(self, tokens_computed: int) -> None:
         self._histograms["iteration_tokens_total"].observe(tokens_computed)
+
+    def drafted(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """A request verified ``num_draft_tokens`` drafts and accepted the first ``num_accepted``."""
+        spec = self.stats.spec
+        spec.drafts += 1
+        spec.draft_tokens += num_draft_tokens
+        spec.accepted_tokens += num_accepted
+        per_position = spec.accepted_per_position
+        for position in range(min(num_accepted, len(per_position))):
+            per_position[position] += 1
 
     def tokens(self, request: Request, new_tokens: int, now: float) -> None:
         """``request`` got ``new_tokens`` (> 0) output tokens in the step that ended ``now``."""

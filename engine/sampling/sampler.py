@@ -69,8 +69,12 @@ def _draw(probs: torch.Tensor, generators: Sequence[torch.Generator | None]) -> 
     return torch.searchsorted(cdf, target).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
-def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
-    """`logits` [B, V] float32 → one token per row; greedy rows take the (first) argmax."""
+def sample(
+    logits: torch.Tensor, rows: Sequence[SamplingRow], drafts: Sequence[int | None] = ()
+) -> SampleResult:
+    """`logits` [B, V] float32 → one token per row; greedy rows take the (first) argmax.
+    ``drafts``: a proposed token per row (None: none), which a row returns exactly when it
+    accepts it (`_judge_drafts`; a greedy row accepts its argmax only)."""
     if logits.shape[0] != len(rows):
         raise ValueError("logits and rows must have one entry per row")
     params = [r.params for r in rows]
@@ -80,7 +84,10 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
     if random_rows:
         index = torch.tensor(random_rows, device=logits.device)
         probs = filtered_probs(processed.index_select(0, index), [params[i] for i in random_rows])
-        drawn = _draw(probs, [rows[i].generator for i in random_rows])
+        generators = [rows[i].generator for i in random_rows]
+        if drafts:
+            _judge_drafts(probs, [drafts[i] for i in random_rows], generators)
+        drawn = _draw(probs, generators)
         drawable = torch.isfinite(probs).all(dim=-1) & (probs.sum(dim=-1) > 0)
         chosen[index] = torch.where(drawable, drawn, chosen[index])  # else keeps its argmax
     if processed is not logits:
@@ -90,6 +97,25 @@ def sample(logits: torch.Tensor, rows: Sequence[SamplingRow]) -> SampleResult:
         chosen = torch.where(dead, logits.argmax(dim=-1), chosen)
     token_ids = chosen.tolist()
     return SampleResult(token_ids, _logprobs(logits, params, token_ids))
+
+
+def _judge_drafts(
+    probs: torch.Tensor, drafts: Sequence[int | None], generators: Sequence[torch.Generator | None]
+) -> None:
+    """In place, speculative decoding's rejection sampling for a proposal that is a point mass
+    (an n-gram or suffix draft ``d``): the row accepts ``d`` with probability ``p(d)`` (its
+    probs become one-hot on ``d``), else it draws from ``p`` with ``d`` removed (renormalised
+    by the draw). Either way the token has ``p``'s distribution, as without the draft."""
+    for row, (draft, generator) in enumerate(zip(drafts, generators, strict=True)):
+        if draft is None:
+            continue
+        device = probs.device if generator is None else generator.device
+        uniform = torch.rand(1, dtype=torch.float64, generator=generator, device=device)
+        if uniform.item() < probs[row, draft].item():
+            probs[row].zero_()
+            probs[row, draft] = 1.0
+        else:
+            probs[row, draft] = 0.0
 
 
 def plain_greedy(rows: Sequence[SamplingRow]) -> bool:

@@ -90,6 +90,12 @@ class GrammarState:
         self.lead = self.guard.lead_after(token_id)
         return bool(self.matcher.accept_token(token_id))
 
+    def rollback(self, num_tokens: int, lead: int) -> None:
+        """Undo the last ``num_tokens`` accepted tokens (verified drafts: see
+        engine.spec_decode.verify); ``lead``: the UTF-8 lead byte before them."""
+        self.matcher.rollback(num_tokens)
+        self.lead = lead
+
     @property
     def terminated(self) -> bool:
         """The grammar is complete (its stop token taken): nothing more may follow."""
