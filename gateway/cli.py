@@ -239,6 +239,7 @@ def engine_config(settings: Settings, threads: int) -> Any:
         kv_cache_memory=settings.kv_cache_memory,
         stats_interval_s=settings.stats_interval_s,
         kv_events_config=settings.kv_events_config,
+        speculative_config=settings.speculative_config,
         **engine_limits(settings),
         **engine_lora(settings),
     )

@@ -259,6 +259,17 @@ class Settings:
         "hashing of its `cache_key` or prompt prefix); `round_robin` and `random` are baselines",
         group="engine",
     )
+    speculative_config: str | None = flag(
+        None,
+        "speculative decoding, as vLLM's JSON (ngram or suffix)",
+        metavar="JSON",
+        doc="verify several proposed tokens per step where replies repeat their context, e.g. "
+        '`{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
+        '"prompt_lookup_min": 2}` or `{"method": "suffix"}` (vLLM\'s fields and defaults; '
+        "`disable_by_batch_size`: no drafts in a step of more decodes, default 4); output "
+        "unchanged; off by default",
+        group="engine",
+    )
     kv_cache_dtype: str = flag(
         "auto",
         "auto | float32 | bfloat16 | fp8",

@@ -183,6 +183,8 @@ class EngineCollector(Collector):
             count = stats.admission_rejections if reason == "max_num_queued_reqs" else 0
             rejections.add_metric([self._model_name, reason], count)
         yield rejections
+        if serving.spec.accepted_per_position:  # speculative decoding is on
+            yield from self._spec_decode(serving.spec)
         for key, documentation in SERVING_HISTOGRAMS.items():
             histogram = serving.histograms.get(key)
             family = HistogramMetricFamily(
@@ -191,6 +193,28 @@ class EngineCollector(Collector):
             if histogram is not None:
                 family.add_metric(labels, _cumulative(histogram), histogram.total)
             yield family
+
+    def _spec_decode(self, spec: serving_stats.SpecDecodeStats) -> Iterator[Metric]:
+        """vLLM's ``spec_decode_*`` counters: acceptance rate is accepted over draft tokens,
+        mean accepted length 1 + accepted over drafts."""
+        for name, documentation, value in (
+            ("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.", spec.drafts),
+            ("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.", spec.draft_tokens),
+            (
+                "vllm:spec_decode_num_accepted_tokens",
+                "Number of accepted tokens.",
+                spec.accepted_tokens,
+            ),
+        ):
+            yield self._family(CounterMetricFamily, name, documentation, value)
+        per_position = CounterMetricFamily(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Accepted tokens per draft position.",
+            labels=["model_name", "engine", "position"],
+        )
+        for position, count in enumerate(spec.accepted_per_position):
+            per_position.add_metric([*self._labels, str(position)], count)
+        yield per_position
 
     def _family(
         self, kind: type[FamilyKind], name: str, documentation: str, value: float

@@ -44,6 +44,7 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--kv-cache-dtype": ("kv_cache_dtype", str, "store", None, "kv cache"),
     "--kv-cache-memory": ("kv_cache_memory", str, "store", None, "kv cache"),
     "--kv-events-config": ("kv_events_config", str, "store", None, "kv cache"),
+    "--speculative-config": ("speculative_config", str, "store", None, "engine"),
     "--redis-url": ("redis_url", str, "store", None, "redis"),
     "--allowed-origins": ("allowed_origins", str, "store", None, "server"),
     "--max-body-bytes": ("max_body_bytes", int, "store", None, "limits"),

@@ -191,6 +191,28 @@ def test_a_real_engine_reports_its_prefix_cache_and_layout() -> None:
     assert sum(hits) == stats.prefix_hits
 
 
+def test_speculative_decoding_counts_drafts_under_vllms_spec_decode_names() -> None:
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    llm = LLM(dtype="float32", kv_cache_memory=16 * 2**20, speculative_config=spec)
+    metrics = Metrics(llm.stats, model_name="tiny")
+    llm.generate([[5, 6, 7, 8, 9] * 6], SamplingParams(max_tokens=30, temperature=0))
+    figures, samples = llm.stats().serving.spec, scrape(metrics)
+    model = labels(model_name="tiny", engine="0")
+    assert samples["vllm:spec_decode_num_drafts_total", model] == figures.drafts > 0
+    assert samples["vllm:spec_decode_num_draft_tokens_total", model] == figures.draft_tokens
+    accepted = samples["vllm:spec_decode_num_accepted_tokens_total", model]
+    assert 0 < accepted == figures.accepted_tokens
+    per_position = [
+        samples[
+            "vllm:spec_decode_num_accepted_tokens_per_pos_total", model | {("position", str(i))}
+        ]
+        for i in range(3)
+    ]
+    assert sum(per_position) == accepted and per_position == sorted(per_position, reverse=True)
+    plain = scrape(Metrics(LLM(dtype="float32", kv_cache_memory=2**22).stats, model_name="tiny"))
+    assert not any(name.startswith("vllm:spec_decode") for name, _ in plain)
+
+
 def test_gauge_is_read_at_scrape_time() -> None:
     metrics = Metrics()
     state = {"degraded": False}
