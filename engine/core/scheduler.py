@@ -245,6 +245,8 @@ class Scheduler:
         drafted, request.spec_token_ids = len(request.spec_token_ids), []
         request.num_computed += len(kept)
         self.meter.drafted(drafted, len(kept))
+        if self.speculator is not None:
+            self.speculator.verified(request, len(kept))
         for token_id, logprobs in kept:
             request.append_output(token_id, logprobs)
             if request.finished:

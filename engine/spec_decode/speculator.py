@@ -3,7 +3,9 @@
 The scheduler asks ``propose`` for each decode of a step whose decodes number at most
 ``disable_by_batch_size``; the drafts are only proposals: the step verifies them
 (``engine.spec_decode.verify``) and the request keeps what the model itself would have
-sampled. Only accepted tokens ever reach a request's ``token_ids``, so the suffix tries,
+sampled. A request whose drafts were all rejected pauses (1, 3, 7, then 15 steps): where
+nothing repeats, verifying rows that are all refused would cost a stream its decode stack's
+speed for nothing. Only accepted tokens ever reach a request's ``token_ids``, so the suffix tries,
 fed from them, never learn a rejected draft. One instance per replica, used by its step
 thread alone: no lock.
 """
@@ -17,6 +19,8 @@ from engine.sampling_params import SamplingParams
 from engine.spec_decode.config import SpeculativeConfig
 from engine.spec_decode.ngram import propose_ngram
 from engine.spec_decode.suffix import ReplyCache, SuffixLimits, SuffixTrie
+
+MAX_PAUSE_DOUBLINGS = 4  # a request refusing every draft retries every 15 steps at the least
 
 
 class Drafted(Protocol):
@@ -41,6 +45,7 @@ class _Fed:
 class Speculator:
     config: SpeculativeConfig
     _requests: dict[Drafted, _Fed] = field(default_factory=dict)
+    _misses: dict[Drafted, tuple[int, int]] = field(default_factory=dict)  # (in a row, steps left)
     _replies: ReplyCache = field(init=False)
 
     def __post_init__(self) -> None:
@@ -67,7 +72,7 @@ class Speculator:
             request.params.max_tokens - output - 1,
             request.max_model_len - len(request.token_ids) - 1,
         )
-        if k <= 0:
+        if k <= 0 or self._paused(request):
             return []
         config = self.config
         if config.method == "ngram":
@@ -83,9 +88,24 @@ class Speculator:
         earlier = self._replies.propose(request.hash_root, request.token_ids, k, self._limits)
         return max(own, earlier, key=lambda scored: scored[0])[1]
 
+    def verified(self, request: Drafted, num_accepted: int) -> None:
+        """The step kept ``num_accepted`` of the request's drafts; none: it pauses a while."""
+        if num_accepted:
+            self._misses.pop(request, None)
+            return
+        misses = self._misses.get(request, (0, 0))[0] + 1
+        self._misses[request] = (misses, 2 ** min(misses, MAX_PAUSE_DOUBLINGS) - 1)
+
+    def _paused(self, request: Drafted) -> bool:
+        misses, left = self._misses.get(request, (0, 0))
+        if left:
+            self._misses[request] = (misses, left - 1)
+        return left > 0
+
     def finished(self, request: Drafted, keep_reply: bool) -> None:
         """The request is done: drop its trie; ``keep_reply``: its reply may be proposed to
         later requests of the same hash root."""
         self._requests.pop(request, None)
+        self._misses.pop(request, None)
         if keep_reply:
             self._replies.add(request.hash_root, request.token_ids[request.num_prompt_tokens :])

@@ -157,3 +157,20 @@ def test_config_reads_vllms_json_and_defaults() -> None:
     ):
         with pytest.raises(ValueError, match=words):
             SpeculativeConfig.parse(bad)
+
+
+def test_a_request_refusing_every_draft_pauses_longer_each_time() -> None:
+    speculator = Speculator(
+        SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 4})
+    )
+    request = Drafting([1, 2, 3, 4, 5, 6] * 3, num_prompt_tokens=10)
+
+    def drafting_steps(steps: int) -> list[bool]:
+        return [bool(speculator.propose(request, budget=10)) for _ in range(steps)]
+
+    speculator.verified(request, 0)
+    assert drafting_steps(2) == [False, True]
+    speculator.verified(request, 0)
+    assert drafting_steps(4) == [False, False, False, True]
+    speculator.verified(request, 2)  # an accepted draft ends the pause
+    assert drafting_steps(1) == [True]
