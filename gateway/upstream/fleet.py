@@ -60,6 +60,7 @@ from gateway.upstream.proxies import Proxies
 from gateway.upstream.routing import PrefixKeys
 from gateway.upstream.upstream import Upstream
 from gateway.upstream.upstream import headers as upstream_headers
+from gateway.upstream.upstream_tokens import UpstreamTokens
 
 logger = logging.getLogger("kvgate.fleet")
 DEFAULT_MAX_MODEL_LEN = 32_768  # when an upstream's /v1/models does not say
@@ -99,13 +100,13 @@ class Fleet:
             sources = [EventSource.parse(spec) for spec in settings.upstream_kv_events]
             self.subscriber = KVSubscriber(sources, settings.upstream_kv_index_blocks)
             precise = PreciseScorer(self.subscriber)
-            if tokenizer is None:
-                logger.warning(
-                    "--upstream-kv-events without --tokenizer (or --model): only calls given "
-                    "as token ids route precisely; text prompts route by hash"
-                )
         interval = settings.upstream_scrape_interval_s
         self.chooser = Chooser(self.members, self.observed, interval, precise)
+        self.upstream_tokens = None  # without --tokenizer, the upstreams' /tokenize
+        if precise is not None and tokenizer is None:
+            self.upstream_tokens = UpstreamTokens(
+                self.chooser, model_name, max_model_len, self.off_loop
+            )
         self.proxies = Proxies(self.chooser, model_name, max_model_len, tokenizer, self.off_loop)
         self.placements = None
         if settings.redis_url is not None and settings.routing == "prefix":
@@ -243,7 +244,11 @@ class Fleet:
         hashes: list[bytes] = []  # a cache_key routes on its own: no prompt to hash
         prompt = None
         if self.subscriber is not None:
-            hashes, prompt = await self.off_loop.run(prompt_chars(request), self._blocks, request)
+            ids = None
+            if self.upstream_tokens is not None:
+                ids = await self.upstream_tokens.token_ids(request)
+            chars = prompt_chars(request)
+            hashes, prompt = await self.off_loop.run(chars, self._blocks, request, ids)
         elif request.cache_key is None:
             hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
         headers: dict[str, str] = {}
@@ -270,11 +275,15 @@ class Fleet:
         http_io.note_served_by(call.upstream.url)
         return Guarded(call.relay(), call)
 
-    def _blocks(self, request: GenerationRequest) -> tuple[list[bytes], PromptBlocks | None]:
-        """Off the loop: the routing keys and, where its token ids are known here, the
-        call's blocks with their content keys computed."""
+    def _blocks(
+        self, request: GenerationRequest, asked: list[int] | None
+    ) -> tuple[list[bytes], PromptBlocks | None]:
+        """Off the loop: the routing keys and, where its token ids are known (here, or
+        ``asked`` of an upstream), the call's blocks with their content keys computed. The
+        keys hash routing falls back on do not depend on an upstream's answer."""
         ids = self.prefix_keys.token_ids(request)
         hashes = [] if request.cache_key is not None else self.prefix_keys.of(request, ids)
+        ids = asked if ids is None else ids
         if ids is None:
             return hashes, None
         prompt = PromptBlocks(ids, request.adapter, request.cache_salt)

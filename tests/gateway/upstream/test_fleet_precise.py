@@ -1,7 +1,8 @@
 """Precise routing with real processes: three kvgate upstreams publishing KV-cache events
 (``--kv-events-config``) and a fleet gateway following them (``--upstream-kv-events``).
 
-Prompts are token ids, so the gateway needs no tokenizer. A prompt's blocks are put on an
+Prompts are token ids, or text and conversations the gateway (without ``--tokenizer``) has
+the upstreams' ``/tokenize`` count. A prompt's blocks are put on an
 upstream the hash would not pick (sent there directly); the gateway then sends a longer
 prompt sharing that prefix where the blocks are. A gateway started afterwards rebuilds its
 index by replay; an upstream restarted drops its subscription (hash routing meanwhile), and
@@ -15,12 +16,15 @@ import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from engine.core.block_hash import block_hashes
-from gateway.upstream.routing import ROOT, Load, UpstreamRouter
+from engine.sampling_params import SamplingParams
+from gateway.generation import GenerationRequest
+from gateway.upstream.routing import ROOT, Load, PrefixKeys, UpstreamRouter
 from tests.gateway.live_server import free_port
 from tests.gateway.upstream.processes import Process, gateway, running
 
@@ -62,17 +66,30 @@ def follow(upstreams: list[Process], ports: list[tuple[int, int]]) -> list[str]:
     return flags
 
 
-def complete(base: str, prompt: list[int]) -> str:
-    """Send a completion of token ids; the upstream that served it."""
-    body = {"model": "tiny-model-v3", "prompt": prompt, "max_tokens": 1, "temperature": 0}
-    response = httpx.post(base + "/v1/completions", json=body, timeout=30)
+def complete(base: str, prompt: list[int] | str | list[dict[str, Any]]) -> str:
+    """Send a completion (token ids, text) or a chat (a list of messages); the upstream that
+    served it."""
+    body: dict[str, Any] = {"model": "tiny-model-v3", "max_tokens": 1, "temperature": 0}
+    path = "/v1/completions"
+    if prompt and isinstance(prompt[0], dict):
+        path, body["messages"] = "/v1/chat/completions", prompt
+    else:
+        body["prompt"] = prompt
+    response = httpx.post(base + path, json=body, timeout=30)
     assert response.status_code == 200, response.text
     return response.headers.get("x-kvgate-upstream", base)
 
 
-def hash_pick(urls: list[str], prompt: list[int]) -> int:
+def hash_pick(urls: list[str], prompt: list[int] | str | list[dict[str, Any]]) -> int:
+    """The upstream hash routing gives the prompt (by its text when not token ids)."""
     router = UpstreamRouter(urls)
-    hashes = block_hashes(prompt[: 8 * 16], ROOT)
+    if prompt and isinstance(prompt[0], int):
+        hashes = block_hashes(prompt[: 8 * 16], ROOT)
+    else:
+        request = GenerationRequest(SamplingParams(), prompt=prompt)
+        if isinstance(prompt, list):
+            request = GenerationRequest(SamplingParams(), messages=prompt)
+        hashes = PrefixKeys(None)(request)
     return router.choose(hashes, None, [Load(0)] * len(urls), [True] * len(urls))[0]
 
 
@@ -90,7 +107,9 @@ def placed_prefix(seed: int, upstreams: list[Process]) -> tuple[list[int], int]:
     return prefix, target
 
 
-def wait_precise(g: Process, before: float, prompt: list[int], target: str) -> None:
+def wait_precise(
+    g: Process, before: float, prompt: list[int] | str | list[dict[str, Any]], target: str
+) -> None:
     """Calls sharing the prefix go to ``target`` once its events have arrived."""
     deadline = time.monotonic() + 10
     while True:
@@ -136,3 +155,26 @@ def test_a_dropped_subscription_falls_back_to_hashing_and_recovers(
         assert decisions(g, "precise") == before
         prefix, target = placed_prefix(12, upstreams)  # events from the restarted one too
         wait_precise(g, decisions(g, "precise"), prefix + [3] * 20, urls[target])
+
+
+def test_text_and_chat_route_precisely_on_the_upstreams_own_tokens(
+    log_dir: Path, upstreams: list[Process], ports: list[tuple[int, int]]
+) -> None:
+    """No --tokenizer: the gateway asks an upstream's /tokenize (``messages`` for a chat, so
+    the upstream's own template renders it), and no routing decision counts that."""
+    urls = [u.base for u in upstreams]
+    text = " ".join(f"step {n}: read the file, then patch line {n * 7 % 50}." for n in range(40))
+    system = {"role": "system", "content": text}
+    g = gateway(log_dir, upstreams, *follow(upstreams, ports))
+    with running([g], 60):
+        for prompt, longer in (
+            (text, text + " Now run the tests."),
+            (
+                [system, {"role": "user", "content": "fix the build"}],
+                [system, {"role": "user", "content": "fix the build, then the docs"}],
+            ),
+        ):
+            target = (hash_pick(urls, prompt) + 1) % len(urls)
+            complete(urls[target], prompt)
+            wait_precise(g, decisions(g, "precise"), longer, urls[target])
+        assert decisions(g, "least_loaded") == 0  # asking /tokenize is no call
