@@ -51,6 +51,7 @@ from gateway.upstream import wire
 from gateway.upstream.call import UpstreamCall
 from gateway.upstream.choice import Chooser
 from gateway.upstream.fleet_metrics import FleetMetrics
+from gateway.upstream.kv_metrics import KVEventsCollector
 from gateway.upstream.kv_subscriber import EventSource, KVSubscriber
 from gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from gateway.upstream.membership import Membership, ask_all, union
@@ -219,6 +220,8 @@ class Fleet:
             await self.placements.connect()
         if self.subscriber is not None:
             self.subscriber.start()
+            collector = KVEventsCollector(self.subscriber, lambda: self.members.upstreams)
+            metrics.registry.register(collector)
         if self.token_ids is not None:  # string logprobs map back without a stall
             self._tasks.append(asyncio.create_task(asyncio.to_thread(self.token_ids.prepare)))
 

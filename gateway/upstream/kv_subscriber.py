@@ -69,6 +69,13 @@ class EventSource:
         return cls(url.rstrip("/"), parts[0], options.get("replay"), options.get("topic", ""))
 
 
+@dataclass(frozen=True)
+class FeedState:
+    counts: dict[str, int]  # by kind: batches, replayed, gaps, dropped, throttled, ...
+    live: bool
+    blocks: int
+
+
 @dataclass
 class _Feed:
     """One publisher: its sockets, the next sequence number expected and its budget."""
@@ -128,8 +135,12 @@ class KVSubscriber:
         feed = self._feeds.get(url.rstrip("/"))
         return feed.index if feed is not None and feed.live else None
 
-    def counts(self) -> dict[str, dict[str, int]]:
-        return {url: dict(feed.counts) for url, feed in self._feeds.items()}
+    def states(self) -> dict[str, FeedState]:
+        """Each upstream's subscription now, by URL (``kv_metrics`` exports them)."""
+        return {
+            url: FeedState(dict(feed.counts), feed.live, len(feed.index))
+            for url, feed in self._feeds.items()
+        }
 
     # -- the thread ----------------------------------------------------------------------------
 

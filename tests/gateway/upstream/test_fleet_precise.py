@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from engine.core.block_hash import block_hashes
 from engine.sampling_params import SamplingParams
@@ -98,6 +99,17 @@ def decisions(g: Process, rule: str) -> float:
     return float(found.group(1)) if found else 0.0
 
 
+def subscription(g: Process, name: str, url: str, kind: str | None = None) -> float:
+    """A ``kvgate_upstream_kv_*`` sample of ``url``'s subscription."""
+    for family in text_string_to_metric_families(g.metrics()):
+        for sample in family.samples:
+            labels = sample.labels
+            if sample.name == name and labels["url"] == url and labels.get("kind") == kind:
+                assert labels["upstream"].isdigit()
+                return sample.value
+    raise AssertionError(f"no {name} for {url}")
+
+
 def placed_prefix(seed: int, upstreams: list[Process]) -> tuple[list[int], int]:
     """A prefix whose hash picks one upstream, put on the next one (sent there directly)."""
     urls = [u.base for u in upstreams]
@@ -137,6 +149,10 @@ def test_a_shared_prefix_goes_where_its_blocks_are_and_survives_a_restart(
         time.sleep(1.0)  # connected and replayed: the index follows readiness closely
         assert complete(restarted.base, prefix + [9] * 20) == urls[target]  # replayed
         assert decisions(restarted, "precise") == 1
+        url = urls[target]
+        assert subscription(restarted, "kvgate_upstream_kv_events_total", url, "replayed") > 0
+        assert subscription(restarted, "kvgate_upstream_kv_index_blocks", url) >= 10
+        assert subscription(restarted, "kvgate_upstream_kv_events_live", url) == 1
 
 
 def test_a_dropped_subscription_falls_back_to_hashing_and_recovers(
@@ -153,6 +169,8 @@ def test_a_dropped_subscription_falls_back_to_hashing_and_recovers(
         before = decisions(g, "precise")
         assert complete(g.base, prefix + [2] * 20) == urls[hash_pick(urls, prefix)]
         assert decisions(g, "precise") == before
+        lost = subscription(g, "kvgate_upstream_kv_events_total", urls[target], "disconnected")
+        assert lost == 1
         prefix, target = placed_prefix(12, upstreams)  # events from the restarted one too
         wait_precise(g, decisions(g, "precise"), prefix + [3] * 20, urls[target])
 

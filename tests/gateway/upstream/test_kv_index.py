@@ -103,7 +103,7 @@ def test_a_hostile_publisher_costs_bounded_memory(
     for n in range(40):  # a flood of claims: the index keeps 64 blocks at most
         events = [stored(hashes(4, n), [n] * 64)]
         send(kv_wire.encode(kv_wire.EventBatch(0.0, list(events))))
-    wait_until(lambda: subscriber.counts()[url].get("batches", 0) >= 40, "flood not read")
+    wait_until(lambda: subscriber.states()[url].counts.get("batches", 0) >= 40, "flood not read")
     index = subscriber.live_index(url)
     assert index is not None and len(index) == 64
     assert subscriber.counts()[url]["malformed"] >= 3
