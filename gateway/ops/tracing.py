@@ -5,7 +5,8 @@ carries (``traceparent``, ``tracestate``, ``baggage``; basic/index.mdx), else it
 headers'; an OpenAI call, its headers'. The span gathers the GenAI semantic-convention
 attributes of its generations (``gen_ai.request.*``, ``gen_ai.usage.*``,
 ``gen_ai.response.finish_reasons``: ``counted``) and ends in error when the call fails. The
-embedded engine adds children for the routing of a generation and for its run.
+embedded engine adds children for the routing of a generation and for its run; a fleet, one
+CLIENT child per upstream attempt (``client_span``), whose context goes upstream (``inject``).
 
 Tracing is on once an SDK tracer provider is set: by ``--otlp-traces-endpoint``
 (``gateway.ops.otlp``) or by ``opentelemetry-instrument``. This module never imports
@@ -191,12 +192,50 @@ def annotate(target: Span | None, **attributes: Any) -> None:
         target.set_attributes(attributes)
 
 
-def inject(headers: dict[str, str]) -> None:
-    """Add the current trace context (``traceparent``, ``tracestate``) to outgoing headers."""
-    if enabled():
-        from opentelemetry import propagate
+def current_span() -> Span | None:
+    """The span current here (a call's SERVER span), to parent children made elsewhere."""
+    if not enabled():
+        return None
+    from opentelemetry import trace
 
-        propagate.inject(headers)
+    return trace.get_current_span()
+
+
+def client_span(name: str, parent: Span | None, attributes: Mapping[str, Any]) -> Span | None:
+    """A CLIENT child of ``parent``, started, never current: it ends (``end``) on another
+    step of the stream it belongs to."""
+    if parent is None:
+        return None
+    from opentelemetry import trace
+
+    return trace.get_tracer(TRACER_NAME).start_span(
+        name,
+        context=trace.set_span_in_context(parent),
+        kind=trace.SpanKind.CLIENT,
+        attributes=attributes,
+    )
+
+
+def end(target: Span | None, error_type: str | None = None) -> None:
+    """End ``target``; with ``error_type`` in error, that named as its ``error.type``."""
+    if target is None:
+        return
+    if error_type is not None:
+        from opentelemetry import trace
+
+        target.set_attribute("error.type", error_type)
+        target.set_status(trace.StatusCode.ERROR, error_type)
+    target.end()
+
+
+def inject(headers: dict[str, str], parent: Span | None) -> None:
+    """Add ``parent``'s trace context (``traceparent``, ``tracestate``) to outgoing headers,
+    so that the receiver's span is its child; nothing without one."""
+    if parent is None:
+        return
+    from opentelemetry import propagate, trace
+
+    propagate.inject(headers, context=trace.set_span_in_context(parent))
 
 
 def current_ids() -> dict[str, str]:

@@ -7,7 +7,8 @@ the stream, one after is ``UpstreamFailed``. That failover sends the request aga
 upstream, whatever the first one did with it: a generation has no effect beyond its answer,
 and the first one's connection is closed, which aborts it there. The upstream being read is
 held by a ``Lease`` (its in-flight count); ``UpstreamCall.aclose`` always releases it. All a
-call knows of the fleet is a ``choice.Route``.
+call knows of the fleet is a ``choice.Route``. Each try is an ``attempt.Attempt``: counted by
+how it ended, timed, and traced as a child of the call's span.
 
 The stream is read within bounds (``bounded``: lines, events, bytes) and no further than the
 request asked: more than ``max_tokens`` + ``TOKEN_SLACK`` tokens, or ``EVENT_SLACK`` more
@@ -21,14 +22,15 @@ said it had finished, else the answer as it stands).
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from engine.errors import AdmissionRefused, EngineOverloaded, EngineUnavailable
 from gateway.calls.errors import UpstreamFailed
 from gateway.generation import Completion, GenerationRequest, TextDelta
+from gateway.ops import tracing
 from gateway.upstream import bounded, wire
+from gateway.upstream.attempt import CANCELLED, Attempt, outcome_of
 from gateway.upstream.choice import Route
 from gateway.upstream.failures import TRANSPORT_ERRORS, AttemptFailed, Failure, transport_failure
 from gateway.upstream.fleet_metrics import FleetMetrics
@@ -61,7 +63,8 @@ class UpstreamCall:
         self.tried: set[int] = set()
         self.retries = RETRIES
         self.lease: Lease | None = None
-        self.started = 0.0
+        self.attempt: Attempt | None = None  # the latest
+        self.parent = tracing.current_span()  # the call's, for its attempts' spans
         self.last: AttemptFailed | None = None
         self.placed: Upstream | None = None  # the upstream the key's placement record names
         self.prompt: PromptBlocks | None = None  # its blocks, for precise routing
@@ -86,13 +89,18 @@ class UpstreamCall:
                     raise UpstreamFailed(str(self.last)) from None
                 raise
             self.tried.add(upstream.index)
-            self.observed.count("kvgate_upstream_requests", upstream=str(upstream.index))
-            self.started = time.perf_counter()
+            wire_request = (self.path, self.body, self.headers)
+            attempt = self.attempt = Attempt(upstream, self.observed, wire_request, self.parent)
             try:
-                self.lease = await upstream.open(self.path, self.body, self.headers)
+                self.lease = await upstream.open(self.path, self.body, attempt.headers)
             except AttemptFailed as failure:
+                attempt.ended(failure.kind)
                 self._retry_or_refuse(upstream, failure)
                 continue
+            except BaseException as exc:
+                attempt.ended(outcome_of(exc))
+                raise
+            attempt.answered()
             return
 
     def _retry_or_refuse(self, upstream: Upstream, failure: AttemptFailed) -> None:
@@ -117,6 +125,8 @@ class UpstreamCall:
                         yield item
                     return
                 except AttemptFailed as failure:
+                    assert self.attempt is not None
+                    self.attempt.ended(failure.kind)
                     upstream = self._release()
                     if sent:
                         self.route.failed(upstream, failure)
@@ -159,7 +169,7 @@ class UpstreamCall:
         except wire.StreamError as exc:
             raise AttemptFailed(Failure.MALFORMED, f"upstream {upstream.url}: {exc}") from None
         if chunk.tokens:
-            self.observed.ttft.observe(upstream.index, time.perf_counter() - self.started)
+            self._first_text()
             yield self._delta(chunk, chunk.tokens)
         reasoning = chunk.reasoning or None
         yield self._done(
@@ -178,9 +188,8 @@ class UpstreamCall:
         upstream = self.upstream
         assert upstream is not None
         upstream.breaker.success()
-        self.observed.latency.observe(upstream.index, time.perf_counter() - self.started)
         usage = usage or {}
-        return Completion(
+        done = Completion(
             text=text,
             finish_reason=finish,
             prompt_tokens=usage.get("prompt_tokens") or 0,
@@ -191,6 +200,13 @@ class UpstreamCall:
             tool_calls=calls.calls or None,  # read into shape below (function_calls.reading)
             reasoning=reasoning,
         )
+        assert self.attempt is not None
+        self.attempt.finished(done)
+        return done
+
+    def _first_text(self) -> None:
+        assert self.attempt is not None
+        self.attempt.first_text()
 
     async def _stream(self) -> AsyncIterator[TextDelta | Completion]:
         lease = self.lease
@@ -236,9 +252,7 @@ class UpstreamCall:
                 finish = chunk.finish_reason or finish
                 if chunk.tokens:
                     if not count:
-                        self.observed.ttft.observe(
-                            upstream.index, time.perf_counter() - self.started
-                        )
+                        self._first_text()
                     count += chunk.tokens
                     if count > asked + TOKEN_SLACK:
                         raise wire.StreamError(f"over {count - 1} tokens for max_tokens {asked}")
@@ -274,7 +288,10 @@ class UpstreamCall:
 
     async def aclose(self) -> None:
         """The call is done or abandoned: its lease released (an unfinished stream's
-        connection dropped, which aborts the request upstream)."""
+        connection dropped, which aborts the request upstream), an unfinished attempt
+        counted as cancelled."""
+        if self.attempt is not None:
+            self.attempt.ended(CANCELLED)
         lease, self.lease = self.lease, None
         if lease is not None:
             lease.release()

@@ -44,7 +44,6 @@ from gateway.generation import (
     prompt_chars,
 )
 from gateway.http import io as http_io
-from gateway.ops import tracing
 from gateway.ops.metrics import Metrics
 from gateway.settings import Settings
 from gateway.upstream import wire
@@ -90,7 +89,7 @@ class Fleet:
         self.max_model_len = max_model_len
         self._tokenizer = tokenizer
         self.off_loop = OffLoop()
-        self.observed = FleetMetrics()
+        self.observed = FleetMetrics(model_name)
         self.members = Membership(
             settings, model_name, urls, self.observed, resolve, dict(resolved or {})
         )
@@ -254,8 +253,7 @@ class Fleet:
             hashes, prompt = await self.off_loop.run(chars, self._blocks, request, ids)
         elif request.cache_key is None:
             hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
-        headers: dict[str, str] = {}
-        tracing.inject(headers)  # traceparent of the call's span, when tracing is on
+        headers: dict[str, str] = {}  # each attempt adds its traceparent (``attempt``)
         route, observed = self.chooser, self.observed
         call = UpstreamCall(route, observed, self.token_ids, request, hashes, (*sent, headers))
         call.prompt = prompt

@@ -1,32 +1,86 @@
-"""What the fleet counts and times, per upstream: one object the membership, the routing
-decision and the calls share, bound to the app's registry when the fleet opens (a fresh
-``Metrics`` until then, so a fleet used without an app counts into nothing anyone reads).
+"""What the fleet counts and times, per upstream and model: one object the membership, the
+routing decision and the calls share, bound to the app's registry when the fleet opens (a
+fresh ``Metrics`` until then, so a fleet used without an app counts into nothing anyone reads).
 
-``kvgate_upstream_ttft_seconds`` and ``kvgate_upstream_request_duration_seconds`` are
-histograms labelled by upstream; ``kvgate_upstream_healthy{upstream, url}`` is read from the
-members at scrape time; the rest are counters (``count``)."""
+Each attempt on an upstream ends once (``attempt``), counted in
+``kvgate_upstream_requests_total{upstream, model, outcome}``; a finished one adds the
+upstream's own usage to ``kvgate_upstream_prompt_tokens_total`` and
+``kvgate_upstream_generation_tokens_total{upstream, model}``, and its times to
+``kvgate_upstream_time_to_first_token_seconds`` and
+``kvgate_upstream_e2e_request_latency_seconds{upstream, model}``, histograms with vLLM's
+buckets for its own ``vllm:`` names, so a dashboard reads both alike.
+``kvgate_upstream_healthy{upstream, url}`` is read from the members at scrape time; the rest
+are counters (``count``).
+
+``model`` is what the call asked for (the fleet's model or a LoRA adapter's name) once some
+upstream has answered it with a 200, else ``other``: a client's made-up names never become
+series, and at most ``MAX_MODELS`` do.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
+from typing import Generic, TypeVar
 
-from prometheus_client import Histogram
+from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from gateway.ops.metrics import LATENCY_BUCKETS, Metrics
+from engine.core.serving_stats import REQUEST_LATENCY_BUCKETS, TIME_TO_FIRST_TOKEN_BUCKETS
+from gateway.ops.metrics import Metrics
 from gateway.upstream.upstream import Upstream
+
+MAX_MODELS = 64  # model label values: the fleet's model and the adapters upstreams serve
+OTHER_MODEL = "other"
+Family = TypeVar("Family", Counter, Histogram)
 
 
 class FleetMetrics:
-    def __init__(self) -> None:
+    def __init__(self, model_name: str = "") -> None:
+        self._models = {model_name}
         self.bind(Metrics())
 
     def bind(self, metrics: Metrics) -> None:
         self.metrics = metrics
-        self.ttft = _PerUpstream(metrics, "ttft_seconds", "Time to an upstream's first text.")
-        self.latency = _PerUpstream(
-            metrics, "request_duration_seconds", "Upstream call latency, to its last chunk."
+        registry = metrics.registry
+        self.requests = _Children(
+            Counter(
+                "kvgate_upstream_requests",
+                "Attempts on an upstream by how they ended: ok, refused (a 4xx: the caller's "
+                "input), cancelled (the client left first), or the failure's kind.",
+                ["upstream", "model", "outcome"],
+                registry=registry,
+            )
+        )
+        self.prompt_tokens, self.generation_tokens = (
+            _Children(
+                Counter(
+                    f"kvgate_upstream_{kind}_tokens",
+                    f"{kind.capitalize()} tokens of finished attempts, as the upstream's usage "
+                    "says.",
+                    ["upstream", "model"],
+                    registry=registry,
+                )
+            )
+            for kind in ("prompt", "generation")
+        )
+        self.ttft = _Children(
+            Histogram(
+                "kvgate_upstream_time_to_first_token_seconds",
+                "Time from sending an attempt to the upstream's first text.",
+                ["upstream", "model"],
+                buckets=TIME_TO_FIRST_TOKEN_BUCKETS,
+                registry=registry,
+            )
+        )
+        self.e2e = _Children(
+            Histogram(
+                "kvgate_upstream_e2e_request_latency_seconds",
+                "Time from sending an attempt to the upstream's last chunk, when it finished.",
+                ["upstream", "model"],
+                buckets=REQUEST_LATENCY_BUCKETS,
+                registry=registry,
+            )
         )
 
     def open(self, metrics: Metrics, members: Callable[[], Sequence[Upstream]]) -> None:
@@ -36,6 +90,15 @@ class FleetMetrics:
 
     def count(self, name: str, **labels: str) -> None:
         self.metrics.count(name, **labels)
+
+    def model(self, asked: str) -> str:
+        """The ``model`` label of a call that asked for ``asked``."""
+        return asked if asked in self._models else OTHER_MODEL
+
+    def served(self, model: str) -> None:
+        """An upstream answered ``model`` with a 200: a label of its own from now on."""
+        if len(self._models) < MAX_MODELS:
+            self._models.add(model)
 
 
 class _HealthCollector(Collector):
@@ -55,22 +118,16 @@ class _HealthCollector(Collector):
         yield family
 
 
-class _PerUpstream:
-    """A histogram labelled by upstream, its children kept: ``labels()`` validates and locks
-    on every call, twice per proxied call."""
+class _Children(Generic[Family]):
+    """A labelled family, its children kept: ``labels()`` validates and locks on every call,
+    several times per proxied call."""
 
-    def __init__(self, metrics: Metrics, name: str, documentation: str) -> None:
-        self._histogram = Histogram(
-            f"kvgate_upstream_{name}",
-            documentation,
-            ["upstream"],
-            buckets=LATENCY_BUCKETS,
-            registry=metrics.registry,
-        )
-        self._children: dict[int, Histogram] = {}
+    def __init__(self, family: Family) -> None:
+        self._family: Family = family
+        self._children: dict[tuple[str, ...], Family] = {}
 
-    def observe(self, upstream: int, seconds: float) -> None:
-        child = self._children.get(upstream)
+    def of(self, *labels: str) -> Family:
+        child = self._children.get(labels)
         if child is None:
-            child = self._children[upstream] = self._histogram.labels(str(upstream))
-        child.observe(seconds)
+            child = self._children[labels] = self._family.labels(*labels)
+        return child

@@ -109,12 +109,23 @@ def test_log_ids_inside_a_span_continued_from_the_headers(exporter) -> None:
     assert ids["trace_id"] == TRACE_ID and len(ids["span_id"]) == 16
 
 
-def test_inject_forwards_the_calls_trace_context(exporter: InMemorySpanExporter) -> None:
-    """What fleet mode sends upstream as ``traceparent``: the call's trace, a new parent."""
+def test_an_upstream_attempt_is_a_client_child_whose_id_goes_upstream(
+    exporter: InMemorySpanExporter,
+) -> None:
+    """What fleet mode sends upstream as ``traceparent``: the call's trace, the attempt's
+    span as the parent."""
     with tracing.request_span(
         "tools/call", {"name": "generate"}, {"traceparent": TRACEPARENT}, 1, {}
     ):
+        attempt = tracing.client_span("chat m", tracing.current_span(), {"server.port": 8000})
         headers: dict[str, str] = {}
-        tracing.inject(headers)
+        tracing.inject(headers, attempt)
+        tracing.end(attempt, "connect")
     version, trace_id, parent_id, _ = headers["traceparent"].split("-")
-    assert (version, trace_id) == ("00", TRACE_ID) and parent_id != PARENT_ID
+    assert (version, trace_id) == ("00", TRACE_ID)
+    assert parent_id == format(attempt.get_span_context().span_id, "016x")
+    ended = finished(exporter, {"chat m"})["chat m"]
+    assert ended.kind == trace.SpanKind.CLIENT and ended.attributes["error.type"] == "connect"
+    untraced: dict[str, str] = {}
+    tracing.inject(untraced, None)
+    assert untraced == {}
