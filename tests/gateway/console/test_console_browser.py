@@ -1,7 +1,8 @@
 """The web console in a real browser: Debian's headless ``chromium``, driven by Playwright
 (its own browser download is not used). The page loads with no console error, a chat
 message streams the tiny model's answer into the page, the charts move while a load runs,
-and with keys on the page shows the refusal until a key is typed. Skipped without chromium.
+with keys on the page shows the refusal until a key is typed, and over a fleet of three
+upstream processes the fleet view marks the one stopped down. Skipped without chromium.
 
 ``KVGATE_CONSOLE_SCREENSHOTS=DIR`` saves the chat and the charts there (docs/images/)."""
 
@@ -19,6 +20,7 @@ import httpx
 import pytest
 
 from tests.gateway.live_server import LiveServer
+from tests.gateway.upstream.processes import Process, gateway, running
 
 CHROMIUM = shutil.which("chromium")
 if CHROMIUM is None:
@@ -156,3 +158,24 @@ def test_with_keys_on_the_page_shows_the_refusal(engine, page: sync_api.Page) ->
         page.wait_for_selector("body[data-catalog=loaded]")
         assert page.is_hidden("#chat-refusal")
         assert page.evaluate("sessionStorage.getItem('kvgate.apiKey')") == "console-key"
+
+
+def test_the_fleet_view_marks_a_stopped_upstream_down(page: sync_api.Page, tmp_path: Path) -> None:
+    """Three upstream processes and a gateway checking them every 0.25 s (two failed checks
+    mark one down): the one stopped by its PID is shown down within seconds, the others up."""
+    upstreams = [Process(tmp_path, "--in-process-engine") for _ in range(3)]
+    with running(upstreams), running([gateway(tmp_path, upstreams)], 60) as (fleet,):
+        errors = errors_of(page)
+        page.goto(fleet.base + "/ui")
+        page.click("#tabs button[data-tab=fleet]")
+        page.wait_for_selector("#fleet-upstreams tbody tr.up >> nth=2")
+        assert page.inner_text("#fleet-summary").startswith("Fleet: 3 of 3 upstream(s)")
+        stopped = upstreams[1]
+        stopped.stop()
+        row = f"#fleet-upstreams tbody tr[data-url='{stopped.base}']"
+        page.wait_for_selector(f"{row}.down", timeout=10_000)
+        assert page.inner_text(f"{row} td:nth-child(3)").startswith("down (")
+        assert page.locator("#fleet-upstreams tbody tr.up").count() == 2
+        assert page.inner_text("#fleet-summary").startswith("Fleet: 2 of 3 upstream(s)")
+        shot(page, "console-fleet.png")
+        assert errors == []
