@@ -19,6 +19,7 @@ gateway that routes it there.
     python benchmarks/fleet.py --sessions 6 --turns 4
     python benchmarks/fleet.py --redis --gateway-workers 2  # + placement in Redis, 2 workers each
     python benchmarks/fleet.py --workload overhead  # the router's own cost (fleet_overhead.py)
+    python benchmarks/fleet.py --workload eviction  # precise vs approximate (fleet_eviction.py)
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import httpx  # noqa: E402
 
-from benchmarks import fleet_overhead  # noqa: E402
+from benchmarks import fleet_eviction, fleet_overhead  # noqa: E402
 from benchmarks.deploy_agentic import RunResult, Turn, count_tokens, request, words  # noqa: E402
 from benchmarks.loopback import free_port  # noqa: E402
 
@@ -240,7 +241,11 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--latency-calls", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workload", choices=("trace", "overhead"), default="trace")
+    parser.add_argument("--workload", choices=("trace", "overhead", "eviction"), default="trace")
+    parser.add_argument("--groups", type=int, default=3, help="eviction: shared prompts")
+    parser.add_argument("--shared-words", type=int, default=300, help="eviction: each")
+    parser.add_argument("--session-words", type=int, default=150, help="eviction: each")
+    parser.add_argument("--kv-cache-memory", default="2MiB", help="eviction: each upstream's")
     parser.add_argument(
         "--redis", action="store_true", help="trace: also prefix routing with placement in Redis"
     )
@@ -249,10 +254,15 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=8.0, help="overhead: seconds per run")
     parser.add_argument("--concurrency", type=int, default=32, help="overhead: calls in flight")
     parser.add_argument("--workers", type=int, default=2, help="overhead: kvgate --workers")
-    parser.add_argument("--json", metavar="PATH", help="overhead: also write the figures here")
+    parser.add_argument(
+        "--json", metavar="PATH", help="overhead, eviction: also write the figures here"
+    )
     args = parser.parse_args()
     if args.workload == "overhead":
         fleet_overhead.run(args)
+        return
+    if args.workload == "eviction":
+        fleet_eviction.run(args)
         return
     upstreams = [Server() for _ in range(3)]
     try:

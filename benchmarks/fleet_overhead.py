@@ -1,10 +1,12 @@
 """Fleet mode's own cost: a router in front of three upstreams that answer at once.
 
 Three ``benchmarks.instant_upstream`` processes; in front of them, one after the other in the
-same run, kvgate in fleet mode (``--routing prefix``, 1 and ``--workers`` processes) and, when
-installed, the Rust routers a fleet operator would otherwise pick: sglang-router (``python -m
-sglang_router.launch_router --policy cache_aware``) and vllm-router (``vllm-router --policy
-cache_aware``, which asks an upstream to render each call before it routes it). ``benchmarks.loadgen`` drives each with a
+same run, kvgate in fleet mode (``--routing prefix``, 1 and ``--workers`` processes; the
+latter also following the upstreams' silent KV-event publishers, so the precise rule routes
+every call: its cost per call, against plain kvgate's) and, when installed, the Rust routers
+a fleet operator would otherwise pick: sglang-router (``python -m sglang_router.launch_router
+--policy cache_aware``) and vllm-router (``vllm-router --policy cache_aware``, which asks an
+upstream to render each call before it routes it). ``benchmarks.loadgen`` drives each with a
 closed loop of non-streamed (and then streamed) ``/v1/chat/completions`` calls over
 keep-alive connections and reports req/s, p50/p99 and the router's CPU per call, summed over
 its whole process tree (every kvgate worker). Several rounds, interleaved, with ``uptime``.
@@ -35,10 +37,10 @@ ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "You are a helpful assistant. Answer the question in one word. " * 4
 
 
-def request_bytes(port: int, streamed: bool) -> bytes:
+def request_bytes(port: int, streamed: bool, model: str = "instant") -> bytes:
     body = orjson.dumps(
         {
-            "model": "instant",
+            "model": model,
             "messages": [{"role": "user", "content": PROMPT}],
             "max_tokens": 8,
             "stream": streamed,
@@ -54,7 +56,9 @@ def request_bytes(port: int, streamed: bool) -> bytes:
 class Router:
     """A router process in front of the upstreams, ready once it answers a call."""
 
-    def __init__(self, name: str, command: Callable[[int], list[str]]) -> None:
+    def __init__(
+        self, name: str, command: Callable[[int], list[str]], model: str = "instant"
+    ) -> None:
         self.name, self.port = name, free_port()
         self.process = subprocess.Popen(
             command(self.port),
@@ -63,7 +67,7 @@ class Router:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        body = orjson.loads(request_bytes(self.port, False).split(b"\r\n\r\n", 1)[1])
+        body = orjson.loads(request_bytes(self.port, False, model).split(b"\r\n\r\n", 1)[1])
         deadline = time.monotonic() + 60
         while True:
             assert self.process.poll() is None, f"{name} exited"
@@ -102,24 +106,23 @@ def drive(router: Router, args: argparse.Namespace, streamed: bool) -> dict[str,
     return dict(json.loads(out.stdout))
 
 
-def routers(urls: list[str], workers: int) -> list[tuple[str, Callable[[int], list[str]]]]:
-    flags = [f for url in urls for f in ("--upstream", url)]
+Command = Callable[[int], list[str]]
 
-    def kvgate(n: int) -> Callable[[int], list[str]]:
-        return lambda port: (
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port)]
-            + [
-                *flags,
-                "--routing",
-                "prefix",
-                "--workers",
-                str(n),
-            ]
-        )
 
-    out = [("kvgate", kvgate(1)), (f"kvgate --workers {workers}", kvgate(workers))]
-    # The Rust routers a fleet operator would pick instead, when installed. Their metrics
-    # listeners default to port 29000, which another router may hold: a free one each.
+def kvgate(urls: list[str], workers: int, *flags: str) -> Command:
+    """kvgate in fleet mode over ``urls`` (prefix routing), listening on the port given."""
+    upstreams = [f for url in urls for f in ("--upstream", url)]
+    return lambda port: (
+        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *upstreams]
+        + ["--routing", "prefix", "--workers", str(workers), *flags]
+    )
+
+
+def peer_routers(urls: list[str]) -> list[tuple[str, Command]]:
+    """The Rust routers a fleet operator would pick instead, when installed, with their
+    ``cache_aware`` policy. Their metrics listeners default to port 29000, which another
+    router may hold: a free one each."""
+    out = []
     for package, log_level in (("sglang_router", "warn"), ("vllm_router", "warning")):
         name = package.replace("_", "-")
         if importlib.util.find_spec(package) is None:
@@ -139,20 +142,39 @@ def routers(urls: list[str], workers: int) -> list[tuple[str, Callable[[int], li
     return out
 
 
+def routers(urls: list[str], event_ports: list[int], workers: int) -> list[tuple[str, Command]]:
+    """kvgate with 1 and ``workers`` processes, the latter also following the upstreams'
+    (silent) KV-event publishers so every call is routed by the precise rule; the peers."""
+    events = [
+        flag
+        for url, port in zip(urls, event_ports, strict=True)
+        for flag in ("--upstream-kv-events", f"{url}=tcp://127.0.0.1:{port}")
+    ]
+    return [
+        ("kvgate", kvgate(urls, 1)),
+        (f"kvgate --workers {workers}", kvgate(urls, workers)),
+        (f"kvgate --workers {workers} precise", kvgate(urls, workers, *events)),
+        *peer_routers(urls),
+    ]
+
+
 def run(args: argparse.Namespace) -> None:
     ports = [free_port() for _ in range(3)]
+    event_ports = [free_port() for _ in range(3)]
     upstreams = [
         subprocess.Popen(
-            [sys.executable, "-m", "benchmarks.instant_upstream", "--port", str(p)], cwd=ROOT
+            [sys.executable, "-m", "benchmarks.instant_upstream", "--port", str(p)]
+            + ["--kv-events-port", str(e)],
+            cwd=ROOT,
         )
-        for p in ports
+        for p, e in zip(ports, event_ports, strict=True)
     ]
     urls = [f"http://127.0.0.1:{p}" for p in ports]
     rows: list[tuple[str, str, int, dict[str, float], str]] = []
     try:
         time.sleep(1)
         for round_ in range(args.rounds):
-            for name, command in routers(urls, args.workers):
+            for name, command in routers(urls, event_ports, args.workers):
                 router = Router(name, command)
                 try:
                     for streamed in (False, True):
@@ -185,6 +207,14 @@ def run(args: argparse.Namespace) -> None:
             f"{f['p99_ms']:.1f} | {f['server_us_per_request'] / 1e3:.3f} | {load} |"
         )
     ours = [r for r in rows if r[0] == f"kvgate --workers {args.workers}"]
+    precise = [r for r in rows if r[0] == f"kvgate --workers {args.workers} precise"]
+    for kind in ("non-streamed", "streamed"):
+        plain = [r[3]["server_us_per_request"] for r in ours if r[1] == kind]
+        followed = [r[3]["server_us_per_request"] for r in precise if r[1] == kind]
+        print(
+            f"{kind}: precise routing's CPU per call / plain kvgate's = "
+            f"{sum(followed) / sum(plain):.2f}x (kvgate --workers {args.workers}, same rounds)"
+        )
     for peer in ("sglang-router", "vllm-router"):
         theirs_rows = [r for r in rows if r[0].startswith(peer)]
         for kind in ("non-streamed", "streamed"):

@@ -7,9 +7,11 @@ A raw asyncio protocol (uvloop when installed) over HTTP/1.1 keep-alive: ``GET /
 /v1/chat/completions`` and ``/v1/completions`` answer a fixed two-token reply, as one JSON body
 or, when the body asks ``"stream": true``, as SSE events; vLLM's ``/v1/chat/completions/render``
 and ``/v1/completions/render`` (what vllm-router's ``cache_aware`` asks first) a fixed prompt
-of 64 token ids. Usage:
+of 64 token ids, and ``/tokenize`` the same 64 ids. ``--kv-events-port`` binds a ZMQ PUB
+that publishes no KV-cache event: a gateway following it routes every call by the precise
+rule (on the blocks it just sent there), so its cost per call is measured. Usage:
 
-    python -m benchmarks.instant_upstream --port 9001
+    python -m benchmarks.instant_upstream --port 9001 [--kv-events-port 9002]
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import argparse
 import asyncio
 
 import orjson
+import zmq
 
 MODEL = "instant"
 CHAT = orjson.dumps(
@@ -88,9 +91,13 @@ def _answer(body: bytes, kind: bytes = b"application/json", status: bytes = b"20
 ANSWERS = {path: _answer(body) for path, body in GETS.items()}
 JSON_ANSWER = _answer(CHAT)
 SSE_ANSWER = _answer(STREAM, b"text/event-stream")
+TOKENS = RENDERED["token_ids"]
 RENDERS = {
     b"/v1/chat/completions/render": _answer(orjson.dumps(RENDERED)),
     b"/v1/completions/render": _answer(orjson.dumps([RENDERED])),
+    b"/tokenize": _answer(
+        orjson.dumps({"count": 64, "max_model_len": 4096, "tokens": TOKENS, "token_strs": None})
+    ),
 }
 NOT_FOUND = _answer(b'{"error": "not found"}', status=b"404 Not Found")
 
@@ -142,7 +149,12 @@ async def serve(port: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, required=True)
-    port = parser.parse_args().port
+    parser.add_argument("--kv-events-port", type=int, help="bind a silent KV-event publisher")
+    args = parser.parse_args()
+    port = args.port
+    if args.kv_events_port is not None:
+        publisher = zmq.Context().socket(zmq.PUB)  # held open, silent, until the process ends
+        publisher.bind(f"tcp://127.0.0.1:{args.kv_events_port}")
     try:
         import uvloop
     except ImportError:

@@ -1,0 +1,249 @@
+"""Routing where caches evict: kvgate precise (following the upstreams' KV-cache events) vs
+kvgate approximate (prefix hashing) vs sglang-router and vllm-router ``cache_aware``.
+
+Three kvgate upstreams (``--model tiny``), each with a KV cache too small for its share of
+the working set (``--kv-cache-memory``), publishing KV-cache events (``--kv-events-config``).
+The trace is an agent's: ``--groups`` agents each with a long shared prompt, ``--sessions``
+sessions spread over them, each with a long context of its own, then ``--turns`` turns,
+every turn resending the whole history as a streamed text ``/v1/completions`` call (the
+replies are not appended, so every router is sent exactly the same tokens). All sessions run
+at once. Each router gets its own prompts' first words (no run reuses another's cache), the
+same trace and the same upstreams, one router at a time.
+
+Reported per router, from the upstreams' own counters (``vllm:prompt_tokens_total`` minus
+``vllm:prompt_tokens_cached_total``, scraped before and after): prompt tokens computed and
+the hit rate; from the client: time to the first streamed token (p50, p90); the load CoV
+(prompt tokens per upstream); then precise over the best approximate router, same run.
+
+    python benchmarks/fleet.py --workload eviction --sessions 24 --turns 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from benchmarks import record
+from benchmarks.deploy_agentic import words
+from benchmarks.fleet import Server, cov, quantile
+from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
+from benchmarks.loopback import free_port
+
+PRECISE = "kvgate precise"
+
+
+@dataclass
+class Publisher:
+    """An upstream and where it publishes its KV-cache events."""
+
+    server: Server
+    pub: int
+    replay: int
+
+    @property
+    def follow(self) -> list[str]:
+        spec = f"{self.server.base}=tcp://127.0.0.1:{self.pub},replay=tcp://127.0.0.1:{self.replay}"
+        return ["--upstream-kv-events", spec]
+
+
+def publisher(kv_cache_memory: str) -> Publisher:
+    pub, replay = free_port(), free_port()
+    config = {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": f"tcp://*:{pub}",
+        "replay_endpoint": f"tcp://*:{replay}",
+    }
+    server = Server(
+        "--model", "tiny", "--kv-cache-memory", kv_cache_memory,
+        "--kv-events-config", json.dumps(config),
+    )  # fmt: skip
+    return Publisher(server, pub, replay)
+
+
+def settled(upstreams: list[Publisher]) -> list[tuple[float, float]]:
+    """``counters`` once two reads a second apart agree: an upstream's counters can lag its
+    last answer."""
+    last = counters(upstreams)
+    for _ in range(15):
+        time.sleep(1.0)
+        now = counters(upstreams)
+        if now == last:
+            break
+        last = now
+    return last
+
+
+def counters(upstreams: list[Publisher]) -> list[tuple[float, float]]:
+    """(prompt tokens, of which cached) per upstream, from its /metrics."""
+    out = []
+    for u in upstreams:
+        text = httpx.get(u.server.base + "/metrics", timeout=5).text
+        sums = {"vllm:prompt_tokens_total": 0.0, "vllm:prompt_tokens_cached_total": 0.0}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name in sums:
+                    sums[sample.name] += sample.value
+        out.append((sums["vllm:prompt_tokens_total"], sums["vllm:prompt_tokens_cached_total"]))
+    return out
+
+
+def decisions(base: str) -> str:
+    """A kvgate gateway's routing decisions by rule, e.g. ``precise=80 prefix=16``."""
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=5).text):
+        for sample in family.samples:
+            if sample.name == "kvgate_routing_decisions_total":
+                rule = sample.labels["rule"]
+                counts[rule] = counts.get(rule, 0) + sample.value
+    return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
+
+
+def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
+    """Each session's prompts, turn by turn; the first words name the run."""
+    rng = random.Random(args.seed)
+    shared = [words(rng, args.shared_words) for _ in range(args.groups)]
+    low, high = args.turn_words
+    sessions = []
+    for n in range(args.sessions):
+        group = n % args.groups
+        history = f"Agent {group} ({run}): {shared[group]}\nTask {n}: " + words(
+            rng, args.session_words
+        )
+        prompts = []
+        for _ in range(args.turns):
+            history += f"\nUser: {words(rng, rng.randint(low, high))}\nAssistant: done."
+            prompts.append(history)
+        sessions.append(prompts)
+    return sessions
+
+
+async def first_token_s(
+    http: httpx.AsyncClient, url: str, model: str, prompt: str, n: int
+) -> float:
+    """Stream one completion; seconds to its first token."""
+    body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
+    began = time.perf_counter()
+    first = None
+    async with http.stream("POST", url + "/v1/completions", json=body) as response:
+        response.raise_for_status()
+        async for line in response.aiter_lines():
+            if first is None and line.startswith("data: {"):
+                first = time.perf_counter() - began
+    assert first is not None, "no token streamed"
+    return first
+
+
+@dataclass
+class Result:
+    router: str
+    computed: float
+    hit_rate: float
+    ttft: list[float]
+    load_cov: float
+    wall_s: float
+    decisions: str
+
+    def row(self) -> dict[str, float | str]:
+        return {
+            "router": self.router,
+            "prefill_tokens_computed": self.computed,
+            "hit_rate": round(self.hit_rate, 4),
+            "ttft_p50_ms": round(quantile(self.ttft, 0.5) * 1e3, 1),
+            "ttft_p90_ms": round(quantile(self.ttft, 0.9) * 1e3, 1),
+            "load_cov": round(self.load_cov, 3),
+            "wall_s": round(self.wall_s, 1),
+        }
+
+
+async def drive(
+    router: Router, model: str, sessions: list[list[str]], max_tokens: int
+) -> list[float]:
+    """All sessions at once, each turn after the previous one's answer: the TTFTs."""
+    ttfts: list[float] = []
+    url = f"http://127.0.0.1:{router.port}"
+
+    async def session(prompts: list[str]) -> None:
+        for prompt in prompts:
+            ttfts.append(await first_token_s(http, url, model, prompt, max_tokens))
+
+    async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=256)) as http:
+        await asyncio.gather(*(session(p) for p in sessions))
+    return ttfts
+
+
+def measure(
+    name: str, command: Command, upstreams: list[Publisher], model: str, args: argparse.Namespace
+) -> Result:
+    router = Router(name, command, model)
+    try:
+        time.sleep(1.0)  # a gateway following events: connected and replayed
+        before = settled(upstreams)
+        began = time.perf_counter()
+        ttfts = asyncio.run(drive(router, model, trace(args, name), args.max_tokens))
+        wall = time.perf_counter() - began
+        after = settled(upstreams)
+        said = decisions(f"http://127.0.0.1:{router.port}") if name.startswith("kvgate") else ""
+    finally:
+        router.stop()
+    prompt = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
+    cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
+    total = sum(prompt)
+    return Result(name, total - cached, cached / max(1.0, total), ttfts, cov(prompt), wall, said)
+
+
+def run(args: argparse.Namespace) -> None:
+    upstreams = [publisher(args.kv_cache_memory) for _ in range(3)]
+    try:
+        for u in upstreams:
+            u.server.wait()
+        model = httpx.get(upstreams[0].server.base + "/v1/models").json()["data"][0]["id"]
+        urls = [u.server.base for u in upstreams]
+        events = [flag for u in upstreams for flag in u.follow]
+        routers = [
+            (PRECISE, kvgate(urls, 1, *events)),
+            ("kvgate approximate", kvgate(urls, 1)),
+            *peer_routers(urls),
+        ]
+        results = [measure(name, command, upstreams, model, args) for name, command in routers]
+    finally:
+        for u in upstreams:
+            u.server.stop()
+    report(results, args)
+
+
+def report(results: list[Result], args: argparse.Namespace) -> None:
+    record.write(args.json, "fleet-eviction", [r.row() for r in results])
+    print(
+        f"\n{args.sessions} sessions x {args.turns} turns over {args.groups} shared prompts "
+        f"({args.shared_words} + {args.session_words} words each), 3 kvgate tiny upstreams "
+        f"with {args.kv_cache_memory} of KV cache each, {args.max_tokens} tokens per answer\n"
+    )
+    print(
+        "| router | prompt tokens computed | hit rate | TTFT p50 ms | TTFT p90 ms | load CoV "
+        "| wall s | kvgate's decisions |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        row = r.row()
+        print(
+            f"| {r.router} | {r.computed:.0f} | {r.hit_rate:.3f} | {row['ttft_p50_ms']} | "
+            f"{row['ttft_p90_ms']} | {r.load_cov:.3f} | {r.wall_s:.1f} | {r.decisions} |"
+        )
+    precise = next(r for r in results if r.router == PRECISE)
+    others = [r for r in results if r.router != PRECISE]
+    fewest = min(others, key=lambda r: r.computed)
+    fastest = min(others, key=lambda r: quantile(r.ttft, 0.9))
+    print(
+        f"\nprecise / best approximate, same run: prompt tokens computed "
+        f"{precise.computed / max(1.0, fewest.computed):.2f}x ({fewest.router}), TTFT p90 "
+        f"{quantile(precise.ttft, 0.9) / quantile(fastest.ttft, 0.9):.2f}x ({fastest.router}); "
+        f"precise load CoV {precise.load_cov:.3f}"
+    )
