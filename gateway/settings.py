@@ -662,8 +662,8 @@ class Settings:
         metavar="URL=ENDPOINT",
         doc="route precisely on an upstream's KV-cache events (vLLM's or kvgate's "
         "`--kv-events-config` publisher): `URL=tcp://HOST:PORT[,replay=tcp://HOST:PORT]"
-        "[,topic=NAME]`, URL as given to `--upstream` (repeat for each); needs `--tokenizer` "
-        "(or `--model`) for text prompts",
+        "[,topic=NAME]`, URL as given to `--upstream` (repeat for each); prompts are tokenized "
+        "by `--tokenizer` (or `--model`), else by an upstream's `/tokenize`",
     )
     upstream_kv_index_blocks: int = flag(
         200_000,
