@@ -3,11 +3,11 @@ kvgate approximate (prefix hashing) vs sglang-router and vllm-router ``cache_awa
 
 Three kvgate upstreams (``--model tiny``), each with a KV cache too small for its share of
 the working set (``--kv-cache-memory``), publishing KV-cache events (``--kv-events-config``).
-The trace is an agent's: ``--groups`` agents each with a long shared prompt, ``--sessions``
-sessions spread over them, each with a long context of its own, then ``--turns`` turns,
-every turn resending the whole history as a streamed text ``/v1/completions`` call (the
-replies are not appended, so every router is sent exactly the same tokens). All sessions run
-at once. Each router gets its own prompts' first words (no run reuses another's cache), the
+The trace is an agent's: ``--groups`` agents each with a long shared prompt, and
+conversations spread over them (``--sessions``), each with a long context of its own, then
+``--turns`` turns, every turn resending the whole history as a streamed text
+``/v1/completions`` call (the replies are not appended, so every router is sent exactly the
+same tokens). All conversations run at once. Each router gets its own prompts' first words (no run reuses another's cache), the
 same trace and the same upstreams, one router at a time.
 
 Reported per router, from the upstreams' own counters (``vllm:prompt_tokens_total`` minus
@@ -111,18 +111,18 @@ def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
     rng = random.Random(args.seed)
     shared = [words(rng, args.shared_words) for _ in range(args.groups)]
     low, high = args.turn_words
-    sessions = []
+    conversations = []
     for n in range(args.sessions):
         group = n % args.groups
         history = f"Agent {group} ({run}): {shared[group]}\nTask {n}: " + words(
-            rng, args.session_words
+            rng, args.context_words
         )
         prompts = []
         for _ in range(args.turns):
             history += f"\nUser: {words(rng, rng.randint(low, high))}\nAssistant: done."
             prompts.append(history)
-        sessions.append(prompts)
-    return sessions
+        conversations.append(prompts)
+    return conversations
 
 
 async def first_token_s(
@@ -166,7 +166,7 @@ class Result:
 async def drive(
     router: Router, model: str, sessions: list[list[str]], max_tokens: int
 ) -> list[float]:
-    """All sessions at once, each turn after the previous one's answer: the TTFTs."""
+    """All conversations at once, each turn after the previous one's answer: the TTFTs."""
     ttfts: list[float] = []
     url = f"http://127.0.0.1:{router.port}"
 
@@ -223,7 +223,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     record.write(args.json, "fleet-eviction", [r.row() for r in results])
     print(
         f"\n{args.sessions} sessions x {args.turns} turns over {args.groups} shared prompts "
-        f"({args.shared_words} + {args.session_words} words each), 3 kvgate tiny upstreams "
+        f"({args.shared_words} + {args.context_words} words each), 3 kvgate tiny upstreams "
         f"with {args.kv_cache_memory} of KV cache each, {args.max_tokens} tokens per answer\n"
     )
     print(
