@@ -7,7 +7,9 @@ As in vLLM, an n-gram lookup needs ``num_speculative_tokens``; with neither look
 both are 5, with one given the other takes its value. ``disable_by_batch_size`` (vLLM v0's
 name) is kvgate's back-off: a step with more decodes than that does not speculate, because
 its rows already fill the matmuls that a single stream leaves idle (measured in
-``benchmarks/spec_decode.py``). A draft model (``"model"``) is refused: see ARCHITECTURE.md.
+``benchmarks/spec_decode.py``). A draft model (``"model"``) is refused: it would need a second
+model with its own KV cache, block tables and K forwards per step, and on a CPU a step is
+bound by reading weights, which a draft model's forwards read again.
 """
 
 from __future__ import annotations

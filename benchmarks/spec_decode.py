@@ -1,0 +1,143 @@
+"""Speculative decoding on agent-shaped replies: decode tok/s with and without drafts, same run.
+
+    python benchmarks/spec_decode.py [--model smollm2] [--threads 2] [--max-tokens 256]
+        [--speculative-config JSON] [--streams 8] [--json PATH]
+
+Three single-stream workloads, greedy, through the chat template:
+
+- edit:  a ~1,500-token Python file (kvgate's own scheduler) and "repeat this code with the
+         variable renamed": the reply re-emits the file;
+- json:  a JSON document to rewrite with one key renamed;
+- story: a short story, which repeats nothing.
+
+Decode tok/s is (output tokens - 1) over the engine's own first-to-last-token time; speculation's outputs are checked against the plain ones. Then
+``--streams`` concurrent edit requests, output tok/s: plain, speculation with its batch
+back-off, and speculation forced on every step (where it stops paying). Acceptance rate is
+accepted / draft tokens; mean accepted length is 1 + accepted / drafts (vLLM's figures).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not benchmarks/
+
+from benchmarks import record  # noqa: E402
+from engine import LLM, SamplingParams  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+
+
+def workloads() -> dict[str, str]:
+    code = (ROOT / "engine/core/scheduler.py").read_text().split("class Scheduler:")[1][:3600]
+    document = {
+        "tools": [
+            {
+                "name": f"tool_{i}",
+                "description": f"Runs step {i} of the pipeline",
+                "timeout": 30 + i,
+            }
+            for i in range(12)
+        ]
+    }
+    return {
+        "edit": "Repeat this code with the variable `budget` renamed to `token_budget`. "
+        f"Output only the code.\n\n```python\nclass Scheduler:{code}\n```",
+        "json": "Rewrite this JSON with the key `timeout` renamed to `timeout_s`. Output only the "
+        f"JSON.\n\n{json.dumps(document, indent=2)}",
+        "story": "Write a story about a lighthouse keeper who finds a message in a bottle.",
+    }
+
+
+def run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
+    params = SamplingParams(max_tokens=max_tokens, temperature=0)
+    start = time.perf_counter()
+    outputs = llm.generate(prompts, params)
+    return time.perf_counter() - start, [o.token_ids for o in outputs]
+
+
+def single(llm: LLM, prompt: list[int], max_tokens: int) -> tuple[float, list[int]]:
+    """Decode tok/s of one stream (its first to last token, as the engine timed them) and
+    its tokens."""
+    before = llm.stats().serving.histograms["request_decode_time_seconds"].total
+    _, (tokens,) = run(llm, [prompt], max_tokens)
+    decode = llm.stats().serving.histograms["request_decode_time_seconds"].total - before
+    return (len(tokens) - 1) / decode, tokens
+
+
+def acceptance(llm: LLM, before: Any) -> dict[str, float]:
+    spec = llm.stats().serving.spec
+    drafts, drafted = spec.drafts - before.drafts, spec.draft_tokens - before.draft_tokens
+    accepted = spec.accepted_tokens - before.accepted_tokens
+    return {
+        "acceptance_rate": accepted / drafted if drafted else 0.0,
+        "mean_accepted_length": 1 + accepted / drafts if drafts else 1.0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--speculative-config", default=DEFAULT_SPEC)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    common = dict(
+        model=args.model,
+        threads=args.threads,
+        enable_prefix_caching=False,
+        kv_cache_memory="512MiB",
+    )
+    spec = json.loads(args.speculative_config)
+    engines = {
+        "plain": LLM(**common),
+        "spec": LLM(**common, speculative_config=spec),
+        "spec, no back-off": LLM(
+            **common, speculative_config={**spec, "disable_by_batch_size": 10**6}
+        ),
+    }
+    tokenizer = engines["plain"].core.tokenizer
+    prompts = {
+        name: tokenizer.encode_chat([{"role": "user", "content": text}])
+        for name, text in workloads().items()
+    }
+    for llm in engines.values():
+        run(llm, [prompts["story"][:64]], 8)  # warm up
+    print(f"{record.cpu_model()}, {args.threads} threads, {args.model}, {args.speculative_config}")
+    results: list[dict[str, Any]] = []
+    for name, prompt in prompts.items():
+        plain_rate, plain_tokens = single(engines["plain"], prompt, args.max_tokens)
+        before = engines["spec"].stats().serving.spec.copy()
+        spec_rate, spec_tokens = single(engines["spec"], prompt, args.max_tokens)
+        figures = acceptance(engines["spec"], before)
+        same = sum(a == b for a, b in zip(plain_tokens, spec_tokens, strict=False))
+        results.append(
+            dict(workload=name, prompt_tokens=len(prompt), output_tokens=len(plain_tokens),
+                 plain_tok_s=plain_rate, spec_tok_s=spec_rate, speedup=spec_rate / plain_rate,
+                 identical=plain_tokens == spec_tokens, same_prefix=same, **figures)
+        )  # fmt: skip
+        print(
+            f"{name:6} prompt {len(prompt):5}  out {len(plain_tokens):4}  plain {plain_rate:6.1f} tok/s  "
+            f"spec {spec_rate:6.1f} tok/s  x{spec_rate / plain_rate:4.2f}  acceptance "
+            f"{figures['acceptance_rate']:.2f}  mean accepted length {figures['mean_accepted_length']:.2f}  "
+            f"identical {plain_tokens == spec_tokens} ({same}/{len(plain_tokens)} agree)"
+        )
+    batch = [prompts["edit"]] * args.streams
+    for label, llm in engines.items():
+        wall, outputs = run(llm, batch, args.max_tokens)
+        rate = sum(len(o) for o in outputs) / wall
+        results.append(dict(workload=f"edit x{args.streams}", engine=label, output_tok_s=rate))
+        print(f"edit x{args.streams} {label:18} {rate:6.1f} output tok/s")
+    record.write(args.json, "spec_decode", results)
+
+
+if __name__ == "__main__":
+    main()
