@@ -245,7 +245,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=3, help="eviction: shared prompts")
     parser.add_argument("--shared-words", type=int, default=300, help="eviction: each")
     parser.add_argument("--context-words", type=int, default=150, help="eviction: each")
-    parser.add_argument("--kv-cache-memory", default="2MiB", help="eviction: each upstream's")
+    parser.add_argument("--kv-cache-memory", default="8MiB", help="eviction: each upstream's")
     parser.add_argument(
         "--redis", action="store_true", help="trace: also prefix routing with placement in Redis"
     )

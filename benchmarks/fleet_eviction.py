@@ -7,15 +7,20 @@ The trace is an agent's: ``--groups`` agents each with a long shared prompt, and
 conversations spread over them (``--sessions``), each with a long context of its own, then
 ``--turns`` turns, every turn resending the whole history as a streamed text
 ``/v1/completions`` call (the replies are not appended, so every router is sent exactly the
-same tokens). All conversations run at once. Each router gets its own prompts' first words (no run reuses another's cache), the
-same trace and the same upstreams, one router at a time.
+same tokens). All conversations run at once. Each router gets its own prompts' first words
+(no run reuses another's cache), the same trace and the same upstreams, one router at a time.
+kvgate precise runs twice: asking the upstreams' ``/tokenize`` for each call's tokens, and
+with the model's tokenizer in the gateway (``--tokenizer``).
 
 Reported per router, from the upstreams' own counters (``vllm:prompt_tokens_total`` minus
 ``vllm:prompt_tokens_cached_total``, scraped before and after): prompt tokens computed and
 the hit rate; from the client: time to the first streamed token (p50, p90); the load CoV
-(prompt tokens per upstream); then precise over the best approximate router, same run.
+(prompt tokens per upstream); from kvgate, its routing decisions by rule and how many turns
+went where the conversation's previous turn went; then precise over the best approximate
+router, same run. The floor is what no router can avoid: every distinct block of the trace
+computed once, and each call's last partial block.
 
-    python benchmarks/fleet.py --workload eviction --sessions 24 --turns 4
+    python benchmarks/fleet.py --workload eviction --sessions 36 --turns 6 --max-tokens 4
 """
 
 from __future__ import annotations
@@ -35,8 +40,13 @@ from benchmarks.deploy_agentic import words
 from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
 from benchmarks.loopback import free_port
+from engine.loading.tiny_model import default_model_dir
+from engine.tokenization.tokenizer import Tokenizer
+from gateway.upstream.kv_index import request_keys
 
 PRECISE = "kvgate precise"
+LOCAL_TOKENS = f"{PRECISE}, --tokenizer"
+BLOCK = 16  # the upstreams' KV-cache block size (kvgate's and vLLM's default)
 
 
 @dataclass
@@ -106,8 +116,22 @@ def decisions(base: str) -> str:
     return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
 
 
+def floor_tokens(conversations: list[list[str]]) -> int:
+    """Prompt tokens every router must compute: each distinct full block once (content keys,
+    as the upstreams' events give them), and every call's last partial block."""
+    tokenizer = Tokenizer.from_dir(str(default_model_dir()))
+    blocks: set[bytes] = set()
+    tails = 0
+    for prompts in conversations:
+        for prompt in prompts:
+            ids = tokenizer.encode(prompt)
+            blocks.update(request_keys(ids, BLOCK, None, None))
+            tails += len(ids) % BLOCK
+    return len(blocks) * BLOCK + tails
+
+
 def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
-    """Each session's prompts, turn by turn; the first words name the run."""
+    """Each conversation's prompts, turn by turn; the first words name the run."""
     rng = random.Random(args.seed)
     shared = [words(rng, args.shared_words) for _ in range(args.groups)]
     low, high = args.turn_words
@@ -127,18 +151,20 @@ def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
 
 async def first_token_s(
     http: httpx.AsyncClient, url: str, model: str, prompt: str, n: int
-) -> float:
-    """Stream one completion; seconds to its first token."""
+) -> tuple[float, str]:
+    """Stream one completion; seconds to its first token, and the upstream a kvgate gateway
+    says served it (``x-kvgate-upstream``; empty from another router)."""
     body = {"model": model, "prompt": prompt, "max_tokens": n, "temperature": 0, "stream": True}
     began = time.perf_counter()
     first = None
     async with http.stream("POST", url + "/v1/completions", json=body) as response:
         response.raise_for_status()
+        upstream = response.headers.get("x-kvgate-upstream", "")
         async for line in response.aiter_lines():
             if first is None and line.startswith("data: {"):
                 first = time.perf_counter() - began
     assert first is not None, "no token streamed"
-    return first
+    return first, upstream
 
 
 @dataclass
@@ -150,6 +176,7 @@ class Result:
     load_cov: float
     wall_s: float
     decisions: str
+    kept: str
 
     def row(self) -> dict[str, float | str]:
         return {
@@ -164,19 +191,38 @@ class Result:
 
 
 async def drive(
-    router: Router, model: str, sessions: list[list[str]], max_tokens: int
-) -> list[float]:
-    """All conversations at once, each turn after the previous one's answer: the TTFTs."""
+    router: Router, model: str, conversations: list[list[str]], max_tokens: int
+) -> tuple[list[float], list[list[str]]]:
+    """All conversations at once, each turn after the previous one's answer: the TTFTs, and
+    each conversation's upstreams turn by turn (where the router says)."""
     ttfts: list[float] = []
     url = f"http://127.0.0.1:{router.port}"
 
-    async def session(prompts: list[str]) -> None:
+    async def conversation(prompts: list[str]) -> list[str]:
+        served = []
         for prompt in prompts:
-            ttfts.append(await first_token_s(http, url, model, prompt, max_tokens))
+            ttft, upstream = await first_token_s(http, url, model, prompt, max_tokens)
+            ttfts.append(ttft)
+            served.append(upstream)
+        return served
 
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=256)) as http:
-        await asyncio.gather(*(session(p) for p in sessions))
-    return ttfts
+        served = await asyncio.gather(*(conversation(p) for p in conversations))
+    return ttfts, list(served)
+
+
+def kept(served: list[list[str]]) -> str:
+    """How many turns after the first went where the conversation's previous turn went, and
+    the calls per upstream (empty when the router does not say where)."""
+    if not any(any(turns) for turns in served):
+        return ""
+    follow = sum(a == b for turns in served for a, b in zip(turns, turns[1:], strict=False))
+    later = sum(len(turns) - 1 for turns in served)
+    calls: dict[str, int] = {}
+    for turns in served:
+        for upstream in turns:
+            calls[upstream] = calls.get(upstream, 0) + 1
+    return f"{follow}/{later}, calls {'/'.join(str(n) for _, n in sorted(calls.items()))}"
 
 
 def measure(
@@ -187,7 +233,7 @@ def measure(
         time.sleep(1.0)  # a gateway following events: connected and replayed
         before = settled(upstreams)
         began = time.perf_counter()
-        ttfts = asyncio.run(drive(router, model, trace(args, name), args.max_tokens))
+        ttfts, served = asyncio.run(drive(router, model, trace(args, name), args.max_tokens))
         wall = time.perf_counter() - began
         after = settled(upstreams)
         said = decisions(f"http://127.0.0.1:{router.port}") if name.startswith("kvgate") else ""
@@ -196,7 +242,8 @@ def measure(
     prompt = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
     cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     total = sum(prompt)
-    return Result(name, total - cached, cached / max(1.0, total), ttfts, cov(prompt), wall, said)
+    hit_rate = cached / max(1.0, total)
+    return Result(name, total - cached, hit_rate, ttfts, cov(prompt), wall, said, kept(served))
 
 
 def run(args: argparse.Namespace) -> None:
@@ -209,6 +256,7 @@ def run(args: argparse.Namespace) -> None:
         events = [flag for u in upstreams for flag in u.follow]
         routers = [
             (PRECISE, kvgate(urls, 1, *events)),
+            (LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", str(default_model_dir()))),
             ("kvgate approximate", kvgate(urls, 1)),
             *peer_routers(urls),
         ]
@@ -222,28 +270,29 @@ def run(args: argparse.Namespace) -> None:
 def report(results: list[Result], args: argparse.Namespace) -> None:
     record.write(args.json, "fleet-eviction", [r.row() for r in results])
     print(
-        f"\n{args.sessions} sessions x {args.turns} turns over {args.groups} shared prompts "
+        f"\n{args.sessions} conversations x {args.turns} turns over {args.groups} shared prompts "
         f"({args.shared_words} + {args.context_words} words each), 3 kvgate tiny upstreams "
-        f"with {args.kv_cache_memory} of KV cache each, {args.max_tokens} tokens per answer\n"
+        f"with {args.kv_cache_memory} of KV cache each, {args.max_tokens} tokens per answer; "
+        f"the floor: {floor_tokens(trace(args, PRECISE))} prompt tokens computed\n"
     )
     print(
         "| router | prompt tokens computed | hit rate | TTFT p50 ms | TTFT p90 ms | load CoV "
-        "| wall s | kvgate's decisions |"
+        "| wall s | kvgate's decisions | turns kept, calls per upstream |"
     )
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in results:
         row = r.row()
         print(
             f"| {r.router} | {r.computed:.0f} | {r.hit_rate:.3f} | {row['ttft_p50_ms']} | "
-            f"{row['ttft_p90_ms']} | {r.load_cov:.3f} | {r.wall_s:.1f} | {r.decisions} |"
+            f"{row['ttft_p90_ms']} | {r.load_cov:.3f} | {r.wall_s:.1f} | {r.decisions} | {r.kept} |"
         )
-    precise = next(r for r in results if r.router == PRECISE)
-    others = [r for r in results if r.router != PRECISE]
+    others = [r for r in results if not r.router.startswith(PRECISE)]
     fewest = min(others, key=lambda r: r.computed)
     fastest = min(others, key=lambda r: quantile(r.ttft, 0.9))
-    print(
-        f"\nprecise / best approximate, same run: prompt tokens computed "
-        f"{precise.computed / max(1.0, fewest.computed):.2f}x ({fewest.router}), TTFT p90 "
-        f"{quantile(precise.ttft, 0.9) / quantile(fastest.ttft, 0.9):.2f}x ({fastest.router}); "
-        f"precise load CoV {precise.load_cov:.3f}"
-    )
+    for precise in (r for r in results if r.router.startswith(PRECISE)):
+        print(
+            f"\n{precise.router} / best approximate, same run: prompt tokens computed "
+            f"{precise.computed / max(1.0, fewest.computed):.2f}x ({fewest.router}), TTFT p90 "
+            f"{quantile(precise.ttft, 0.9) / quantile(fastest.ttft, 0.9):.2f}x "
+            f"({fastest.router}); load CoV {precise.load_cov:.3f}"
+        )
