@@ -19,12 +19,11 @@ from engine.attention.kv_cache import FP8_DTYPE, KVCache
 from engine.attention.metadata import AttentionMetadata
 
 
-class NativeDecode:
-    """`paged_decode` as the torch backend's decode kernel (`torch_backend.DecodeKernel`)."""
+class _NativeKernel:
+    """What the decode and prefill kernels share: the head sizes built, and what they take."""
 
-    def __init__(self, ops: native.Library):
-        self._decode = ops.paged_decode
-        self._head_dims = frozenset(ops.decode_head_dims())
+    def __init__(self, head_dims: list[int]):
+        self._head_dims = frozenset(head_dims)
         self._no_scales = torch.empty(0)
 
     def takes(self, q: torch.Tensor, cache: KVCache) -> bool:
@@ -35,6 +34,14 @@ class NativeDecode:
             and cache.k.dtype in (q.dtype, FP8_DTYPE)
             and q.shape[-1] in self._head_dims
         )
+
+
+class NativeDecode(_NativeKernel):
+    """`paged_decode` as the torch backend's decode kernel (`torch_backend.DecodeKernel`)."""
+
+    def __init__(self, ops: native.Library):
+        super().__init__(ops.decode_head_dims())
+        self._decode = ops.paged_decode
 
     def __call__(
         self, q: torch.Tensor, cache: KVCache, block_tables: torch.Tensor,
@@ -56,23 +63,13 @@ def native_decode() -> NativeDecode | None:
     return None if ops is None else NativeDecode(ops)
 
 
-class NativePrefill:
+class NativePrefill(_NativeKernel):
     """`paged_prefill` as the torch backend's prefill kernel (`torch_backend.PrefillKernel`)."""
 
     def __init__(self, ops: native.Library):
+        super().__init__(ops.prefill_head_dims())
         self._prefill = ops.paged_prefill
-        self._head_dims = frozenset(ops.prefill_head_dims())
-        self._no_scales = torch.empty(0)
         self.bf16_dot: bool = ops.prefill_bf16_dot()
-
-    def takes(self, q: torch.Tensor, cache: KVCache) -> bool:
-        """bf16 or fp32 queries over a cache of the same dtype or of fp8, of a built head size."""
-        return (
-            q.device.type == "cpu"
-            and q.dtype in (torch.bfloat16, torch.float32)
-            and cache.k.dtype in (q.dtype, FP8_DTYPE)
-            and q.shape[-1] in self._head_dims
-        )
 
     def __call__(
         self, q: torch.Tensor, cache: KVCache, md: AttentionMetadata, seqs: torch.Tensor,
