@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from engine import AsyncLLM, EngineConfig, SamplingParams  # noqa: E402
 from engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash  # noqa: E402
+from engine.request_options import RequestOptions
 
 TOKEN_IDS = range(4, 260)  # ordinary byte-level tokens of the tiny model (no specials)
 Trace = tuple[list[int], list[list[list[int]]]]  # system prompt; per session, per turn
@@ -99,7 +100,7 @@ async def run_session(
         prompt = history + added
         first, last = None, None
         submitted = time.perf_counter()
-        async for out in engine.generate(prompt, params, cache_key=cache_key):
+        async for out in engine.generate(prompt, params, RequestOptions(cache_key=cache_key)):
             first, last = first or time.perf_counter(), out
         finished = time.perf_counter()
         output = list(last.token_ids)

@@ -26,6 +26,7 @@ if typing.TYPE_CHECKING:
     )
     from engine.llm import LLM
     from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
+    from engine.request_options import RequestOptions
     from engine.sampling_params import SamplingParams, StructuredOutputs
     from engine.stats import EngineStats, ReplicaStats
 
@@ -41,6 +42,7 @@ __all__ = [
     "EngineUnavailable",
     "OutputKind",
     "ReplicaStats",
+    "RequestOptions",
     "RequestOutput",
     "RequestStream",
     "SamplingParams",
@@ -60,6 +62,7 @@ __getattr__, __dir__ = _lazy.exports(
         ),
         "engine.llm": ("LLM",),
         "engine.outputs": ("EmbeddingOutput", "OutputKind", "RequestOutput"),
+        "engine.request_options": ("RequestOptions",),
         "engine.sampling_params": ("SamplingParams", "StructuredOutputs"),
         "engine.stats": ("EngineStats", "ReplicaStats"),
     },

@@ -29,8 +29,9 @@ from engine.core.stat_logger import started
 from engine.errors import EngineStepError
 from engine.models.lora import LoRAAdapter
 from engine.output_processor import OutputCollector, OutputProcessor, OutputStream
-from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput, StepOutput
+from engine.outputs import EmbeddingOutput, RequestOutput, StepOutput
 from engine.process.kv_publisher import start_publisher
+from engine.request_options import DEFAULT_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
 from engine.tokenization.tokenizer import Tokenizer
@@ -156,22 +157,20 @@ class AsyncLLM:
         self,
         prompt: Prompt,
         params: SamplingParams,
-        cache_key: str | None = None,
-        cache_salt: str | None = None,
-        kind: OutputKind = OutputKind.CUMULATIVE,
-        lora_name: str | None = None,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> RequestStream:
         """Admit a request now (call from the event loop) and return its output stream.
-        ``cache_salt`` keeps one tenant's cached blocks from another's; ``lora_name`` runs it
-        with that loaded adapter. Raises ValueError for bad input (``UnknownAdapter`` for an
+        ``options``: its routing key, tenant salt, adapter and output form. Raises ValueError for bad input (``UnknownAdapter`` for an
         adapter not loaded) and AdmissionRefused when no replica can take it, both before
         anything is queued; the stream raises EngineStepError if the step computing it fails."""
         if self._closed:
             raise RuntimeError("the engine has been shut down")
-        request = self.core.make_request(prompt, params, cache_key, cache_salt, lora_name)
+        request = self.core.make_request(
+            prompt, params, options.cache_key, options.cache_salt, options.lora_name
+        )
         replica, collector = self._enqueue(request)
         processor = OutputProcessor(
-            request.request_id, request.prompt_token_ids, params, self.core.tokenizer, kind
+            request.request_id, request.prompt_token_ids, params, self.core.tokenizer, options.kind
         )
         return RequestStream(self, request, replica, collector, processor)
 
@@ -220,13 +219,10 @@ class AsyncLLM:
         self,
         prompt: Prompt,
         params: SamplingParams,
-        cache_key: str | None = None,
-        cache_salt: str | None = None,
-        kind: OutputKind = OutputKind.CUMULATIVE,
-        lora_name: str | None = None,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> AsyncIterator[RequestOutput]:
         """``submit`` as an async generator (admission happens at the first ``anext``)."""
-        stream = self.submit(prompt, params, cache_key, cache_salt, kind, lora_name)
+        stream = self.submit(prompt, params, options)
         try:
             async for output in stream:
                 yield output

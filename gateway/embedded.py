@@ -16,6 +16,7 @@ from contextlib import aclosing
 from typing import TYPE_CHECKING, Any, Protocol
 
 from engine.outputs import EmbeddingOutput, OutputKind, RequestOutput
+from engine.request_options import RequestOptions
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
 from engine.tokenization.tokenizer import Tokenizer
@@ -109,10 +110,7 @@ class Engine(Protocol):
         self,
         prompt: str | list[int],
         params: SamplingParams,
-        cache_key: str | None = None,
-        cache_salt: str | None = None,
-        kind: OutputKind = OutputKind.CUMULATIVE,
-        lora_name: str | None = None,
+        options: RequestOptions = ...,
     ) -> EngineStream: ...
 
     def encode_embedding_input(self, prompt: str | list[int]) -> list[int]: ...
@@ -186,14 +184,10 @@ class EngineBackend:
         if spec is not None and not self.engine.grammar_compiled(spec):
             identity = current_identity()  # ms to seconds, on a thread of its own
             await self.grammars.compile(spec, "" if identity is None else identity.tenant)
-        stream = self.engine.submit(
-            prompt,
-            request.params,
-            request.cache_key,
-            request.cache_salt,
-            OutputKind.DELTA,
-            request.adapter,
+        options = RequestOptions(
+            request.cache_key, request.cache_salt, request.adapter, OutputKind.DELTA
         )
+        stream = self.engine.submit(prompt, request.params, options)
         try:  # at once in this process; a round trip to an engine process of its own
             await stream.admitted()
         except BaseException:

@@ -21,6 +21,7 @@ SURFACES = {
         "EngineUnavailable",
         "OutputKind",
         "ReplicaStats",
+        "RequestOptions",
         "RequestOutput",
         "RequestStream",
         "SamplingParams",

@@ -32,6 +32,7 @@ from engine.errors import EngineStepError, EngineUnavailable
 from engine.output_processor import OutputCollector, OutputProcessor, OutputStream
 from engine.outputs import EmbeddingOutput, OutputKind, StepOutput
 from engine.process.ipc import Adapter, Hello, State
+from engine.request_options import DEFAULT_OPTIONS, RequestOptions
 from engine.sampling_params import SamplingParams, StructuredOutputs
 from engine.stats import EngineStats
 from engine.tokenization.tokenizer import Tokenizer
@@ -184,10 +185,7 @@ class EngineClient:
         self,
         prompt: Prompt,
         params: SamplingParams,
-        cache_key: str | None = None,
-        cache_salt: str | None = None,
-        kind: OutputKind = OutputKind.CUMULATIVE,
-        lora_name: str | None = None,
+        options: RequestOptions = DEFAULT_OPTIONS,
     ) -> RemoteStream:
         """Send the request (call from the event loop); ``await stream.admitted()`` raises
         what ``AsyncLLM.submit`` would have raised at once."""
@@ -196,10 +194,19 @@ class EngineClient:
         params.validate()
         token_ids = self.prompts.checked_prompt(prompt)
         tag = next(self._tags)
-        stream = RemoteStream(self, tag, token_ids, params, kind)
+        stream = RemoteStream(self, tag, token_ids, params, options.kind)
         self._register(tag, stream)
         self._send_or_fail(
-            tag, ("submit", tag, token_ids, params, cache_key, cache_salt, lora_name)
+            tag,
+            (
+                "submit",
+                tag,
+                token_ids,
+                params,
+                options.cache_key,
+                options.cache_salt,
+                options.lora_name,
+            ),
         )
         return stream
 

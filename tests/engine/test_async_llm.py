@@ -13,6 +13,7 @@ import pytest
 
 from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, OutputKind, SamplingParams
 from engine.errors import TooManyTokens
+from engine.request_options import RequestOptions
 from tests.engine.tokenization.test_tokenizer import CountingBackend
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
@@ -42,7 +43,9 @@ async def test_streamed_deltas_add_up_to_the_offline_result(engine: AsyncLLM, ti
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     prompt = "Streaming, token by token"
     outputs = [out async for out in engine.generate(prompt, params)]
-    deltas = [out async for out in engine.generate(prompt, params, kind=OutputKind.DELTA)]
+    deltas = [
+        out async for out in engine.generate(prompt, params, RequestOptions(kind=OutputKind.DELTA))
+    ]
     assert outputs[-1].finished and not any(o.finished for o in outputs[:-1])
     assert deltas[-1].finished and not any(o.finished for o in deltas[:-1])
     final = outputs[-1]
@@ -59,9 +62,9 @@ async def test_a_reader_ten_times_slower_than_generation_holds_one_buffered_outp
     params = SamplingParams(max_tokens=60, temperature=0, ignore_eos=True)
     prompt = "A slow reader"
     started = time.perf_counter()
-    fast = [o async for o in engine.generate(prompt, params, kind=OutputKind.DELTA)]
+    fast = [o async for o in engine.generate(prompt, params, RequestOptions(kind=OutputKind.DELTA))]
     per_token_s = (time.perf_counter() - started) / 60
-    stream = engine.submit(prompt, params, kind=OutputKind.DELTA)
+    stream = engine.submit(prompt, params, RequestOptions(kind=OutputKind.DELTA))
     outputs, most_buffered = [], 0
     async with aclosing(stream):
         async for output in stream:
@@ -154,7 +157,9 @@ async def test_a_cache_salt_keeps_tenants_apart(engine: AsyncLLM):
     prompt = list(range(300, 340))
 
     async def cached(salt: str | None) -> int:
-        return [o async for o in engine.generate(prompt, params, cache_salt=salt)][-1].cached_tokens
+        return [o async for o in engine.generate(prompt, params, RequestOptions(cache_salt=salt))][
+            -1
+        ].cached_tokens
 
     assert await cached("tenant-a") == 0
     assert await cached("tenant-a") == 32

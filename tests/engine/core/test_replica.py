@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from engine import AsyncLLM, EngineConfig, EngineStepError, EngineUnavailable, SamplingParams
+from engine.request_options import RequestOptions
 from tests.engine.test_async_llm import all_blocks_released
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)
@@ -43,7 +44,9 @@ def key_for(engine: AsyncLLM, replica: int) -> str:
 
 
 async def run(engine: AsyncLLM, prompt: str, cache_key: str | None = None) -> list[int]:
-    return [o async for o in engine.generate(prompt, PARAMS, cache_key=cache_key)][-1].token_ids
+    return [o async for o in engine.generate(prompt, PARAMS, RequestOptions(cache_key=cache_key))][
+        -1
+    ].token_ids
 
 
 async def test_a_failing_step_fails_only_its_requests_and_the_replica_serves_on(
@@ -93,7 +96,7 @@ async def test_a_stuck_step_marks_its_replica_unready_and_the_router_skips_it(
     while engine.replicas_ready()[0] and time.monotonic() < deadline:
         await asyncio.sleep(0.05)
     assert engine.replicas_ready() == [False, True] and not engine.is_ready()
-    out = [o async for o in engine.generate("meanwhile", PARAMS, cache_key=key)][-1]
+    out = [o async for o in engine.generate("meanwhile", PARAMS, RequestOptions(cache_key=key))][-1]
     assert out.replica == 1  # its key prefers replica 0, which is stalled
     release.set()
     assert len(await stuck) == PARAMS.max_tokens

@@ -7,6 +7,7 @@ import random
 from pathlib import Path
 
 from engine import LLM, AsyncLLM, EngineConfig, SamplingParams
+from engine.request_options import RequestOptions
 from tests.engine.test_async_llm import all_blocks_released
 
 
@@ -38,7 +39,9 @@ async def test_concurrent_replicas_sharing_a_tight_pool_stay_exact_and_leak_noth
     try:
 
         async def run(i: int) -> list[int] | None:
-            stream = engine.generate(prompts[i], params, cache_key=f"session-{i % 5}")
+            stream = engine.generate(
+                prompts[i], params, RequestOptions(cache_key=f"session-{i % 5}")
+            )
             async for out in stream:
                 if i % 4 == 3 and len(out.token_ids) >= 5:
                     await stream.aclose()  # walk away mid-stream

@@ -26,6 +26,7 @@ from engine.errors import (
 )
 from engine.outputs import OutputKind
 from engine.process.core_client import EngineClient
+from engine.request_options import RequestOptions
 from engine.sampling_params import StructuredOutputs
 from tests.lora_adapters import ADAPTER_A, make_adapter
 
@@ -97,7 +98,9 @@ async def idle(client: EngineClient, timeout_s: float = 5.0) -> bool:
 
 async def test_the_same_tokens_as_the_offline_llm(client: EngineClient, tiny_model_dir: Path):
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    stream = client.submit("Streaming, token by token", params, kind=OutputKind.DELTA)
+    stream = client.submit(
+        "Streaming, token by token", params, RequestOptions(kind=OutputKind.DELTA)
+    )
     await stream.admitted()
     deltas = [out async for out in stream]
     assert deltas[-1].finished and stream.replica == 0
@@ -120,7 +123,7 @@ async def test_refusals_cross_with_their_fields(client: EngineClient):
     with pytest.raises(InvalidArgument) as refused:
         await stream.admitted()
     assert refused.value.field == "max_tokens" and "at most 500" in str(refused.value)
-    stream = client.submit("hi", SamplingParams(max_tokens=5), lora_name="nope")
+    stream = client.submit("hi", SamplingParams(max_tokens=5), RequestOptions(lora_name="nope"))
     with pytest.raises(UnknownAdapter) as unknown:
         await stream.admitted()
     assert unknown.value.field == "model" and unknown.value.name == "nope"
@@ -130,7 +133,7 @@ async def test_refusals_cross_with_their_fields(client: EngineClient):
 
 async def test_closing_a_stream_aborts_it_in_the_engine(client: EngineClient):
     params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-    stream = client.submit("a long one", params, kind=OutputKind.DELTA)
+    stream = client.submit("a long one", params, RequestOptions(kind=OutputKind.DELTA))
     await stream.admitted()
     await anext(stream)
     await stream.aclose()
@@ -144,7 +147,7 @@ async def test_adapters_and_grammars_live_in_the_engine(
     await asyncio.to_thread(client.add_lora, "a", str(path))
     assert [(a.name, a.path) for a in client.list_loras()] == [("a", str(path))]
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-    stream = client.submit("with an adapter", params, lora_name="a")
+    stream = client.submit("with an adapter", params, RequestOptions(lora_name="a"))
     await stream.admitted()
     assert [out async for out in stream][-1].num_output_tokens == 4
     assert await asyncio.to_thread(client.remove_lora, "a") is True
@@ -168,7 +171,7 @@ async def test_a_dead_engine_fails_its_requests_and_comes_back(
     client: EngineClient, engine_process: EngineProcess
 ):
     params = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)
-    stream = client.submit("interrupted", params, kind=OutputKind.DELTA)
+    stream = client.submit("interrupted", params, RequestOptions(kind=OutputKind.DELTA))
     await stream.admitted()
     await anext(stream)
     engine_process.stop()
