@@ -160,9 +160,10 @@ class AsyncLLM:
         options: RequestOptions = DEFAULT_OPTIONS,
     ) -> RequestStream:
         """Admit a request now (call from the event loop) and return its output stream.
-        ``options``: its routing key, tenant salt, adapter and output form. Raises ValueError for bad input (``UnknownAdapter`` for an
-        adapter not loaded) and AdmissionRefused when no replica can take it, both before
-        anything is queued; the stream raises EngineStepError if the step computing it fails."""
+        ``options``: its routing key, tenant salt, adapter and output form. Raises ValueError
+        for bad input (``UnknownAdapter`` for an adapter not loaded) and AdmissionRefused when
+        no replica can take it, both before anything is queued; the stream raises
+        EngineStepError if the step computing it fails."""
         if self._closed:
             raise RuntimeError("the engine has been shut down")
         request = self.core.make_request(

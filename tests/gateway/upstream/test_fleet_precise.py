@@ -110,12 +110,27 @@ def subscription(g: Process, name: str, url: str, kind: str | None = None) -> fl
     raise AssertionError(f"no {name} for {url}")
 
 
-def placed_prefix(seed: int, upstreams: list[Process]) -> tuple[list[int], int]:
+def indexed(g: Process, url: str) -> float:
+    return subscription(g, "kvgate_upstream_kv_index_blocks", url)
+
+
+def place(g: Process, url: str, prompt: list[int] | str | list[dict[str, Any]]) -> None:
+    """Send ``prompt`` to ``url`` directly and wait until ``g`` has indexed its blocks: a call
+    through ``g`` before then is routed by hash, and its blocks would then be held twice."""
+    held = indexed(g, url)
+    complete(url, prompt)
+    deadline = time.monotonic() + 20
+    while indexed(g, url) < held + PREFIX_TOKENS // 16:
+        assert time.monotonic() < deadline, f"{url}'s events never reached the gateway"
+        time.sleep(0.05)
+
+
+def placed_prefix(seed: int, upstreams: list[Process], g: Process) -> tuple[list[int], int]:
     """A prefix whose hash picks one upstream, put on the next one (sent there directly)."""
     urls = [u.base for u in upstreams]
     prefix = [(seed * 7919 + n * 31) % 500 + 3 for n in range(PREFIX_TOKENS)]
     target = (hash_pick(urls, prefix) + 1) % len(urls)
-    complete(urls[target], prefix)
+    place(g, urls[target], prefix)
     return prefix, target
 
 
@@ -139,14 +154,16 @@ def test_a_shared_prefix_goes_where_its_blocks_are_and_survives_a_restart(
     first = gateway(log_dir, upstreams, *follow(upstreams, ports))
     with running([first], 60):
         for seed in range(3):
-            prefix, target = placed_prefix(seed, upstreams)
+            prefix, target = placed_prefix(seed, upstreams, first)
             before = decisions(first, "precise")
             wait_precise(first, before, prefix + [seed + 1] * 20, urls[target])
-    prefix, target = placed_prefix(5, upstreams)
-    time.sleep(0.5)  # its events are published before the next gateway starts
+        prefix, target = placed_prefix(5, upstreams, first)  # indexed: published
     restarted = gateway(log_dir, upstreams, *follow(upstreams, ports))
     with running([restarted], 60):
-        time.sleep(1.0)  # connected and replayed: the index follows readiness closely
+        deadline = time.monotonic() + 20
+        while indexed(restarted, urls[target]) < PREFIX_TOKENS // 16:  # replayed
+            assert time.monotonic() < deadline, "the restarted gateway never replayed"
+            time.sleep(0.05)
         assert complete(restarted.base, prefix + [9] * 20) == urls[target]  # replayed
         assert decisions(restarted, "precise") == 1
         url = urls[target]
@@ -161,7 +178,7 @@ def test_a_dropped_subscription_falls_back_to_hashing_and_recovers(
     urls = [u.base for u in upstreams]
     g = gateway(log_dir, upstreams, *follow(upstreams, ports))
     with running([g], 60):
-        prefix, target = placed_prefix(11, upstreams)
+        prefix, target = placed_prefix(11, upstreams, g)
         wait_precise(g, decisions(g, "precise"), prefix + [1] * 20, urls[target])
         upstreams[target].stop()  # its publisher goes with it: the subscription drops
         upstreams[target].start().wait_ready()  # an empty cache: nothing precise to say
@@ -171,7 +188,7 @@ def test_a_dropped_subscription_falls_back_to_hashing_and_recovers(
         assert decisions(g, "precise") == before
         lost = subscription(g, "kvgate_upstream_kv_events_total", urls[target], "disconnected")
         assert lost == 1
-        prefix, target = placed_prefix(12, upstreams)  # events from the restarted one too
+        prefix, target = placed_prefix(12, upstreams, g)  # events from the restarted one too
         wait_precise(g, decisions(g, "precise"), prefix + [3] * 20, urls[target])
 
 
@@ -193,6 +210,6 @@ def test_text_and_chat_route_precisely_on_the_upstreams_own_tokens(
             ),
         ):
             target = (hash_pick(urls, prompt) + 1) % len(urls)
-            complete(urls[target], prompt)
+            place(g, urls[target], prompt)
             wait_precise(g, decisions(g, "precise"), longer, urls[target])
         assert decisions(g, "least_loaded") == 0  # asking /tokenize is no call

@@ -95,7 +95,8 @@ def test_every_gateway_routes_a_key_to_the_same_upstream(
 
 
 def test_a_hot_key_overflows_to_the_next_upstream(gateways: list[Process]) -> None:
-    """A burst on one key from one gateway, faster than a scrape could show it: the key's own
+    """A burst on one key from one gateway, faster than a scrape could show it (each call
+    generates all its 300 tokens, so they overlap however loaded the machine): the key's own
     upstream keeps AFFINITY_SLACK calls, then the bound ceil(1.25 (total + 1) / 3) sends the
     rest to its next upstream on the ring (the queue-driven case is in test_scrape.py)."""
     g = gateways[0]
@@ -103,7 +104,7 @@ def test_a_hot_key_overflows_to_the_next_upstream(gateways: list[Process]) -> No
     burst = AFFINITY_SLACK + 4
     with ThreadPoolExecutor(burst) as pool:
         calls = [
-            pool.submit(generate, g.base, 60, cache_key=key, prompt="hi", max_tokens=300)
+            pool.submit(generate, g.base, 60, cache_key=key, prompt=LONG["prompt"], max_tokens=300)
             for _ in range(burst)
         ]
         replicas = [c.result()["structuredContent"]["replica"] for c in calls]
