@@ -82,7 +82,7 @@ def test_a_chat_message_streams_into_the_page(server: LiveServer, page: sync_api
     page.goto(server.base + "/")
     page.wait_for_selector("body[data-catalog=loaded]")
     page.fill("#chat-temperature", "0")
-    page.fill("#chat-max-tokens", "48")
+    page.fill("#chat-max-tokens", "160")  # a stream long enough to arrive in parts
     page.evaluate(  # every length the answer's text had, as the page changed it
         """() => {
             window.seen = [];
@@ -101,7 +101,7 @@ def test_a_chat_message_streams_into_the_page(server: LiveServer, page: sync_api
     body = {
         "model": model,
         "messages": [{"role": "user", "content": PROMPT}],
-        "max_tokens": 48,
+        "max_tokens": 160,
         "temperature": 0,
     }
     asked = httpx.post(server.base + "/v1/chat/completions", json=body, timeout=60).json()
