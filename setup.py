@@ -1,6 +1,6 @@
 """kvgate's native CPU library, built at install (the rest of the build is pyproject.toml's).
 
-One library per ISA variant (``engine/native_variants.py``): a wheel (``python -m build
+One library per ISA variant (``kvgate/engine/native_variants.py``): a wheel (``python -m build
 --wheel``, ``pip wheel .``, ``pip install .``) carries every variant, so it serves on any x86-64
 machine with AVX2 and needs no compiler there; an editable install (``pip install -e .``) builds
 the variants the build machine's tests run, its best one and AVX2. ``KVGATE_CPU_VARIANTS``
@@ -33,9 +33,9 @@ VARIANTS_ENV = "KVGATE_CPU_VARIANTS"
 
 
 def _variants() -> ModuleType:
-    """engine/native_variants.py, read without importing the engine package."""
+    """kvgate/engine/native_variants.py, read without importing the engine package."""
     spec = importlib.util.spec_from_file_location(
-        "kvgate_native_variants", ROOT / "engine" / "native_variants.py"
+        "kvgate_native_variants", ROOT / "kvgate" / "engine" / "native_variants.py"
     )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -86,7 +86,8 @@ if TORCH is None:
             )
 
     EXTENSIONS = [
-        Extension(f"engine.{v.library}", [_relative(s) for s in NV.SOURCES]) for v in NV.VARIANTS
+        Extension(f"kvgate.engine.{v.library}", [_relative(s) for s in NV.SOURCES])
+        for v in NV.VARIANTS
     ]
 else:
     from torch.utils.cpp_extension import BuildExtension, CppExtension
@@ -102,7 +103,7 @@ else:
                 wanted = NV.to_build(requested, editable, NV.read_cpu_flags())
             except ValueError as exc:
                 raise SystemExit(str(exc)) from exc
-            names = [f"engine.{variant.library}" for variant in wanted]
+            names = [f"kvgate.engine.{variant.library}" for variant in wanted]
             self.extensions = [ext for ext in self.extensions if ext.name in names]
             what = ", ".join(names) or "none (no variant fits this CPU: the torch path serves)"
             print(f"kvgate: CPU kernels against torch {TORCH.__version__}: {what}", flush=True)
@@ -118,7 +119,7 @@ else:
 
     EXTENSIONS = [
         CppExtension(
-            f"engine.{variant.library}",
+            f"kvgate.engine.{variant.library}",
             [_relative(source) for source in NV.SOURCES],
             include_dirs=[str(NV.CSRC)],  # absolute: ninja compiles from its build folder
             extra_compile_args=[*variant.compile_flags(), *QUIET],

@@ -33,9 +33,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine import AsyncLLM, EngineConfig, SamplingParams  # noqa: E402
-from engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash  # noqa: E402
-from engine.request_options import RequestOptions
+from kvgate.engine import AsyncLLM, EngineConfig, SamplingParams  # noqa: E402
+from kvgate.engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash  # noqa: E402
+from kvgate.engine.request_options import RequestOptions
 
 TOKEN_IDS = range(4, 260)  # ordinary byte-level tokens of the tiny model (no specials)
 Trace = tuple[list[int], list[list[list[int]]]]  # system prompt; per session, per turn

@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from gateway.auth.authenticator import Authenticator
-from gateway.settings import Settings
+from kvgate.gateway.auth.authenticator import Authenticator
+from kvgate.gateway.settings import Settings
 from tests.gateway.auth.issuer import ISSUER, RESOURCE, Issuer
 
 

@@ -28,9 +28,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from benchmarks.machine import describe_cpu, memory_gbps  # noqa: E402
-from engine.attention import AttentionMetadata, allocate_kv_caches, paged_attention  # noqa: E402
-from engine.attention.cpu import native_decode  # noqa: E402
-from engine.attention.kv_cache import KVCache  # noqa: E402
+from kvgate.engine.attention import AttentionMetadata, allocate_kv_caches, paged_attention  # noqa: E402
+from kvgate.engine.attention.cpu import native_decode  # noqa: E402
+from kvgate.engine.attention.kv_cache import KVCache  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 8, 4, 64, 8, 16
 FP8 = "fp8"

@@ -49,10 +49,10 @@ import torch  # noqa: E402
 from benchmarks.machine import Machine, ModelCost, describe_cpu, matmul_gflops, memory_gbps  # noqa: E402
 from benchmarks.step_shares import measured  # noqa: E402
 from benchmarks.vllm_peer import VllmPeer  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.config import cache_dir, choose_dtype, choose_kv_cache_dtype  # noqa: E402
-from engine.loading.tiny_model import make_tiny_model  # noqa: E402
-from engine.models.model_config import ModelConfig  # noqa: E402
+from kvgate.engine import LLM, SamplingParams  # noqa: E402
+from kvgate.engine.config import cache_dir, choose_dtype, choose_kv_cache_dtype  # noqa: E402
+from kvgate.engine.loading.tiny_model import make_tiny_model  # noqa: E402
+from kvgate.engine.models.model_config import ModelConfig  # noqa: E402
 
 WORKLOADS = ("batch8", "single", "ttft", "batch32")
 # A pause before each timed run: the engine that ran before keeps its OpenMP threads spinning
@@ -77,7 +77,7 @@ def smollm2_dir() -> Path:
     if not (path / "config.json").is_file():
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from engine.loading.fetch_model import fetch_model
+        from kvgate.engine.loading.fetch_model import fetch_model
 
         gguf = fetch_model("smollm2")
         # transformers >= 5.25 keeps GGUF weights in their blocks unless told to dequantize,

@@ -54,7 +54,7 @@ class Server:
         self.base = f"http://127.0.0.1:{free_port()}"
         port = self.base.rsplit(":", 1)[1]
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", port, *flags],
+            [sys.executable, "-m", "kvgate", "serve", "--port", port, *flags],
             cwd=ROOT,
             env={**os.environ, "KVGATE_KV_CACHE_MEMORY": os.environ.get("KV", "64MiB")},
             stdout=subprocess.DEVNULL,

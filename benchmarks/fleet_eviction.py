@@ -40,9 +40,9 @@ from benchmarks.deploy_agentic import words
 from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
 from benchmarks.loopback import free_port
-from engine.loading.tiny_model import default_model_dir
-from engine.tokenization.tokenizer import Tokenizer
-from gateway.upstream.kv_index import request_keys
+from kvgate.engine.loading.tiny_model import default_model_dir
+from kvgate.engine.tokenization.tokenizer import Tokenizer
+from kvgate.gateway.upstream.kv_index import request_keys
 
 PRECISE = "kvgate precise"
 LOCAL_TOKENS = f"{PRECISE}, --tokenizer"

@@ -113,7 +113,7 @@ def kvgate(urls: list[str], workers: int, *flags: str) -> Command:
     """kvgate in fleet mode over ``urls`` (prefix routing), listening on the port given."""
     upstreams = [f for url in urls for f in ("--upstream", url)]
     return lambda port: (
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), *upstreams]
+        [sys.executable, "-m", "kvgate", "serve", "--port", str(port), *upstreams]
         + ["--routing", "prefix", "--workers", str(workers), *flags]
     )
 

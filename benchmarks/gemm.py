@@ -1,4 +1,4 @@
-"""The decode matmuls: `engine.models.gemm`'s kernel against oneDNN's prepacked ones, per shape.
+"""The decode matmuls: `kvgate.engine.models.gemm`'s kernel against oneDNN's prepacked ones, per shape.
 
     python benchmarks/gemm.py [--dtype bfloat16|float32] [--rows 1,8,32] [--rounds 5]
                               [--models bench55m,smollm2] [--threads N]
@@ -30,12 +30,12 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-import engine.native as native  # noqa: E402
+import kvgate.engine.native as native  # noqa: E402
 from benchmarks import moe  # noqa: E402
 from benchmarks.engine import bench_model_dir, random_prompts  # noqa: E402
 from benchmarks.machine import memory_gbps  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.models import gemm  # noqa: E402
+from kvgate.engine import LLM, SamplingParams  # noqa: E402
+from kvgate.engine.models import gemm  # noqa: E402
 
 FOOTPRINT = 192 << 20  # bytes of copies per shape: past any L3 here
 # name -> (out, in, kind): kind "gated" (gate and up rows, SiLU x up), "add" (residual).

@@ -62,15 +62,15 @@ def rss_mb(key="VmRSS"):
 
 engine, path, dtype, tokens, threads, repeat, chats = sys.argv[1:8]
 tokens, threads, repeat, chats = int(tokens), int(threads), int(repeat), json.loads(chats)
-if engine.startswith("kvgate"):
+if kvgate.engine.startswith("kvgate"):
     import torch
     torch.set_num_threads(threads)
-    from engine import LLM, SamplingParams
-    from engine import native
+    from kvgate.engine import LLM, SamplingParams
+    from kvgate.engine import native
     native.library()  # loaded first: not the file's load
 base = rss_mb()
 start = time.perf_counter()
-if engine.startswith("kvgate"):
+if kvgate.engine.startswith("kvgate"):
     llm = LLM(path, dtype=dtype, kv_cache_memory="64MiB", threads=threads,
               gguf_dequantize=engine == "kvgate-dequantized")
     load = time.perf_counter() - start
@@ -197,7 +197,7 @@ def main() -> None:
     parser.add_argument("--json", metavar="PATH", help="also write the figures here")
     args = parser.parse_args()
     if args.file is None:
-        from engine.loading.fetch_model import fetch_model
+        from kvgate.engine.loading.fetch_model import fetch_model
 
         path = fetch_model("smollm2")
     else:

@@ -33,9 +33,9 @@ sys.path[0] = str(ROOT)
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from engine.attention import AttentionMetadata, KVCache, allocate_kv_caches  # noqa: E402
-from engine.attention import paged_attention as reference_attention  # noqa: E402
-from engine.attention.kv_cache import FP8_DTYPE  # noqa: E402
+from kvgate.engine.attention import AttentionMetadata, KVCache, allocate_kv_caches  # noqa: E402
+from kvgate.engine.attention import paged_attention as reference_attention  # noqa: E402
+from kvgate.engine.attention.kv_cache import FP8_DTYPE  # noqa: E402
 
 BLOCK_SIZE = 16
 # Peak HBM bandwidth in GB/s by device name; the first matching substring wins.
@@ -220,8 +220,8 @@ def main() -> int:
         print("no CUDA device: this script is for a GPU machine (CPU tests: pytest -m triton)")
         return 2
     os.environ["TRITON_INTERPRET"] = "0"
-    from engine.attention.triton.paged_decode import paged_decode  # after the env is settled
-    from engine.attention.triton.paged_prefill import paged_prefill
+    from kvgate.engine.attention.triton.paged_decode import paged_decode  # after the env is settled
+    from kvgate.engine.attention.triton.paged_prefill import paged_prefill
 
     name = torch.cuda.get_device_name()
     peak = peak_gbps(name, args.peak_gbps)

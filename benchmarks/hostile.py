@@ -13,7 +13,7 @@ gateway's RSS and /healthz while its own upstream attacks it, and while calls ma
                                  [--attack-s 3] [--record-mib 24]
                                  [--kvgate-flags "--model DIR"]
 
-Starts ``python -m gateway serve`` (the embedded tiny model) on a free port, measures its RSS
+Starts ``python -m kvgate serve`` (the embedded tiny model) on a free port, measures its RSS
 (``/proc/PID/status`` VmRSS, sampled every 10 ms) and ``/healthz`` round trips on a kept-alive
 connection before and during the attack, and prints one JSON line of figures. The bodies are
 a ``generate`` prompt, a ``chat`` message and a ``tokenize`` text of ``--body-kib`` each (just
@@ -268,7 +268,7 @@ def tools_case(base: str, pid: int, args: argparse.Namespace) -> dict[str, Any]:
 
 @contextmanager
 def serving(
-    *flags: str, command: tuple[str, ...] = ("gateway", "serve")
+    *flags: str, command: tuple[str, ...] = ("kvgate", "serve")
 ) -> Iterator[tuple[str, int]]:
     """``kvgate serve`` (or another server module taking ``--port``) on a free port: its base
     URL and pid, stopped afterwards."""

@@ -14,9 +14,9 @@ import orjson
 import redis
 
 from benchmarks.hostile_tools import KEYS
-from gateway.openai.response_store import key_of
-from protocol.modern import CLIENT_CAPABILITIES_KEY
-from protocol.tasks import TASKS_EXTENSION
+from kvgate.gateway.openai.response_store import key_of
+from kvgate.protocol.modern import CLIENT_CAPABILITIES_KEY
+from kvgate.protocol.tasks import TASKS_EXTENSION
 from tests.gateway.wire import modern_headers, modern_meta
 
 RECORD_MIB = 24

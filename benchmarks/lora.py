@@ -27,9 +27,9 @@ from safetensors.torch import save_file  # noqa: E402
 
 from benchmarks.engine import bench_model_dir, random_prompts  # noqa: E402
 from benchmarks.machine import describe_cpu  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
-from engine.models.lora import CONFIG_FILE, WEIGHTS_FILE, LoRARequest, site_shapes  # noqa: E402
-from engine.models.model_config import ModelConfig  # noqa: E402
+from kvgate.engine import LLM, SamplingParams  # noqa: E402
+from kvgate.engine.models.lora import CONFIG_FILE, WEIGHTS_FILE, LoRARequest, site_shapes  # noqa: E402
+from kvgate.engine.models.model_config import ModelConfig  # noqa: E402
 
 
 def write_adapter(model: Path, out: Path, rank: int, seed: int) -> Path:

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 
 from benchmarks.record import cpu_model
-from engine.config import cpu_flags, native_bf16_flags, usable_cores
-from engine.models import packed_linear as pl
-from engine.models.model_config import ModelConfig
+from kvgate.engine.config import cpu_flags, native_bf16_flags, usable_cores
+from kvgate.engine.models import packed_linear as pl
+from kvgate.engine.models.model_config import ModelConfig
 
 # Flags worth naming: what the matmul and attention kernels can use.
 SHOWN_FLAGS = (

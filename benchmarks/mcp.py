@@ -121,7 +121,7 @@ def serving(command: list[str], port: int, startup_s: float) -> Iterator[subproc
 
 def server_command(target: str, port: int, bodies_file: str, args: argparse.Namespace) -> list[str]:
     if target == "kvgate":
-        command = [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--model", "tiny"]
+        command = [sys.executable, "-m", "kvgate", "serve", "--port", str(port), "--model", "tiny"]
         return command + ["--workers", str(args.workers)]
     command = [sys.executable, "-m", "benchmarks.baselines", target, "--port", str(port)]
     if target == "bare":

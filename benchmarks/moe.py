@@ -23,10 +23,10 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 import torch  # noqa: E402
 
 from benchmarks.engine import Bench, kvgate_runner, transformers_runner  # noqa: E402
-from engine import LLM  # noqa: E402
-from engine.config import cache_dir, choose_dtype  # noqa: E402
-from engine.loading.tiny_model import make_tiny_model  # noqa: E402
-from engine.models.model_config import ModelConfig  # noqa: E402
+from kvgate.engine import LLM  # noqa: E402
+from kvgate.engine.config import cache_dir, choose_dtype  # noqa: E402
+from kvgate.engine.loading.tiny_model import make_tiny_model  # noqa: E402
+from kvgate.engine.models.model_config import ModelConfig  # noqa: E402
 
 PRESET = "bench-moe"
 

@@ -52,8 +52,8 @@ from benchmarks import record  # noqa: E402
 from benchmarks.loopback import free_port, stop  # noqa: E402
 from benchmarks.mcp import request_parts  # noqa: E402
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
-from engine.config import native_bf16_flags  # noqa: E402
-from engine.loading.tiny_model import default_model_dir  # noqa: E402
+from kvgate.engine.config import native_bf16_flags  # noqa: E402
+from kvgate.engine.loading.tiny_model import default_model_dir  # noqa: E402
 
 WORDS = "the model reads a long prompt and answers it one token at a time".split()
 
@@ -318,7 +318,7 @@ def main() -> None:
 
     kv_port, vllm_port = free_port(), free_port()
     kv_base, vllm_base = f"http://127.0.0.1:{kv_port}", f"http://127.0.0.1:{vllm_port}"
-    kvgate = [sys.executable, "-m", "gateway", "serve", "--port", str(kv_port)]
+    kvgate = [sys.executable, "-m", "kvgate", "serve", "--port", str(kv_port)]
     kvgate += ["--model", str(model_dir), "--served-model-name", name, "--max-model-len", "2048"]
     kvgate += args.kvgate_flags.split()
     kv_env = {**os.environ, "KVGATE_KV_CACHE_MEMORY": "256MiB", "KVGATE_DTYPE": dtype}

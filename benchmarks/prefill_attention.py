@@ -1,6 +1,6 @@
 """One layer's prefill attention: the native fused kernel against the torch path it replaces.
 
-The shape is the bench55m model's (`engine.loading.tiny_model` preset: 8 query heads, 4 KV heads,
+The shape is the bench55m model's (`kvgate.engine.loading.tiny_model` preset: 8 query heads, 4 KV heads,
 head size 64, 8 layers) in bf16, a ``--tokens``-token prompt (default 2,000) in 16-token
 blocks; the kernel also runs the fp32 path and a chunk after a cached prefix. The two paths
 run interleaved, best of ``--rounds``, in one process, so their ratio holds on a shared
@@ -27,9 +27,9 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 import torch  # noqa: E402
 
-from engine.attention import AttentionMetadata, allocate_kv_caches, paged_attention  # noqa: E402
-from engine.attention.cpu import native_prefill  # noqa: E402
-from engine.attention.kv_cache import KVCache  # noqa: E402
+from kvgate.engine.attention import AttentionMetadata, allocate_kv_caches, paged_attention  # noqa: E402
+from kvgate.engine.attention.cpu import native_prefill  # noqa: E402
+from kvgate.engine.attention.kv_cache import KVCache  # noqa: E402
 
 HEADS, KV_HEADS, HEAD_DIM, LAYERS, BLOCK = 8, 4, 64, 8, 16
 

@@ -33,12 +33,12 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.loopback import free_port  # noqa: E402
-from engine import AsyncLLM, EngineConfig  # noqa: E402
-from gateway.app import create_app  # noqa: E402
-from gateway.cli import engine_limits  # noqa: E402
-from gateway.http.serving import http_protocol  # noqa: E402
-from gateway.settings import Settings  # noqa: E402
-from schemas.mcp_wire import MODERN_WIRE, validate_server_message  # noqa: E402
+from kvgate.engine import AsyncLLM, EngineConfig  # noqa: E402
+from kvgate.gateway.app import create_app  # noqa: E402
+from kvgate.gateway.cli import engine_limits  # noqa: E402
+from kvgate.gateway.http.serving import http_protocol  # noqa: E402
+from kvgate.gateway.settings import Settings  # noqa: E402
+from kvgate.schemas.mcp_wire import MODERN_WIRE, validate_server_message  # noqa: E402
 
 WORDS = (
     "the a of KV cache block token prefix replica stream model gate soak load long short".split()

@@ -28,14 +28,16 @@ from typing import Any
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not benchmarks/
 
 from benchmarks import record  # noqa: E402
-from engine import LLM, SamplingParams  # noqa: E402
+from kvgate.engine import LLM, SamplingParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
 
 
 def workloads() -> dict[str, str]:
-    code = (ROOT / "engine/core/scheduler.py").read_text().split("class Scheduler:")[1][:3600]
+    code = (
+        (ROOT / "kvgate/engine/core/scheduler.py").read_text().split("class Scheduler:")[1][:3600]
+    )
     document = {
         "tools": [
             {

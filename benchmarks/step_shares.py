@@ -1,6 +1,6 @@
 """Where an offline `LLM`'s time goes: matmuls (GEMM), attention, and the rest.
 
-The matmul weight handles' methods (`engine.models.gemm`) and each replica's
+The matmul weight handles' methods (`kvgate.engine.models.gemm`) and each replica's
 attention backend are wrapped, for the length of one run, by timers that add up their wall
 time and the weight bytes each matmul reads (attention includes the KV cache writes). What is left of the run's wall time is "the
 rest": norms, rotary embedding, sampling, scheduling, Python. The timers cost ~0.2 µs a
@@ -8,7 +8,7 @@ call (a few hundred calls a step), so the shares are those of an unprofiled run 
 about 1%; the GEMM's GB/s is the weight bytes over its time, held against the machine's
 measured read rate.
 
-The decode stack (`engine.models.decode_stack`) calls the same kernels from C++, where these
+The decode stack (`kvgate.engine.models.decode_stack`) calls the same kernels from C++, where these
 timers cannot see them, so it is off for the measured block: a decode's shares are those of
 the Python layers, whose "rest" is what the stack takes away (compare the timed runs).
 """
@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
-from engine import LLM
-from engine.models import gemm
-from engine.models.quantized_linear import QuantizedLinear
+from kvgate.engine import LLM
+from kvgate.engine.models import gemm
+from kvgate.engine.models.quantized_linear import QuantizedLinear
 
 # The matmul weight handles the models call, and their methods.
 HANDLES: list[type] = [gemm.NativeLinear, gemm.OneDnnLinear, gemm.PlainLinear, QuantizedLinear]

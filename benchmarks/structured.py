@@ -27,13 +27,13 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.engine import bench_model_dir, random_prompts  # noqa: E402
 from benchmarks.machine import describe_cpu  # noqa: E402
-from engine import (  # noqa: E402
+from kvgate.engine import (  # noqa: E402
     LLM,
     SamplingParams,
     StructuredOutputs,
     sampler,  # noqa: E402
 )
-from engine.config import choose_dtype  # noqa: E402
+from kvgate.engine.config import choose_dtype  # noqa: E402
 
 ITEM = {
     "type": "object",

@@ -2,7 +2,7 @@
 
 import torch
 
-import engine.native as native
+import kvgate.engine.native as native
 
 torch.set_num_threads(2)
 # The native CPU library is loaded once, here (and, with KVGATE_BUILD_KERNELS=1 where none is

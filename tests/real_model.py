@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.loading.fetch_model import fetch_model
+from kvgate.engine.errors import ModelLoadError
+from kvgate.engine.loading.fetch_model import fetch_model
 
 
 @functools.cache

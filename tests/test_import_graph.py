@@ -1,6 +1,6 @@
 """The project's run-time import graph, read from the sources with ``ast``, keeps its shape.
 
-Every ``import`` and ``from ... import`` in gateway/, engine/, protocol/ and schemas/ counts,
+Every ``import`` and ``from ... import`` in kvgate/gateway/, kvgate/engine/, kvgate/protocol/ and kvgate/schemas/ counts,
 at any nesting level (a function-level import runs too), except inside ``if TYPE_CHECKING:``.
 ``from pkg import name`` is an edge to ``pkg`` and, where ``pkg/name.py`` or ``pkg/name/``
 exists, to ``pkg.name`` as well (in ``pkg/__init__.py`` itself, ``from pkg import sub`` is an
@@ -9,20 +9,20 @@ edge every submodule has to its parent package's ``__init__`` is left out (it wo
 package that re-exports its submodules a cycle). The rules:
 
 a. no cycle: no strongly connected component of two modules or more, no self-import;
-b. a front door imports neither the other nor the fleet backend: ``gateway.mcp`` imports no
-   ``gateway.openai`` or ``gateway.upstream``, ``gateway.openai`` no ``gateway.mcp`` or
-   ``gateway.upstream``;
-c. ``gateway.auth`` imports neither front door (``gateway.mcp``, ``gateway.openai``);
+b. a front door imports neither the other nor the fleet backend: ``kvgate.gateway.mcp`` imports no
+   ``kvgate.gateway.openai`` or ``kvgate.gateway.upstream``, ``kvgate.gateway.openai`` no ``kvgate.gateway.mcp`` or
+   ``kvgate.gateway.upstream``;
+c. ``kvgate.gateway.auth`` imports neither front door (``kvgate.gateway.mcp``, ``kvgate.gateway.openai``);
 d. ``protocol`` and ``schemas`` import no torch, no triton and no ``engine`` module, directly
    or through any chain of project modules;
 e. a package whose ``__init__`` re-exports lazily (a module ``__getattr__``: ``engine``,
-   ``engine.attention``, ``engine.models``) is never imported from inside itself: its modules
+   ``kvgate.engine.attention``, ``kvgate.engine.models``) is never imported from inside itself: its modules
    import the module that defines a name. The lazy table is invisible to rule a, so an
    ``from engine import X`` inside the engine could close a cycle this test cannot see;
-f. the fleet's parts know the fleet only through ``gateway.upstream.choice.Route``: none of
-   ``gateway.upstream.call``, ``.proxies``, ``.choice`` or ``.membership`` imports
-   ``gateway.upstream.fleet``, not even under ``if TYPE_CHECKING:`` (a type-only import is
-   still a dependency on the whole backend), and no cycle runs through ``gateway.upstream``
+f. the fleet's parts know the fleet only through ``kvgate.gateway.upstream.choice.Route``: none of
+   ``kvgate.gateway.upstream.call``, ``.proxies``, ``.choice`` or ``.membership`` imports
+   ``kvgate.gateway.upstream.fleet``, not even under ``if TYPE_CHECKING:`` (a type-only import is
+   still a dependency on the whole backend), and no cycle runs through ``kvgate.gateway.upstream``
    with type-only imports counted too.
 
 A package ``P`` "imports ``Q``" here when any module ``P`` or ``P.*`` has an edge to ``Q`` or
@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("gateway", "engine", "protocol", "schemas")
+PACKAGES = ("kvgate/gateway", "kvgate/engine", "kvgate/protocol", "kvgate/schemas")
 
 
 @dataclass(frozen=True)
@@ -322,9 +322,19 @@ def project_graph() -> Graph:
 
 def test_the_project_sources_are_found() -> None:
     graph = project_graph()
-    for module in ("engine", "engine.llm", "engine.attention.backend", "protocol", "schemas"):
+    for module in (
+        "kvgate.engine",
+        "kvgate.engine.llm",
+        "kvgate.engine.attention.backend",
+        "kvgate.protocol",
+        "kvgate.schemas",
+    ):
         assert module in graph.modules
-    assert {"engine", "engine.attention", "engine.models"} <= graph.lazy_packages
+    assert {
+        "kvgate.engine",
+        "kvgate.engine.attention",
+        "kvgate.engine.models",
+    } <= graph.lazy_packages
 
 
 def test_a_no_import_cycles_even_for_types() -> None:
@@ -334,14 +344,18 @@ def test_a_no_import_cycles_even_for_types() -> None:
 
 def test_b_front_doors_import_neither_each_other_nor_the_fleet_backend() -> None:
     graph = project_graph()
-    violations = forbidden_imports(graph, "gateway.mcp", ["gateway.openai", "gateway.upstream"])
-    violations += forbidden_imports(graph, "gateway.openai", ["gateway.mcp", "gateway.upstream"])
+    violations = forbidden_imports(
+        graph, "kvgate.gateway.mcp", ["kvgate.gateway.openai", "kvgate.gateway.upstream"]
+    )
+    violations += forbidden_imports(
+        graph, "kvgate.gateway.openai", ["kvgate.gateway.mcp", "kvgate.gateway.upstream"]
+    )
     assert not violations, _report(violations)
 
 
 def test_c_auth_imports_no_front_door() -> None:
     violations = forbidden_imports(
-        project_graph(), "gateway.auth", ["gateway.mcp", "gateway.openai"]
+        project_graph(), "kvgate.gateway.auth", ["kvgate.gateway.mcp", "kvgate.gateway.openai"]
     )
     assert not violations, _report(violations)
 
@@ -350,8 +364,8 @@ def test_d_protocol_and_schemas_import_no_torch_triton_or_engine() -> None:
     graph = project_graph()
     violations = [
         found
-        for package in ("protocol", "schemas")
-        for found in reaches(graph, package, ["torch", "triton", "engine"])
+        for package in ("kvgate.protocol", "kvgate.schemas")
+        for found in reaches(graph, package, ["torch", "triton", "kvgate.engine"])
     ]
     assert not violations, _report(violations)
 
@@ -367,34 +381,61 @@ def test_f_the_fleets_parts_import_no_fleet_and_close_no_cycle_even_for_types() 
         found
         for part in ("call", "proxies", "choice", "membership")
         for found in forbidden_imports(
-            graph, f"gateway.upstream.{part}", ["gateway.upstream.fleet"]
+            graph, f"kvgate.gateway.upstream.{part}", ["kvgate.gateway.upstream.fleet"]
         )
     ]
     violations += [
         found
         for found in cycles(graph)
-        if found.startswith("import cycle through gateway.upstream.")
+        if found.startswith("import cycle through kvgate.gateway.upstream.")
     ]
     assert not violations, _report(violations)
 
 
-PUBLIC = ["engine.llm", "engine.async_llm", "engine.output_processor"]
+PUBLIC = ["kvgate.engine.llm", "kvgate.engine.async_llm", "kvgate.engine.output_processor"]
 ENGINE_LAYERS = {  # each layer of the engine and what it must never import, types included
-    "engine.attention": ["engine.core", "engine.process", "engine.loading", "engine.models"],
-    "engine.sampling": ["engine.core", "engine.process", "engine.loading", "engine.models"],
-    "engine.tokenization": ["engine.core", "engine.process", "engine.loading", "engine.models"],
-    "engine.spec_decode": [
-        "engine.core",
-        "engine.process",
-        "engine.loading",
-        "engine.models",
+    "kvgate.engine.attention": [
+        "kvgate.engine.core",
+        "kvgate.engine.process",
+        "kvgate.engine.loading",
+        "kvgate.engine.models",
+    ],
+    "kvgate.engine.sampling": [
+        "kvgate.engine.core",
+        "kvgate.engine.process",
+        "kvgate.engine.loading",
+        "kvgate.engine.models",
+    ],
+    "kvgate.engine.tokenization": [
+        "kvgate.engine.core",
+        "kvgate.engine.process",
+        "kvgate.engine.loading",
+        "kvgate.engine.models",
+    ],
+    "kvgate.engine.spec_decode": [
+        "kvgate.engine.core",
+        "kvgate.engine.process",
+        "kvgate.engine.loading",
+        "kvgate.engine.models",
         *PUBLIC,
     ],
-    "engine.models": ["engine.core", "engine.process", "engine.loading", *PUBLIC],
-    "engine.loading": ["engine.core", "engine.process", *PUBLIC],
-    "engine.core": ["engine.process", *PUBLIC],
-    "engine.process": ["engine.llm", "engine.async_llm"],  # its client builds the outputs
-    "engine": ["gateway", "protocol", "schemas"],  # the engine knows nothing of HTTP or MCP
+    "kvgate.engine.models": [
+        "kvgate.engine.core",
+        "kvgate.engine.process",
+        "kvgate.engine.loading",
+        *PUBLIC,
+    ],
+    "kvgate.engine.loading": ["kvgate.engine.core", "kvgate.engine.process", *PUBLIC],
+    "kvgate.engine.core": ["kvgate.engine.process", *PUBLIC],
+    "kvgate.engine.process": [
+        "kvgate.engine.llm",
+        "kvgate.engine.async_llm",
+    ],  # its client builds the outputs
+    "kvgate.engine": [
+        "kvgate.gateway",
+        "kvgate.protocol",
+        "kvgate.schemas",
+    ],  # the engine knows nothing of HTTP or MCP
 }
 
 
@@ -406,7 +447,7 @@ def test_g_the_engines_layers_import_downward_only_even_for_types() -> None:
         for found in forbidden_imports(graph, layer, below)
     ]
     violations += [
-        found for found in cycles(graph) if found.startswith("import cycle through engine")
+        found for found in cycles(graph) if found.startswith("import cycle through kvgate.engine")
     ]
     assert not violations, _report(violations)
 
@@ -523,23 +564,25 @@ def test_checker_finds_forbidden_direct_imports() -> None:
 def test_checker_finds_forbidden_modules_reached_through_project_modules() -> None:
     graph = graph_of(
         {
-            "protocol.rules": "import json\nimport protocol.helpers\n",
-            "protocol.helpers": "def f():\n    import shared.util\n",
+            "kvgate.protocol.rules": "import json\nimport kvgate.protocol.helpers\n",
+            "kvgate.protocol.helpers": "def f():\n    import shared.util\n",
             "shared.util": "import torch.nn.functional as F\n",
-            "protocol.clean": "import json\n",
-            "schemas.tools": "from engine import SamplingParams\n",
-            "engine": "",
+            "kvgate.protocol.clean": "import json\n",
+            "kvgate.schemas.tools": "from kvgate.engine import SamplingParams\n",
+            "kvgate.engine": "",
         },
-        packages=["engine"],
+        packages=["kvgate.engine"],
     )
-    found = reaches(graph, "protocol", ["torch", "engine"])
-    assert len(found) == 2  # protocol.rules and protocol.helpers both reach torch
-    assert found[0].startswith("protocol.helpers reaches torch.nn.functional:")
-    assert "protocol.rules -> protocol.helpers (protocol/rules.py:2)" in found[1]
-    assert "protocol.helpers -> shared.util (protocol/helpers.py:2)" in found[1]
+    found = reaches(graph, "kvgate.protocol", ["torch", "kvgate.engine"])
+    assert len(found) == 2  # kvgate.protocol.rules and kvgate.protocol.helpers both reach torch
+    assert found[0].startswith("kvgate.protocol.helpers reaches torch.nn.functional:")
+    assert (
+        "kvgate.protocol.rules -> kvgate.protocol.helpers (kvgate/protocol/rules.py:2)" in found[1]
+    )
+    assert "kvgate.protocol.helpers -> shared.util (kvgate/protocol/helpers.py:2)" in found[1]
     assert "shared.util -> torch.nn.functional (shared/util.py:1)" in found[1]
-    assert reaches(graph, "schemas", ["torch", "engine"]) == [
-        "schemas.tools reaches engine:\n    schemas.tools -> engine (schemas/tools.py:1)"
+    assert reaches(graph, "kvgate.schemas", ["torch", "kvgate.engine"]) == [
+        "kvgate.schemas.tools reaches kvgate.engine:\n    kvgate.schemas.tools -> kvgate.engine (kvgate/schemas/tools.py:1)"
     ]
 
 

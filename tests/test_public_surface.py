@@ -9,7 +9,7 @@ import types
 import pytest
 
 SURFACES = {
-    "engine": [
+    "kvgate.engine": [
         "LLM",
         "AdmissionRefused",
         "AsyncLLM",
@@ -27,7 +27,7 @@ SURFACES = {
         "SamplingParams",
         "StructuredOutputs",
     ],
-    "engine.attention": [
+    "kvgate.engine.attention": [
         "BACKEND_NAMES",
         "FP8_DTYPE",
         "AttentionBackend",
@@ -41,7 +41,7 @@ SURFACES = {
         "resolve_cache_dtype",
         "write_kv",
     ],
-    "protocol": [
+    "kvgate.protocol": [
         "SUPPORTED_VERSIONS",
         "Era",
         "Message",
@@ -53,8 +53,8 @@ SURFACES = {
         "parse_message",
         "splice_result",
     ],
-    "schemas": ["ArgumentValidator", "inference_tools"],
-    "gateway": ["Settings", "create_app"],
+    "kvgate.schemas": ["ArgumentValidator", "inference_tools"],
+    "kvgate.gateway": ["Settings", "create_app"],
 }
 
 
@@ -75,7 +75,7 @@ def test_all_is_pinned_and_matches_what_the_package_exports(name: str) -> None:
 def test_the_version_is_the_distributions() -> None:
     import importlib.metadata
 
-    import gateway
+    import kvgate
 
-    assert gateway.__version__ == importlib.metadata.version("kvgate")
-    assert gateway.__version__.count(".") >= 2
+    assert kvgate.__version__ == importlib.metadata.version("kvgate")
+    assert kvgate.__version__.count(".") >= 2

@@ -19,7 +19,7 @@ SKIPPED_DIRS = {".git", ".venv", "site", "build", "dist", "node_modules", "__pyc
 SKIPPED_DIRS |= {".pytest_cache", ".ruff_cache", ".mypy_cache", ".hypothesis", "tmp"}
 # Third-party text kept verbatim: the MCP spec's schemas speak of sessions, and chat templates
 # are the model vendors' own.
-THIRD_PARTY = ("schemas/mcp/", "tests/engine/tokenization/chat_templates/")
+THIRD_PARTY = ("kvgate/schemas/mcp/", "tests/engine/tokenization/chat_templates/")
 
 # A numbered round of work, or one named relative to the present.
 WORK_ROUND = re.compile(
@@ -104,7 +104,7 @@ def test_no_work_history_wording_in_the_repository() -> None:
     names = {p.relative_to(ROOT).as_posix() for p in files}
     # Not vacuous: the scan reaches the code, the docs and the benchmarks.
     assert len(files) > 300, len(files)
-    assert {"README.md", "CHANGELOG.md", "gateway/cli.py", "benchmarks/fleet.py"} <= names
+    assert {"README.md", "CHANGELOG.md", "kvgate/gateway/cli.py", "benchmarks/fleet.py"} <= names
     problems = []
     for path in files:
         for number, line in enumerate(path.read_text(errors="replace").splitlines(), 1):

@@ -22,8 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-import engine.native as native
-from engine.native_variants import BY_NAME, VARIANTS, to_build
+import kvgate.engine.native as native
+from kvgate.engine.native_variants import BY_NAME, VARIANTS, to_build
 from tests.gateway.live_server import free_port
 from tests.gateway.upstream.processes import call_tool
 
@@ -76,8 +76,8 @@ def test_the_wheel_serves_on_a_machine_with_no_compiler(tmp_path: Path) -> None:
     )  # fmt: skip
     assert built.returncode == 0, built.stdout[-4000:] + built.stderr[-4000:]
     (wheel,) = (tmp_path / "dist").glob("kvgate-*.whl")
-    libraries = [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("engine/_C_")]
-    assert libraries == [f"engine/{variant.library}.abi3.so"]
+    libraries = [n for n in zipfile.ZipFile(wheel).namelist() if n.startswith("kvgate/engine/_C_")]
+    assert libraries == [f"kvgate/engine/{variant.library}.abi3.so"]
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
@@ -94,7 +94,7 @@ def test_the_wheel_serves_on_a_machine_with_no_compiler(tmp_path: Path) -> None:
         assert shutil.which(tool, path=bare["PATH"]) is None, tool
     found = subprocess.run(
         [str(venv / "bin" / "python"), "-c",
-         "import engine.native as n; print(n.__file__, n.library().isa())"],
+         "import kvgate.engine.native as n; print(n.__file__, n.library().isa())"],
         cwd=tmp_path, env=bare, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert found.returncode == 0, found.stderr

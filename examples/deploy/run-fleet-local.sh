@@ -12,7 +12,7 @@ set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 PYTHON=${PYTHON:-$([[ -x "$ROOT/.venv/bin/python" ]] && echo "$ROOT/.venv/bin/python" || echo python3)}
-KVGATE=(${KVGATE:-"$PYTHON" -m gateway})
+KVGATE=(${KVGATE:-"$PYTHON" -m kvgate})
 read -r -a UPSTREAM_ARGS <<<"${UPSTREAM_ARGS:---kv-cache-memory 64MiB}"
 UPSTREAM_PORTS=(18201 18202 18203)
 GATEWAY_PORTS=(18200 18210)

@@ -15,7 +15,7 @@ from benchmarks.agentic import (
     run_trace,
     work,
 )
-from engine.core.block_hash import BLOCK_SIZE
+from kvgate.engine.core.block_hash import BLOCK_SIZE
 
 
 def turn(prompt: list[int], output: list[int], submitted: float, replica: int = 0) -> Turn:

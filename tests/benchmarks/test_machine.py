@@ -10,9 +10,9 @@ import torch
 
 from benchmarks.machine import Machine, ModelCost, describe_cpu, matmul_gflops, memory_gbps
 from benchmarks.vllm_peer import peer_environment
-from engine.loading.loader import load_model
-from engine.loading.tiny_model import make_tiny_model
-from engine.models import model_class
+from kvgate.engine.loading.loader import load_model
+from kvgate.engine.loading.tiny_model import make_tiny_model
+from kvgate.engine.models import model_class
 
 
 @pytest.fixture(scope="module")

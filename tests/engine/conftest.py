@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.loading.tiny_model import make_tiny_model
+from kvgate.engine.loading.tiny_model import make_tiny_model
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

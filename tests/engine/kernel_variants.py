@@ -7,9 +7,9 @@ from typing import Any
 
 import pytest
 
-import engine.native as native
-from engine.config import cpu_flags
-from engine.native_variants import BY_NAME, host_variants
+import kvgate.engine.native as native
+from kvgate.engine.config import cpu_flags
+from kvgate.engine.native_variants import BY_NAME, host_variants
 
 
 def ops_for(name: str) -> Any:

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import itertools
 
-from engine.core.block_hash import block_hashes, root_hash
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_manager import KVCacheManager
-from engine.core.request import Request
-from engine.core.scheduler import ScheduledBatch, Scheduler
-from engine.core.serving_stats import ServingMeter
-from engine.sampling_params import SamplingParams
+from kvgate.engine.core.block_hash import block_hashes, root_hash
+from kvgate.engine.core.block_pool import BlockPool
+from kvgate.engine.core.kv_cache_manager import KVCacheManager
+from kvgate.engine.core.request import Request
+from kvgate.engine.core.scheduler import ScheduledBatch, Scheduler
+from kvgate.engine.core.serving_stats import ServingMeter
+from kvgate.engine.sampling_params import SamplingParams
 
 ROOT = root_hash("scheduler-test", "float32")
 NEXT_TOKEN = 7

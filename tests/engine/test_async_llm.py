@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, OutputKind, SamplingParams
-from engine.errors import TooManyTokens
-from engine.request_options import RequestOptions
+from kvgate.engine import LLM, AsyncLLM, EngineConfig, EngineOverloaded, OutputKind, SamplingParams
+from kvgate.engine.errors import TooManyTokens
+from kvgate.engine.request_options import RequestOptions
 from tests.engine.tokenization.test_tokenizer import CountingBackend
 
 LONG = SamplingParams(max_tokens=400, temperature=0, ignore_eos=True)

@@ -1,4 +1,4 @@
-"""engine.cpu_ops against the plain torch formulas they replace (and None where they do not
+"""kvgate.engine.cpu_ops against the plain torch formulas they replace (and None where they do not
 serve)."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import engine.cpu_ops as cpu_ops
-import engine.native as native
-from engine.attention.kv_cache import KVCache
-from engine.attention.torch_backend import write_kv
+import kvgate.engine.cpu_ops as cpu_ops
+import kvgate.engine.native as native
+from kvgate.engine.attention.kv_cache import KVCache
+from kvgate.engine.attention.torch_backend import write_kv
 
 pytestmark = pytest.mark.skipif(native.library() is None, reason="no native library")
 DTYPES = [torch.bfloat16, torch.float32]

@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import LLM, AsyncLLM, SamplingParams
-from engine.errors import TooManyTokens
+from kvgate.engine import LLM, AsyncLLM, SamplingParams
+from kvgate.engine.errors import TooManyTokens
 from tests.engine.test_llm import PROMPTS, assert_no_leaks
 
 TEXTS = ["Hi", "The quick brown fox jumps over the lazy dog, twice, and then once more."]

@@ -1,7 +1,7 @@
 """The engine's light modules and names import without torch: the package ``__init__`` files
-re-export lazily (``engine._lazy``), so ``import engine.sampling_params`` or ``from engine import
+re-export lazily (``kvgate.engine._lazy``), so ``import kvgate.engine.sampling_params`` or ``from kvgate.engine import
 SamplingParams`` (the gateway's validation, the router, the tokenizer) stays torch-free while
-``from engine import LLM`` loads the engine as before."""
+``from kvgate.engine import LLM`` loads the engine as before."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-LAZY_PACKAGES = ("engine", "engine.attention", "engine.models")
+LAZY_PACKAGES = ("kvgate.engine", "kvgate.engine.attention", "kvgate.engine.models")
 
 # Run in a fresh interpreter; the first import of torch records who asked for it.
 PROBE = textwrap.dedent(
@@ -32,17 +32,17 @@ PROBE = textwrap.dedent(
 
     sys.meta_path.insert(0, RecordTorch())
 
-    import engine.sampling_params, engine.errors, engine.outputs, engine.stats
-    import engine.tokenization.tokenizer, engine.core.router, engine.core.block_hash
-    from engine import SamplingParams, AdmissionRefused
+    import kvgate.engine.sampling_params, kvgate.engine.errors, kvgate.engine.outputs, kvgate.engine.stats
+    import kvgate.engine.tokenization.tokenizer, kvgate.engine.core.router, kvgate.engine.core.block_hash
+    from kvgate.engine import SamplingParams, AdmissionRefused
 
     assert "torch" not in sys.modules, "torch was imported by:\\n" + RecordTorch.stack
-    assert SamplingParams.__module__ == "engine.sampling_params"
-    assert AdmissionRefused.__module__ == "engine.errors"
+    assert SamplingParams.__module__ == "kvgate.engine.sampling_params"
+    assert AdmissionRefused.__module__ == "kvgate.engine.errors"
 
-    from engine import LLM
+    from kvgate.engine import LLM
 
-    assert LLM.__module__ == "engine.llm" and "torch" in sys.modules
+    assert LLM.__module__ == "kvgate.engine.llm" and "torch" in sys.modules
     print("ok")
     """
 )

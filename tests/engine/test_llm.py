@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from transformers import AutoModelForCausalLM
 from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
-from engine import LLM, EngineStepError, SamplingParams
-from engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash
-from engine.core.engine_core import MAX_SALT_ROOTS
+from kvgate.engine import LLM, EngineStepError, SamplingParams
+from kvgate.engine.core.block_hash import BLOCK_SIZE, block_hashes, root_hash
+from kvgate.engine.core.engine_core import MAX_SALT_ROOTS
 from tests.engine.sampling.test_sampler import valid_params
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)

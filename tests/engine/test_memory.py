@@ -1,6 +1,6 @@
 """Importing the engine puts torch's large CPU allocations (the KV cache, the weights) on
 transparent huge pages, unless the user opted out with ``THP_MEM_ALLOC_ENABLE=0``
-(engine/memory.py)."""
+(kvgate/engine/memory.py)."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ THP_MODE = Path("/sys/kernel/mm/transparent_hugepage/enabled")
 # A fresh interpreter: the engine first, then a KV cache of 64 MiB, touched; its huge-page KiB.
 PROBE = textwrap.dedent(
     """
-    import engine, torch
-    from engine.attention import allocate_kv_caches
+    import kvgate.engine, torch
+    from kvgate.engine.attention import allocate_kv_caches
 
     caches = allocate_kv_caches(1, 2048, 4, 16, 64, torch.float32, "cpu")  # 2 x 32 MiB
     caches[0].k.fill_(1.0)

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from engine import LLM, AsyncLLM, SamplingParams
-from engine.loading.loader import load_model
+from kvgate.engine import LLM, AsyncLLM, SamplingParams
+from kvgate.engine.loading.loader import load_model
 from tests.engine.tokenization.test_chat_templates import TEMPLATES, TOOL_TURN_TEXT, WEATHER
 
 

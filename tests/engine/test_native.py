@@ -1,4 +1,4 @@
-"""engine.native: which variant of the native library a machine loads, the torch ops it
+"""kvgate.engine.native: which variant of the native library a machine loads, the torch ops it
 registers, the warning where none is installed, and the run-time build's cache (one build per
 checkout, found again by the next start, whatever else shares the cache)."""
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.native as native
-from engine.config import cpu_flags
-from engine.native_variants import BY_NAME, HOST, VARIANTS, host_variants, runnable
+import kvgate.engine.native as native
+from kvgate.engine.config import cpu_flags
+from kvgate.engine.native_variants import BY_NAME, HOST, VARIANTS, host_variants, runnable
 
 V3_ONLY = BY_NAME["avx2"].cpu_flags | {"sse4_2"}
 
@@ -71,7 +71,7 @@ def test_without_an_installed_library_the_torch_path_serves_with_one_warning(
     monkeypatch.setattr(native, "installed", lambda target: None)
     monkeypatch.delenv(native.BUILD_ENV, raising=False)
     uncached = native._load.__wrapped__  # this process keeps the library it loaded
-    with caplog.at_level(logging.WARNING, logger="engine.native"):
+    with caplog.at_level(logging.WARNING, logger="kvgate.engine.native"):
         assert uncached(native.variant()) is None
     (record,) = caplog.records
     assert "torch path" in record.message and f"{native.BUILD_ENV}=1" in record.message
@@ -85,7 +85,7 @@ def test_a_library_built_from_other_sources_serves_with_a_warning(
     path = native.installed(target)
     if path is None or not native.enabled():
         pytest.skip("no installed library")
-    with caplog.at_level(logging.WARNING, logger="engine.native"):
+    with caplog.at_level(logging.WARNING, logger="kvgate.engine.native"):
         assert native._open(path, target).isa() == target.name
         assert not caplog.records
         monkeypatch.setattr(native, "sources_digest", lambda: "edited")
@@ -142,7 +142,7 @@ def test_a_build_lock_left_by_a_killed_build_holds_nobody_up(tmp_path: Path) -> 
         [
             sys.executable,
             "-c",
-            "import sys, time; from pathlib import Path; from engine import native\n"
+            "import sys, time; from pathlib import Path; from kvgate.engine import native\n"
             "with native._building(Path(sys.argv[1])):\n"
             "    (Path(sys.argv[1]) / 'lock').touch(); print('held', flush=True); time.sleep(60)",
             str(directory),
@@ -169,7 +169,7 @@ def test_a_build_lock_left_by_a_killed_build_holds_nobody_up(tmp_path: Path) -> 
 START = """
 import logging
 logging.basicConfig(level=logging.WARNING, format="%(message)s")
-import engine.native as native
+import kvgate.engine.native as native
 assert native.installed(native.variant()) is None, "a checkout without an installed library"
 print(native.__file__, native.library().isa())
 """

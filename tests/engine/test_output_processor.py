@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine import SamplingParams
-from engine.core.request import GRAMMAR_DEAD_END
-from engine.output_processor import OutputProcessor
-from engine.outputs import OutputKind, StepOutput
-from engine.tokenization.tokenizer import Tokenizer
+from kvgate.engine import SamplingParams
+from kvgate.engine.core.request import GRAMMAR_DEAD_END
+from kvgate.engine.output_processor import OutputProcessor
+from kvgate.engine.outputs import OutputKind, StepOutput
+from kvgate.engine.tokenization.tokenizer import Tokenizer
 
 
 def finish(

@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from engine.errors import InvalidArgument, TooManyTokens
-from engine.sampling_params import GREEDY_BELOW, MAX_SEED, SamplingParams, StructuredOutputs
+from kvgate.engine.errors import InvalidArgument, TooManyTokens
+from kvgate.engine.sampling_params import GREEDY_BELOW, MAX_SEED, SamplingParams, StructuredOutputs
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from engine import AsyncLLM, EngineConfig
+from kvgate.engine import AsyncLLM, EngineConfig
 from tests.gateway.live_server import LiveServer
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -150,7 +150,7 @@ def test_the_examples_extra_installs_what_the_python_examples_import() -> None:
         requirement.split("[")[0].split(">")[0].split("=")[0].split(";")[0].strip().lower()
         for requirement in [*project["dependencies"], *project["optional-dependencies"]["examples"]]
     }
-    local = {"engine", "gateway", "protocol", "schemas"}
+    local = {"kvgate"}
     for script in EXAMPLES.glob("*.py"):
         for node in ast.walk(ast.parse(script.read_text())):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else []

@@ -13,7 +13,7 @@ import pytest
 from mcp import Client
 from openai import OpenAI
 
-from engine import AsyncLLM, EngineConfig
+from kvgate.engine import AsyncLLM, EngineConfig
 from tests.examples.test_examples import curl_example, needs_curl, result_of
 from tests.gateway.live_server import LiveServer
 from tests.real_model import smollm2_file

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from engine import AsyncLLM, EngineConfig
+from kvgate.engine import AsyncLLM, EngineConfig
 from tests.gateway.live_server import LiveServer
 
 

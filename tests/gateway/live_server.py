@@ -15,9 +15,9 @@ from typing import Any
 
 import uvicorn
 
-from gateway.app import create_app
-from gateway.http.serving import http_protocol
-from gateway.settings import Settings
+from kvgate.gateway.app import create_app
+from kvgate.gateway.http.serving import http_protocol
+from kvgate.gateway.settings import Settings
 
 
 def free_port() -> int:

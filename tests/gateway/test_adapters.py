@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-from gateway.adapters import LoRAModule, parse_lora_module, runtime_updating
-from gateway.cli import build_parser, engine_lora, settings_from_args
-from gateway.settings import Settings
+from kvgate.gateway.adapters import LoRAModule, parse_lora_module, runtime_updating
+from kvgate.gateway.cli import build_parser, engine_lora, settings_from_args
+from kvgate.gateway.settings import Settings
 
 
 def test_lora_modules_take_vllms_space_separated_form_and_imply_enable_lora() -> None:

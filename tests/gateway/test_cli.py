@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from gateway.cli import main
-from gateway.settings import Settings, options
+from kvgate.gateway.cli import main
+from kvgate.gateway.settings import Settings, options
 
 
 def test_make_tiny_model_writes_a_loadable_folder(
@@ -23,7 +23,7 @@ def test_make_tiny_model_writes_a_loadable_folder(
 
 def test_python_dash_m_gateway_is_the_cli() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--help"],
+        [sys.executable, "-m", "kvgate", "serve", "--help"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -36,7 +36,7 @@ def test_python_dash_m_gateway_is_the_cli() -> None:
 
 def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--port", "0", "--model", str(tmp_path / "no")],
+        [sys.executable, "-m", "kvgate", "serve", "--port", "0", "--model", str(tmp_path / "no")],
         capture_output=True,
         text=True,
         timeout=120,
@@ -48,7 +48,7 @@ def test_a_missing_model_folder_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_an_unknown_tool_call_parser_is_a_startup_error() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--tool-call-parser", "qwen"],
+        [sys.executable, "-m", "kvgate", "serve", "--tool-call-parser", "qwen"],
         capture_output=True,
         text=True,
         timeout=120,
@@ -62,7 +62,7 @@ def test_an_unknown_tool_call_parser_is_a_startup_error() -> None:
 
 
 def test_limit_flags_reach_the_settings_and_the_engine() -> None:
-    from gateway.cli import build_parser, engine_limits, settings_from_args
+    from kvgate.gateway.cli import build_parser, engine_limits, settings_from_args
 
     args = build_parser().parse_args(
         [
@@ -124,7 +124,7 @@ def test_fetch_model_prints_the_cached_path(tmp_path: Path) -> None:
     models.mkdir()
     (models / "SmolLM2-135M-Instruct.Q4_1.gguf").write_bytes(b"cached")
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "fetch-model", "smollm2"],
+        [sys.executable, "-m", "kvgate", "fetch-model", "smollm2"],
         env=os.environ | {"KVGATE_CACHE_DIR": str(tmp_path)},
         capture_output=True,
         text=True,

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.loading.fetch_model import WHEEL_MODELS, cached_model_path
-from gateway.default_model import default_model
+from kvgate.engine.loading.fetch_model import WHEEL_MODELS, cached_model_path
+from kvgate.gateway.default_model import default_model
 from tests.engine.loading.test_fetch_model import install
 
 

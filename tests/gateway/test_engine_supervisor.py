@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from engine.loading.tiny_model import default_model_dir
+from kvgate.engine.loading.tiny_model import default_model_dir
 from tests.gateway.ops.test_metrics import sample
 from tests.gateway.upstream.processes import (
     Process,
@@ -40,7 +40,7 @@ def log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def is_engine(pid: int) -> bool:
     try:
-        return b"engine.process.core_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        return b"kvgate.engine.process.core_process" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except FileNotFoundError:
         return False
 
@@ -243,8 +243,8 @@ def test_sigterm_drains_the_workers_then_stops_the_engine(two: Process) -> None:
 def test_the_restart_pause_doubles_with_quick_deaths_and_stops_at_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from gateway import engine_supervisor
-    from gateway.engine_supervisor import BACKOFF_MAX_S, FATAL, STEADY_S, EngineSupervisor
+    from kvgate.gateway import engine_supervisor
+    from kvgate.gateway.engine_supervisor import BACKOFF_MAX_S, FATAL, STEADY_S, EngineSupervisor
 
     now = [1000.0]
     monkeypatch.setattr(engine_supervisor.time, "monotonic", lambda: now[0])

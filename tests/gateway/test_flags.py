@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.cli import (
+from kvgate.gateway.cli import (
     REFERENCE,
     add_flags,
     build_parser,
@@ -19,7 +19,7 @@ from gateway.cli import (
     main,
     settings_from_args,
 )
-from gateway.settings import GROUPS, Option, SettingError, Settings, env_only, flag, options
+from kvgate.gateway.settings import GROUPS, Option, SettingError, Settings, env_only, flag, options
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -261,8 +261,8 @@ def test_help_lists_every_flag_with_its_default(capsys: pytest.CaptureFixture[st
 
 def test_the_configuration_reference_is_the_generated_one() -> None:
     assert (ROOT / REFERENCE).read_text() == flags_table(), (
-        f"{REFERENCE} drifted from gateway/settings.py: "
-        f"run `python -m gateway flags-table --write {REFERENCE}`"
+        f"{REFERENCE} drifted from kvgate/gateway/settings.py: "
+        f"run `python -m kvgate flags-table --write {REFERENCE}`"
     )
 
 

@@ -1,5 +1,5 @@
 """A prompt, or a text to tokenize, that cannot fit in max_model_len tokens is refused at
-both front doors before the tokenizer sees it (``gateway.generation``, over the engine's
+both front doors before the tokenizer sees it (``kvgate.gateway.generation``, over the engine's
 ``encode_prompt`` and ``Tokenizer.min_tokens``): the MCP tools answer a tool error, the
 OpenAI routes a 400, each saying how many tokens it is at least and what the limit is.
 
@@ -17,9 +17,15 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import AsyncLLM, SamplingParams, StructuredOutputs
-from gateway.embedded import EngineBackend
-from gateway.generation import HUGE_CHARS, OFF_LOOP_CHARS, Completion, GenerationRequest, OffLoop
+from kvgate.engine import AsyncLLM, SamplingParams, StructuredOutputs
+from kvgate.gateway.embedded import EngineBackend
+from kvgate.gateway.generation import (
+    HUGE_CHARS,
+    OFF_LOOP_CHARS,
+    Completion,
+    GenerationRequest,
+    OffLoop,
+)
 from tests.engine.tokenization.test_tokenizer import CountingBackend
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool

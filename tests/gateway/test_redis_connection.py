@@ -22,11 +22,11 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from engine import AsyncLLM
-from gateway.auth import budgets as budgets_module
-from gateway.auth.budgets import Budgets
-from gateway.calls.errors import Refused as Refusal
-from gateway.redis_connection import connect, stop_tasks
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.auth import budgets as budgets_module
+from kvgate.gateway.auth.budgets import Budgets
+from kvgate.gateway.calls.errors import Refused as Refusal
+from kvgate.gateway.redis_connection import connect, stop_tasks
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.redis_fixtures import requires_redis_server
 from tests.gateway.wire import call

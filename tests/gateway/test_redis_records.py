@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 import redis
 
-from gateway import redis_connection
-from gateway.redis_records import RecordReader, key_part
+from kvgate.gateway import redis_connection
+from kvgate.gateway.redis_records import RecordReader, key_part
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 
 pytestmark = [pytest.mark.redis, requires_redis_server]

@@ -1,5 +1,5 @@
-from gateway.cli import build_parser, settings_from_args
-from gateway.settings import Settings
+from kvgate.gateway.cli import build_parser, settings_from_args
+from kvgate.gateway.settings import Settings
 
 
 def test_defaults_bind_loopback() -> None:

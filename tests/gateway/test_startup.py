@@ -23,7 +23,7 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 def serve(port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
         return subprocess.Popen(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--model", "tiny"],
+            [sys.executable, "-m", "kvgate", "serve", "--port", str(port), "--model", "tiny"],
             cwd=REPO_ROOT,
             env={**os.environ, "KVGATE_KV_CACHE_MEMORY": "16MiB"},
             stdout=subprocess.DEVNULL,
@@ -38,7 +38,7 @@ def test_a_busy_port_fails_at_once_naming_the_flag() -> None:
         port = holder.getsockname()[1]
         began = time.monotonic()
         done = subprocess.run(
-            [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--model", "tiny"],
+            [sys.executable, "-m", "kvgate", "serve", "--port", str(port), "--model", "tiny"],
             cwd=REPO_ROOT,
             capture_output=True,
             text=True,

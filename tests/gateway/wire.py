@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import orjson
 
-from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, validate_server_message
+from kvgate.schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, validate_server_message
 
 MODERN = MODERN_WIRE
 CLIENT_INFO = {"name": "kvgate-tests", "version": "1.0"}

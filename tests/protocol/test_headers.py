@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import HEADER_MISMATCH, ProtocolError
-from protocol.headers import (
+from kvgate.protocol.errors import HEADER_MISMATCH, ProtocolError
+from kvgate.protocol.headers import (
     HeaderParam,
     check_param_headers,
     decode_header_value,

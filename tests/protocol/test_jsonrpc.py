@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import INVALID_REQUEST, PARSE_ERROR, ProtocolError
-from protocol.jsonrpc import encode_error, encode_result, parse_message, splice_result
+from kvgate.protocol.errors import INVALID_REQUEST, PARSE_ERROR, ProtocolError
+from kvgate.protocol.jsonrpc import encode_error, encode_result, parse_message, splice_result
 
 
 def test_request_and_notification() -> None:

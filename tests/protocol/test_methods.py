@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import METHOD_NOT_FOUND, ProtocolError
-from protocol.methods import CACHEABLE_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
-from protocol.versions import Era
+from kvgate.protocol.errors import METHOD_NOT_FOUND, ProtocolError
+from kvgate.protocol.methods import CACHEABLE_METHODS, LEGACY_METHODS, MODERN_METHODS, check_method
+from kvgate.protocol.versions import Era
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import HEADER_MISMATCH, INVALID_PARAMS, ProtocolError
-from protocol.jsonrpc_types import Message
-from protocol.modern import (
+from kvgate.protocol.errors import HEADER_MISMATCH, INVALID_PARAMS, ProtocolError
+from kvgate.protocol.jsonrpc_types import Message
+from kvgate.protocol.modern import (
     CLIENT_CAPABILITIES_KEY,
     PROTOCOL_VERSION_KEY,
     check_legacy_meta,

@@ -1,7 +1,7 @@
 import pytest
 
-from protocol.results import cacheable, complete
-from schemas.mcp_wire import validator
+from kvgate.protocol.results import cacheable, complete
+from kvgate.schemas.mcp_wire import validator
 
 INFO = {"name": "kvgate", "version": "1"}
 

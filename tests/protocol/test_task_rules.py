@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from protocol.errors import ProtocolError
-from protocol.methods import NAME_BEARING, TASK_METHODS, check_method
-from protocol.tasks import (
+from kvgate.protocol.errors import ProtocolError
+from kvgate.protocol.methods import NAME_BEARING, TASK_METHODS, check_method
+from kvgate.protocol.tasks import (
     TASKS_EXTENSION,
     TaskView,
     check_listen_filter,
@@ -17,8 +17,8 @@ from protocol.tasks import (
     missing_tasks_capability,
     task_id_of,
 )
-from protocol.versions import Era
-from schemas.mcp_wire import TASKS_WIRE, validator
+from kvgate.protocol.versions import Era
+from kvgate.schemas.mcp_wire import TASKS_WIRE, validator
 
 CAPS = "io.modelcontextprotocol/clientCapabilities"
 INFO = {"name": "kvgate", "version": "1"}

@@ -2,8 +2,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from protocol.errors import UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
-from protocol.versions import (
+from kvgate.protocol.errors import UNSUPPORTED_PROTOCOL_VERSION, ProtocolError
+from kvgate.protocol.versions import (
     LATEST_LEGACY_VERSION,
     SUPPORTED_VERSIONS,
     Era,

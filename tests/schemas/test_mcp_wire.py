@@ -1,7 +1,7 @@
 import pytest
 from jsonschema import ValidationError
 
-from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, validate_server_message, wire_for
+from kvgate.schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, validate_server_message, wire_for
 
 
 def test_wire_for_versions() -> None:

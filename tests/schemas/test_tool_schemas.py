@@ -1,11 +1,11 @@
-"""schemas/tools.py: the tool definitions are valid MCP Tools on both wires."""
+"""kvgate/schemas/tools.py: the tool definitions are valid MCP Tools on both wires."""
 
 import pytest
 from jsonschema import Draft202012Validator
 
-from protocol.headers import HeaderParam, header_params
-from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, validator
-from schemas.tools import CACHE_KEY_HEADER, inference_tools
+from kvgate.protocol.headers import HeaderParam, header_params
+from kvgate.schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, validator
+from kvgate.schemas.tools import CACHE_KEY_HEADER, inference_tools
 
 TOOLS = inference_tools("tiny", 2048)
 
@@ -34,7 +34,7 @@ def test_cache_key_is_mirrored_into_a_header() -> None:
 def test_chat_accepts_tool_turns_and_tools() -> None:
     """What agents send: tools, an assistant turn of tool calls (content null), the tool's
     answer, text parts, template variables."""
-    from schemas.validation import ArgumentValidator
+    from kvgate.schemas.validation import ArgumentValidator
 
     chat = next(t for t in TOOLS if t["name"] == "chat")
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}

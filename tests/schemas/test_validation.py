@@ -1,7 +1,7 @@
 import pytest
 
-from schemas.tools import inference_tools
-from schemas.validation import ArgumentValidator
+from kvgate.schemas.tools import inference_tools
+from kvgate.schemas.validation import ArgumentValidator
 
 GENERATE, CHAT, _ = inference_tools("tiny", 2048)
 

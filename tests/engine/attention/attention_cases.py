@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.attention import AttentionMetadata, KVCache, allocate_kv_caches, write_kv
-from engine.attention.kv_cache import dequantize_fp8, quantize_fp8
+from kvgate.engine.attention import AttentionMetadata, KVCache, allocate_kv_caches, write_kv
+from kvgate.engine.attention.kv_cache import dequantize_fp8, quantize_fp8
 
 DEVICE = torch.device(os.environ.get("KVGATE_TEST_DEVICE", "cpu"))
 

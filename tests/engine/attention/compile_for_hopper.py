@@ -10,7 +10,7 @@ import triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from engine.attention.triton import kv_write, paged_decode, paged_prefill
+from kvgate.engine.attention.triton import kv_write, paged_decode, paged_prefill
 
 HOPPER = GPUTarget("cuda", 90, 32)
 

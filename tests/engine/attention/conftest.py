@@ -1,6 +1,6 @@
 """Triton kernels run on the CPU through the interpreter: switch it on before Triton loads.
 
-Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, i.e. when ``engine.attention.triton`` is
+Triton reads ``TRITON_INTERPRET`` when a kernel is decorated, i.e. when ``kvgate.engine.attention.triton`` is
 first imported, which only the kernel tests (below this folder) and the Triton backend do.
 """
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from engine.attention import get_attention_backend
-from engine.attention.backend import TORCH_BACKEND, cpu_backend
-from engine.attention.cpu import native_decode
+from kvgate.engine.attention import get_attention_backend
+from kvgate.engine.attention.backend import TORCH_BACKEND, cpu_backend
+from kvgate.engine.attention.cpu import native_decode
 
 
 def test_backend_choice(monkeypatch: pytest.MonkeyPatch) -> None:

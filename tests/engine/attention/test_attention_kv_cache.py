@@ -3,13 +3,13 @@
 import pytest
 import torch
 
-from engine.attention import (
+from kvgate.engine.attention import (
     allocate_kv_caches,
     kv_bytes_per_token,
     resolve_cache_dtype,
     write_kv,
 )
-from engine.attention.kv_cache import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8
+from kvgate.engine.attention.kv_cache import FP8_DTYPE, FP8_MAX, dequantize_fp8, quantize_fp8
 
 
 def test_fp8_round_trip_error_is_within_e4m3_precision() -> None:

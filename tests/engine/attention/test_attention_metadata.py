@@ -2,7 +2,7 @@
 
 import torch
 
-from engine.attention import AttentionMetadata
+from kvgate.engine.attention import AttentionMetadata
 
 
 def test_metadata_from_lists() -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from attention_cases import expected_output, make_case
 
-from engine.attention import AttentionMetadata, paged_attention
+from kvgate.engine.attention import AttentionMetadata, paged_attention
 
 
 @pytest.mark.parametrize("num_heads,kv_heads", [(4, 4), (4, 2), (8, 1)])

@@ -6,9 +6,9 @@ import pytest
 import torch
 from attention_cases import expected_output, make_case
 
-from engine.attention import AttentionMetadata, get_attention_backend, paged_attention
-from engine.attention.cpu import NativeDecode
-from engine.attention.kv_cache import FP8_DTYPE, KVCache
+from kvgate.engine.attention import AttentionMetadata, get_attention_backend, paged_attention
+from kvgate.engine.attention.cpu import NativeDecode
+from kvgate.engine.attention.kv_cache import FP8_DTYPE, KVCache
 from tests.engine.kernel_variants import ops_for
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from attention_cases import PagedCase, expected_output, make_case
 
-from engine.attention import get_attention_backend, paged_attention
-from engine.attention.cpu import NativePrefill
-from engine.attention.kv_cache import FP8_DTYPE
-from engine.config import cpu_flags
+from kvgate.engine.attention import get_attention_backend, paged_attention
+from kvgate.engine.attention.cpu import NativePrefill
+from kvgate.engine.attention.kv_cache import FP8_DTYPE
+from kvgate.engine.config import cpu_flags
 from tests.engine.kernel_variants import ops_for
 
 

@@ -13,15 +13,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.attention import (
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.attention import (
     FP8_DTYPE,
     AttentionMetadata,
     allocate_kv_caches,
     get_attention_backend,
     kv_bytes_per_token,
 )
-from engine.loading.loader import load_model
+from kvgate.engine.loading.loader import load_model
 
 PROMPTS = [
     "The quick brown fox",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.attention import (
+from kvgate.engine.attention import (
     AttentionMetadata,
     allocate_kv_caches,
     paged_attention,

@@ -6,9 +6,9 @@ import pytest
 import torch
 from attention_cases import DEVICE, expected_output, make_case
 
-from engine import LLM, SamplingParams
-from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
-from engine.attention.kv_cache import FP8_DTYPE
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
+from kvgate.engine.attention.kv_cache import FP8_DTYPE
 
 pytestmark = pytest.mark.triton
 

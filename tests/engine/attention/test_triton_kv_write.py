@@ -4,9 +4,9 @@ import pytest
 import torch
 from attention_cases import DEVICE
 
-from engine.attention import KVCache, allocate_kv_caches, write_kv
-from engine.attention.kv_cache import FP8_DTYPE
-from engine.attention.triton.kv_write import kv_write
+from kvgate.engine.attention import KVCache, allocate_kv_caches, write_kv
+from kvgate.engine.attention.kv_cache import FP8_DTYPE
+from kvgate.engine.attention.triton.kv_write import kv_write
 
 pytestmark = pytest.mark.triton
 

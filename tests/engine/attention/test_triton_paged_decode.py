@@ -4,9 +4,9 @@ import pytest
 import torch
 from attention_cases import DEVICE, expected_output, make_case
 
-from engine.attention import AttentionMetadata
-from engine.attention.kv_cache import FP8_DTYPE
-from engine.attention.triton.paged_decode import paged_decode
+from kvgate.engine.attention import AttentionMetadata
+from kvgate.engine.attention.kv_cache import FP8_DTYPE
+from kvgate.engine.attention.triton.paged_decode import paged_decode
 
 pytestmark = pytest.mark.triton
 

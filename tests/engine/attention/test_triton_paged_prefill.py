@@ -4,8 +4,8 @@ import pytest
 import torch
 from attention_cases import expected_output, make_case
 
-from engine.attention.kv_cache import FP8_DTYPE
-from engine.attention.triton.paged_prefill import paged_prefill
+from kvgate.engine.attention.kv_cache import FP8_DTYPE
+from kvgate.engine.attention.triton.paged_prefill import paged_prefill
 
 pytestmark = pytest.mark.triton
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from attention_cases import DEVICE, expected_output, make_case
 
-from engine.attention import get_attention_backend
-from engine.attention.kv_cache import FP8_DTYPE
-from engine.attention.triton.paged_decode import paged_decode
-from engine.attention.triton.paged_prefill import paged_prefill
+from kvgate.engine.attention import get_attention_backend
+from kvgate.engine.attention.kv_cache import FP8_DTYPE
+from kvgate.engine.attention.triton.paged_decode import paged_decode
+from kvgate.engine.attention.triton.paged_prefill import paged_prefill
 
 pytestmark = pytest.mark.triton
 
@@ -76,7 +76,7 @@ def test_triton_backend_mixed_step_matches_torch_backend(
 def test_engine_on_triton_kernels_matches_the_torch_backend(hf_checkpoint) -> None:
     """Gemma 2 (sliding layers, soft-capping) greedy through the engine, prompt past the
     window, then again from the prefix cache: the same tokens on both backends."""
-    from engine import LLM, SamplingParams
+    from kvgate.engine import LLM, SamplingParams
 
     path = hf_checkpoint("gemma2")
     params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)

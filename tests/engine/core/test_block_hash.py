@@ -3,7 +3,7 @@ import struct
 import subprocess
 import sys
 
-from engine.core.block_hash import (
+from kvgate.engine.core.block_hash import (
     BLOCK_SIZE,
     block_hashes,
     extend_block_hashes,
@@ -51,7 +51,7 @@ def test_root_separates_model_cache_scheme_block_size_and_tenant():
 
 def test_hashes_are_identical_across_processes():
     code = (
-        "from engine.core.block_hash import block_hashes, root_hash;"
+        "from kvgate.engine.core.block_hash import block_hashes, root_hash;"
         "print(block_hashes(list(range(48)), root_hash('m', 'fp8', salt='t'))[-1].hex())"
     )
     runs = {

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from engine.core.block_hash import block_hashes, root_hash
-from engine.core.block_pool import NULL_BLOCK, BlockPool
+from kvgate.engine.core.block_hash import block_hashes, root_hash
+from kvgate.engine.core.block_pool import NULL_BLOCK, BlockPool
 
 ROOT = root_hash("test-model", "float32")
 

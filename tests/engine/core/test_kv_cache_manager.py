@@ -1,5 +1,5 @@
-from engine.core.block_pool import BlockPool
-from engine.core.kv_cache_manager import KVCacheManager
+from kvgate.engine.core.block_pool import BlockPool
+from kvgate.engine.core.kv_cache_manager import KVCacheManager
 from tests.engine.scheduling_helpers import make_request
 
 

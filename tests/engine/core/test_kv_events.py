@@ -3,8 +3,8 @@ block released unwritten, and bounded when nobody drains them."""
 
 from __future__ import annotations
 
-from engine.core.block_pool import BlockPool
-from engine.core.kv_events import Cleared, KVEventLog, Removed, Stored
+from kvgate.engine.core.block_pool import BlockPool
+from kvgate.engine.core.kv_events import Cleared, KVEventLog, Removed, Stored
 from tests.engine.scheduling_helpers import make_request, make_scheduler, step
 
 

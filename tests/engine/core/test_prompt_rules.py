@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.prompt_rules import Limits, PromptRules
-from engine.tokenization.tokenizer import Tokenizer
+from kvgate.engine.core.prompt_rules import Limits, PromptRules
+from kvgate.engine.tokenization.tokenizer import Tokenizer
 
 
 class Token(enum.IntEnum):

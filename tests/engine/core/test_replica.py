@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import AsyncLLM, EngineConfig, EngineStepError, EngineUnavailable, SamplingParams
-from engine.request_options import RequestOptions
+from kvgate.engine import AsyncLLM, EngineConfig, EngineStepError, EngineUnavailable, SamplingParams
+from kvgate.engine.request_options import RequestOptions
 from tests.engine.test_async_llm import all_blocks_released
 
 PARAMS = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import engine.core.router as router_module
-from engine.core.block_hash import block_hashes, root_hash
-from engine.core.router import PrefixRouter, make_router
-from engine.errors import EngineUnavailable
+import kvgate.engine.core.router as router_module
+from kvgate.engine.core.block_hash import block_hashes, root_hash
+from kvgate.engine.core.router import PrefixRouter, make_router
+from kvgate.engine.errors import EngineUnavailable
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -41,8 +41,8 @@ DETERMINISM_SCRIPT = """
 import json, random, sys
 sys.path[:0] = [{repo!r}, {tests!r}]
 from test_router import chained_hashes, prompt
-from engine import LLM, SamplingParams
-from engine.core.router import PrefixRouter
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.core.router import PrefixRouter
 router, rng, choices = PrefixRouter(4), random.Random(7), []
 for i in range(300):
     tokens = prompt(i % 40, rng.randrange(0, 300))

@@ -1,7 +1,7 @@
-from engine.core.block_pool import BlockPool
-from engine.core.request import Request, RequestStatus
-from engine.core.scheduler import Scheduler
-from engine.models.packed_linear import trimmed_rows
+from kvgate.engine.core.block_pool import BlockPool
+from kvgate.engine.core.request import Request, RequestStatus
+from kvgate.engine.core.scheduler import Scheduler
+from kvgate.engine.models.packed_linear import trimmed_rows
 from tests.engine.scheduling_helpers import (
     make_request,
     make_scheduler,

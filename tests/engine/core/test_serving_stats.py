@@ -3,8 +3,8 @@ each way a generation ends counted under its own reason."""
 
 from __future__ import annotations
 
-from engine import LLM, SamplingParams
-from engine.core.serving_stats import ServingStats, request_tokens_buckets
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.core.serving_stats import ServingStats, request_tokens_buckets
 from tests.engine.scheduling_helpers import make_request, make_scheduler, step
 
 

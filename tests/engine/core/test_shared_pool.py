@@ -6,8 +6,8 @@ import asyncio
 import random
 from pathlib import Path
 
-from engine import LLM, AsyncLLM, EngineConfig, SamplingParams
-from engine.request_options import RequestOptions
+from kvgate.engine import LLM, AsyncLLM, EngineConfig, SamplingParams
+from kvgate.engine.request_options import RequestOptions
 from tests.engine.test_async_llm import all_blocks_released
 
 

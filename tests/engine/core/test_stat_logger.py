@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 import time
 
-from engine import LLM, SamplingParams
-from engine.core.stat_logger import StatLogger
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.core.stat_logger import StatLogger
 
 LINE = re.compile(
     r"Avg prompt throughput: ([\d.]+) tokens/s, Avg generation throughput: ([\d.]+) tokens/s, "

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM, config
-from engine.config import (
+from kvgate.engine import LLM, config
+from kvgate.engine.config import (
     EngineConfig,
     apply_threads,
     choose_dtype,
@@ -42,7 +42,7 @@ def test_explicit_bf16_without_native_support_warns(caplog: pytest.LogCaptureFix
     emulated = choose_dtype("bfloat16", "cpu", ZEN3)
     native = choose_dtype("bfloat16", "cpu", ZEN4)
     assert emulated.name == native.name == "bfloat16"
-    with caplog.at_level(logging.INFO, logger="engine.config"):
+    with caplog.at_level(logging.INFO, logger="kvgate.engine.config"):
         log_dtype_choice("dtype", emulated)
         log_dtype_choice("dtype", native)
     levels = [(r.levelno, "emulated" in r.getMessage()) for r in caplog.records]

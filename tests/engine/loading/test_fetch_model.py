@@ -10,16 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.loading.fetch_model import (
+from kvgate.engine.errors import ModelLoadError
+from kvgate.engine.loading.fetch_model import (
     WHEEL_MODELS,
     cached_model_path,
     fetch_model,
     installed_model_path,
     local_model_path,
 )
-from engine.loading.model_source import resolve_model
-from engine.loading.tiny_model import DEFAULT_MODEL_NAME, default_model_dir
+from kvgate.engine.loading.model_source import resolve_model
+from kvgate.engine.loading.tiny_model import DEFAULT_MODEL_NAME, default_model_dir
 
 MODEL = WHEEL_MODELS["smollm2"]
 CONTENT = b"GGUF stand-in bytes"

@@ -25,8 +25,8 @@ CASES = [
 ]
 RESOLVE = """
 import sys
-from engine.loading.model_source import resolve_model
-from engine.errors import ModelLoadError
+from kvgate.engine.loading.model_source import resolve_model
+from kvgate.engine.errors import ModelLoadError
 for model, revision in zip(sys.argv[1::2], sys.argv[2::2]):
     try:
         print(resolve_model(model, revision or None))

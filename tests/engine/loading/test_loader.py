@@ -11,9 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from engine.loading.loader import ModelLoadError, load_model, load_weights, safetensors_files
-from engine.loading.tiny_model import make_tiny_model
-from engine.models import model_class
+from kvgate.engine.loading.loader import ModelLoadError, load_model, load_weights, safetensors_files
+from kvgate.engine.loading.tiny_model import make_tiny_model
+from kvgate.engine.models import model_class
 
 
 @pytest.fixture

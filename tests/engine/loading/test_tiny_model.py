@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from engine.loading.tiny_model import PRESETS, default_model_dir, hf_config, make_tiny_model
-from engine.models.llama import LlamaForCausalLM
-from engine.models.model_config import ModelConfig
+from kvgate.engine.loading.tiny_model import PRESETS, default_model_dir, hf_config, make_tiny_model
+from kvgate.engine.models.llama import LlamaForCausalLM
+from kvgate.engine.models.model_config import ModelConfig
 
 FILES = (
     "config.json",

@@ -1,4 +1,4 @@
-"""The decode stack (`engine.models.decode_stack`): a decode step's layers as one native call
+"""The decode stack (`kvgate.engine.models.decode_stack`): a decode step's layers as one native call
 give the Python layers' logits and K/V bit for bit (the same kernels in the same order),
 bf16 and fp32, with qkv biases, Qwen3's q/k norms and sliding windows, over bf16 checkpoints
 and over GGUF blocks served quantized; and the models, caches and backends it cannot serve
@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import engine.native as native
-from engine import LLM, SamplingParams
-from engine.attention import allocate_kv_caches, get_attention_backend
-from engine.attention.backend import TORCH_BACKEND
-from engine.loading.loader import load_model
-from engine.models import decode_stack, llama
+import kvgate.engine.native as native
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.attention import allocate_kv_caches, get_attention_backend
+from kvgate.engine.attention.backend import TORCH_BACKEND
+from kvgate.engine.loading.loader import load_model
+from kvgate.engine.models import decode_stack, llama
 from tests.engine.loading.gguf.gguf_files import Q, folder_to_gguf
 from tests.engine.models.test_llama import PROMPTS, PagedRun
 

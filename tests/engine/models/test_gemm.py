@@ -1,4 +1,4 @@
-"""The small-batch GEMM kernel (`engine.models.gemm`) against fp64 products, on this machine's
+"""The small-batch GEMM kernel (`kvgate.engine.models.gemm`) against fp64 products, on this machine's
 library and on every other variant it runs (AVX2 on any x86); and the oneDNN and plain handles behind the same interface."""
 
 from __future__ import annotations
@@ -9,9 +9,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import engine.models.gemm as gemm
-import engine.native as native
-from engine.native_variants import BY_NAME
+import kvgate.engine.models.gemm as gemm
+import kvgate.engine.native as native
+from kvgate.engine.native_variants import BY_NAME
 from tests.engine.kernel_variants import ops_for
 
 Kernel = Callable[[torch.Tensor, bool], gemm.NativeLinear]

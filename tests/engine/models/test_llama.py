@@ -9,12 +9,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
-from engine.attention.metadata import OutputRows
-from engine.loading.loader import LoadedModel, load_model
-from engine.models.gemm import NativeLinear
-from engine.models.llama import RMSNorm, rope_inv_freq
-from engine.models.model_config import ModelConfig
+from kvgate.engine.attention import AttentionMetadata, allocate_kv_caches, get_attention_backend
+from kvgate.engine.attention.metadata import OutputRows
+from kvgate.engine.loading.loader import LoadedModel, load_model
+from kvgate.engine.models.gemm import NativeLinear
+from kvgate.engine.models.llama import RMSNorm, rope_inv_freq
+from kvgate.engine.models.model_config import ModelConfig
 
 BLOCK_SIZE = 16
 HF_ARCHS = ("llama", "llama3", "mistral", "qwen2")  # built by conftest.hf_checkpoint

@@ -11,13 +11,13 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-import engine.models.packed_linear as pl
-from engine import LLM, SamplingParams
-from engine.core.block_hash import root_hash
-from engine.core.model_runner import ModelRunner
-from engine.core.scheduler import ScheduledBatch
-from engine.errors import AdapterError, AdapterNotFound, UnknownAdapter
-from engine.models.lora import CONFIG_FILE, WEIGHTS_FILE, LoRARequest
+import kvgate.engine.models.packed_linear as pl
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.core.block_hash import root_hash
+from kvgate.engine.core.model_runner import ModelRunner
+from kvgate.engine.core.scheduler import ScheduledBatch
+from kvgate.engine.errors import AdapterError, AdapterNotFound, UnknownAdapter
+from kvgate.engine.models.lora import CONFIG_FILE, WEIGHTS_FILE, LoRARequest
 from tests.lora_adapters import ADAPTER_A, ADAPTER_B, make_adapter, peft_greedy
 
 pytest.importorskip("peft")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.errors import ModelLoadError
-from engine.models.model_config import ModelConfig
+from kvgate.engine.errors import ModelLoadError
+from kvgate.engine.models.model_config import ModelConfig
 
 LLAMA = {
     "architectures": ["LlamaForCausalLM"],

@@ -13,9 +13,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.loading.loader import load_model
-from engine.models import packed_linear as pl
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.loading.loader import load_model
+from kvgate.engine.models import packed_linear as pl
 from tests.engine.conftest import FAMILY_CONFIGS, WINDOW
 from tests.engine.models.test_llama import BLOCK_SIZE, PagedRun, _reference, _reference_logits
 

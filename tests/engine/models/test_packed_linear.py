@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.loading.loader import LoadedModel, load_model, load_weights, safetensors_files
-from engine.models import model_class
-from engine.models import packed_linear as pl
-from engine.models.checkpoint import hf_weight_slots
-from engine.models.gemm import NativeLinear
+from kvgate.engine.loading.loader import LoadedModel, load_model, load_weights, safetensors_files
+from kvgate.engine.models import model_class
+from kvgate.engine.models import packed_linear as pl
+from kvgate.engine.models.checkpoint import hf_weight_slots
+from kvgate.engine.models.gemm import NativeLinear
 from tests.engine.models.test_llama import PagedRun
 
 pytestmark = pytest.mark.skipif(

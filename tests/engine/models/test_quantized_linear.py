@@ -1,4 +1,4 @@
-"""The quantized matmul kernels (`engine.models.quant.qgemm`) against fp64 products of gguf's
+"""The quantized matmul kernels (`kvgate.engine.models.quant.qgemm`) against fp64 products of gguf's
 own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 and the
 K-quants Q4_K/Q5_K/Q6_K, bf16
 and fp32 activations, 1..33 rows, an odd number of outputs, the native build and the forced
@@ -22,8 +22,8 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import dequantize, quantize
 
-from engine.models import quantized_linear as ql
-from engine.models.quantized_linear import QuantizedLinear, StackedLinear, concat
+from kvgate.engine.models import quantized_linear as ql
+from kvgate.engine.models.quantized_linear import QuantizedLinear, StackedLinear, concat
 from tests.engine.kernel_variants import ops_for
 
 Q = GGMLQuantizationType

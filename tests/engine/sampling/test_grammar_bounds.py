@@ -12,10 +12,10 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.errors import InvalidArgument
-from engine.sampling.structured import GrammarCache
-from engine.sampling_params import StructuredOutputs
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.errors import InvalidArgument
+from kvgate.engine.sampling.structured import GrammarCache
+from kvgate.engine.sampling_params import StructuredOutputs
 
 
 @pytest.fixture(scope="module")

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.errors import InvalidArgument
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.errors import InvalidArgument
 
 
 def test_logit_bias_steers_generation_and_ids_are_vocab_checked(tiny_model_dir: Path) -> None:

@@ -17,8 +17,14 @@ from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,
 )
 
-from engine.sampling.sampler import argmax, filtered_probs, plain_greedy, processed_logits, sample
-from engine.sampling_params import MAX_SEED, SamplingParams
+from kvgate.engine.sampling.sampler import (
+    argmax,
+    filtered_probs,
+    plain_greedy,
+    processed_logits,
+    sample,
+)
+from kvgate.engine.sampling_params import MAX_SEED, SamplingParams
 
 VOCAB = 50
 EOS = 1
@@ -27,7 +33,7 @@ GREEDY = SamplingParams(temperature=0)
 
 @dataclass
 class Row:
-    """One request as the sampler sees it (engine.core.request.Request in the engine)."""
+    """One request as the sampler sees it (kvgate.engine.core.request.Request in the engine)."""
 
     params: SamplingParams
     generator: torch.Generator | None = None

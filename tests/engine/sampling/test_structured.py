@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
-from engine.core.request import GRAMMAR_DEAD_END
-from engine.sampling.sampler import processed_logits
-from engine.sampling_params import StructuredOutputs
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.core.request import GRAMMAR_DEAD_END
+from kvgate.engine.sampling.sampler import processed_logits
+from kvgate.engine.sampling_params import StructuredOutputs
 from tests.engine.sampling.test_sampler import Row
 from tests.real_model import smollm2_file
 

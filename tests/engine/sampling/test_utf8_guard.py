@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine import LLM
-from engine.sampling.structured import GrammarCache, fill_bitmask
-from engine.sampling.utf8_guard import NEVER, Utf8Guard, invalid_inside
-from engine.sampling_params import StructuredOutputs
+from kvgate.engine import LLM
+from kvgate.engine.sampling.structured import GrammarCache, fill_bitmask
+from kvgate.engine.sampling.utf8_guard import NEVER, Utf8Guard, invalid_inside
+from kvgate.engine.sampling_params import StructuredOutputs
 
 
 def _completable(prefix: bytes) -> bool:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import LLM, SamplingParams
-from engine.models.lora import LoRARequest
-from engine.outputs import RequestOutput
-from engine.sampling_params import StructuredOutputs
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.models.lora import LoRARequest
+from kvgate.engine.outputs import RequestOutput
+from kvgate.engine.sampling_params import StructuredOutputs
 from tests.engine.test_llm import assert_no_leaks
 from tests.lora_adapters import ADAPTER_A, make_adapter
 

@@ -10,11 +10,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from engine.sampling_params import SamplingParams
-from engine.spec_decode.config import SpeculativeConfig
-from engine.spec_decode.ngram import propose_ngram
-from engine.spec_decode.speculator import Speculator
-from engine.spec_decode.suffix import ReplyCache, SuffixLimits, SuffixTrie
+from kvgate.engine.sampling_params import SamplingParams
+from kvgate.engine.spec_decode.config import SpeculativeConfig
+from kvgate.engine.spec_decode.ngram import propose_ngram
+from kvgate.engine.spec_decode.speculator import Speculator
+from kvgate.engine.spec_decode.suffix import ReplyCache, SuffixLimits, SuffixTrie
 
 
 def brute_force_ngram(tokens: list[int], min_n: int, max_n: int, k: int) -> list[int]:

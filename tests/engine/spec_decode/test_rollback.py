@@ -3,11 +3,11 @@ cache, their blocks go back to the pool, and accepted drafts are published once 
 
 from __future__ import annotations
 
-from engine.core.block_hash import block_hashes
-from engine.core.scheduler import Scheduler
-from engine.spec_decode.config import SpeculativeConfig
-from engine.spec_decode.speculator import Drafted, Speculator
-from engine.spec_decode.verify import SampledToken
+from kvgate.engine.core.block_hash import block_hashes
+from kvgate.engine.core.scheduler import Scheduler
+from kvgate.engine.spec_decode.config import SpeculativeConfig
+from kvgate.engine.spec_decode.speculator import Drafted, Speculator
+from kvgate.engine.spec_decode.verify import SampledToken
 from tests.engine.scheduling_helpers import ROOT, make_request, make_scheduler
 
 BLOCK = 16

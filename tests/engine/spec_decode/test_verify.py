@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from engine.sampling.structured import GrammarState
-from engine.sampling_params import SamplingParams
-from engine.spec_decode.verify import accept_greedy, verify
+from kvgate.engine.sampling.structured import GrammarState
+from kvgate.engine.sampling_params import SamplingParams
+from kvgate.engine.spec_decode.verify import accept_greedy, verify
 
 DRAWS = 4000
 CHI2_5_DOF_P001 = 20.515  # the chi-square critical value for 5 degrees of freedom at p = 0.001

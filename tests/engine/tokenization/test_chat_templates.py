@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from transformers import AutoTokenizer
 
-from engine.tokenization.tokenizer import Tokenizer
+from kvgate.engine.tokenization.tokenizer import Tokenizer
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 NAMES = sorted(p.stem for p in TEMPLATES.glob("*.jinja"))

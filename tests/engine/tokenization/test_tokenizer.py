@@ -12,8 +12,8 @@ import pytest
 from tokenizers import Tokenizer as HFTokenizer
 from transformers import AutoTokenizer
 
-from engine.errors import TooManyTokens
-from engine.tokenization.tokenizer import GIL_FREE_CHARS, Tokenizer, max_token_bytes
+from kvgate.engine.errors import TooManyTokens
+from kvgate.engine.tokenization.tokenizer import GIL_FREE_CHARS, Tokenizer, max_token_bytes
 
 TEXTS = [
     "",

@@ -16,12 +16,12 @@ import httpx
 import openai
 import pytest
 
-from engine import AsyncLLM
-from gateway.auth.api_keys import ApiKeys, KeysFileError, parse_keys_file
-from gateway.auth.authenticator import OPERATOR_PATHS, Authenticator
-from gateway.auth.challenge import Challenge
-from gateway.mcp.errors import AUTH_ERROR_CODE
-from gateway.settings import Settings
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.auth.api_keys import ApiKeys, KeysFileError, parse_keys_file
+from kvgate.gateway.auth.authenticator import OPERATOR_PATHS, Authenticator
+from kvgate.gateway.auth.challenge import Challenge
+from kvgate.gateway.mcp.errors import AUTH_ERROR_CODE
+from kvgate.gateway.settings import Settings
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 
@@ -221,7 +221,7 @@ def test_a_bad_keys_file_or_oauth_setting_stops_startup_with_its_reason(tmp_path
     bad = tmp_path / "keys"
     bad.write_text("acme: not-a-digest\n")
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--port", "0", "--model", "tiny"]
+        [sys.executable, "-m", "kvgate", "serve", "--port", "0", "--model", "tiny"]
         + ["--api-keys-file", str(bad)],
         capture_output=True,
         text=True,

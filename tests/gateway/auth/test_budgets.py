@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import budgets as budgets_module
-from gateway.auth.budgets import Budgets, LocalBuckets, Take
-from gateway.calls.errors import Refused as Refusal
+from kvgate.gateway.auth import budgets as budgets_module
+from kvgate.gateway.auth.budgets import Budgets, LocalBuckets, Take
+from kvgate.gateway.calls.errors import Refused as Refusal
 from tests.gateway.live_server import LiveServer
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.wire import call

@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import AsyncLLM
-from gateway.mcp.errors import AUTH_ERROR_CODE
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.mcp.errors import AUTH_ERROR_CODE
 from tests.gateway.auth.issuer import ISSUER, RESOURCE, Issuer
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call

@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.auth import identity
-from gateway.auth.identity import CURRENT, Identity, read_salt_secret, tenant_salt
+from kvgate.gateway.auth import identity
+from kvgate.gateway.auth.identity import CURRENT, Identity, read_salt_secret, tenant_salt
 from tests.gateway.upstream import recording_upstream
 from tests.gateway.upstream.processes import Process, gateway, running
 

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engine import AsyncLLM
+from kvgate.engine import AsyncLLM
 from tests.gateway.calls.test_admission import LONG, streaming_call
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_streaming import wait_idle

@@ -13,8 +13,8 @@ import httpx
 import orjson
 import pytest
 
-from engine import AsyncLLM, EngineConfig
-from protocol.errors import RATE_LIMITED, REQUEST_TIMEOUT, SERVER_OVERLOADED
+from kvgate.engine import AsyncLLM, EngineConfig
+from kvgate.protocol.errors import RATE_LIMITED, REQUEST_TIMEOUT, SERVER_OVERLOADED
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_streaming import events, stream_request, wait_idle
 from tests.gateway.wire import call

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from engine.errors import EngineOverloaded, EngineStepError, InvalidArgument, TooManyTokens
-from gateway.auth import identity
-from gateway.auth.budgets import Budgets
-from gateway.calls.errors import BadInput, GenerationFailed, Refused
-from gateway.calls.generations import Generations, metered
-from gateway.generation import Embeddings, EmbeddingsRequest, TextDelta
+from kvgate.engine.errors import EngineOverloaded, EngineStepError, InvalidArgument, TooManyTokens
+from kvgate.gateway.auth import identity
+from kvgate.gateway.auth.budgets import Budgets
+from kvgate.gateway.calls.errors import BadInput, GenerationFailed, Refused
+from kvgate.gateway.calls.generations import Generations, metered
+from kvgate.gateway.generation import Embeddings, EmbeddingsRequest, TextDelta
 
 
 async def test_a_stream_cut_short_still_pays_for_what_it_produced() -> None:

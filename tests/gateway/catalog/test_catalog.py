@@ -1,9 +1,9 @@
 import orjson
 import pytest
 
-from gateway.catalog.catalog import Catalog, ModelFacts
-from protocol.errors import INVALID_PARAMS, ProtocolError
-from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, RESULT_TYPES, validator
+from kvgate.gateway.catalog.catalog import Catalog, ModelFacts
+from kvgate.protocol.errors import INVALID_PARAMS, ProtocolError
+from kvgate.schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, RESULT_TYPES, validator
 
 FACTS = ModelFacts("tiny", 4096, 16, 1024, "float32", 2)
 LISTS = [

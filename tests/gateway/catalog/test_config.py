@@ -7,10 +7,14 @@ import json
 import orjson
 import pytest
 
-from gateway.catalog.catalog import Catalog, ModelFacts
-from gateway.catalog.config import CatalogConfigError, load_catalog_config, parse_catalog_config
-from protocol.errors import INVALID_PARAMS, ProtocolError
-from schemas.mcp_wire import MODERN_WIRE, RESULT_TYPES, validator
+from kvgate.gateway.catalog.catalog import Catalog, ModelFacts
+from kvgate.gateway.catalog.config import (
+    CatalogConfigError,
+    load_catalog_config,
+    parse_catalog_config,
+)
+from kvgate.protocol.errors import INVALID_PARAMS, ProtocolError
+from kvgate.schemas.mcp_wire import MODERN_WIRE, RESULT_TYPES, validator
 
 FACTS = ModelFacts("tiny", 4096, 16, 1024, "float32", 2)
 CONFIG = {

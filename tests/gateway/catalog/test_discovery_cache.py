@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from gateway.app import make_discovery_cache
-from gateway.catalog.discovery_cache import (
+from kvgate.gateway.app import make_discovery_cache
+from kvgate.gateway.catalog.discovery_cache import (
     DiscoveryCache,
     NearCache,
     VersionFanout,

@@ -21,9 +21,9 @@ import orjson
 import pytest
 import redis.asyncio as aioredis
 
-from gateway.app import make_discovery_cache
-from gateway.catalog.discovery_cache import catalog_key
-from gateway.catalog.redis_cache import EVENTS_CHANNEL, VERSION_KEY, RedisDiscoveryCache
+from kvgate.gateway.app import make_discovery_cache
+from kvgate.gateway.catalog.discovery_cache import catalog_key
+from kvgate.gateway.catalog.redis_cache import EVENTS_CHANNEL, VERSION_KEY, RedisDiscoveryCache
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.wire import call, modern_headers, modern_meta
@@ -123,7 +123,7 @@ async def test_version_published_by_one_reaches_the_other_within_a_second(redis_
 
 CHILD = textwrap.dedent("""
     import asyncio, json, sys
-    from gateway.app import make_discovery_cache
+    from kvgate.gateway.app import make_discovery_cache
 
     async def main(url):
         cache = make_discovery_cache(url, timeout_s=0.5)
@@ -169,7 +169,7 @@ async def test_two_os_processes_share_versions_and_entries(redis_server):
 
 
 async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, caplog):
-    caplog.set_level(logging.WARNING, logger="gateway.catalog.redis_cache")
+    caplog.set_level(logging.WARNING, logger="kvgate.gateway.catalog.redis_cache")
     cache = await started(redis_server.url, near_cache_size=4, timeout_s=0.05)
     await cache.publish_version("v1")
     versions = cache.versions()
@@ -233,7 +233,7 @@ async def test_redis_killed_and_restarted_during_a_request_loop(redis_server, ca
 
 
 async def test_poisoned_entries_are_rebuilt_never_served_nor_kept(redis_server, raw_redis, caplog):
-    caplog.set_level(logging.WARNING, logger="gateway.catalog")
+    caplog.set_level(logging.WARNING, logger="kvgate.gateway.catalog")
     cache = await started(redis_server.url, timeout_s=GENEROUS_TIMEOUT_S)
     for n, poison in enumerate(POISON):
         key = catalog_key("v1", "tools/list", f"p{n}")

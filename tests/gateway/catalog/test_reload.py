@@ -132,7 +132,7 @@ def test_a_config_that_arrives_late_is_picked_up(
     schedule until its config yields that version, then stops."""
     from dataclasses import replace
 
-    from gateway.app import build_catalog
+    from kvgate.gateway.app import build_catalog
 
     reloader, served = live.app.state.catalog_reloader, live.app.state.served
     reloader.reread_delays_s = (0.1,) * 50
@@ -164,7 +164,7 @@ def reloads(http: httpx.Client, live: LiveServer) -> float:
 
 
 def test_a_bad_config_keeps_the_catalog(live: LiveServer, config: Path) -> None:
-    from gateway.catalog.config import CatalogConfigError
+    from kvgate.gateway.catalog.config import CatalogConfigError
 
     served = live.app.state.served.current.version
     config.write_text('{"instructions": ')

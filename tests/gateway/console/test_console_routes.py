@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.console.routes import STATIC
+from kvgate.gateway.console.routes import STATIC
 from tests.gateway.live_server import LiveServer
 
 

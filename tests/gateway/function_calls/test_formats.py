@@ -12,11 +12,23 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from engine import AsyncLLM, SamplingParams
-from engine.tokenization.chat_template import render
-from gateway.function_calls.formats import FAMILIES, HERMES, LLAMA3_JSON, MISTRAL, Family, resolve
-from gateway.function_calls.functions import Functions, ToolChoice, parse_tools, template_messages
-from gateway.function_calls.parser import parse
+from kvgate.engine import AsyncLLM, SamplingParams
+from kvgate.engine.tokenization.chat_template import render
+from kvgate.gateway.function_calls.formats import (
+    FAMILIES,
+    HERMES,
+    LLAMA3_JSON,
+    MISTRAL,
+    Family,
+    resolve,
+)
+from kvgate.gateway.function_calls.functions import (
+    Functions,
+    ToolChoice,
+    parse_tools,
+    template_messages,
+)
+from kvgate.gateway.function_calls.parser import parse
 
 TEMPLATES = Path(__file__).parents[2] / "engine" / "tokenization" / "chat_templates"
 WEATHER = {

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from gateway.function_calls.functions import (
+from kvgate.gateway.function_calls.functions import (
     NO_PARAMETERS,
     Functions,
     FunctionsError,

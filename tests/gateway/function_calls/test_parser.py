@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.function_calls.formats import HERMES, LLAMA3_JSON, MISTRAL, Family
-from gateway.function_calls.parser import (
+from kvgate.gateway.function_calls.formats import HERMES, LLAMA3_JSON, MISTRAL, Family
+from kvgate.gateway.function_calls.parser import (
     Arguments,
     CallParser,
     CallStart,

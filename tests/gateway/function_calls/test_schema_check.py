@@ -11,8 +11,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gateway.function_calls.functions import META_CHECK, FunctionsError, parse_tools
-from schemas.tools import inference_tools
+from kvgate.gateway.function_calls.functions import META_CHECK, FunctionsError, parse_tools
+from kvgate.schemas.tools import inference_tools
 
 DRAFT = jsonschema.Draft202012Validator
 BAD_VALUES: list[Any] = [-1, 1.5, "x", [], {}, None, True, [1], ["a", "a"], "(", 0]

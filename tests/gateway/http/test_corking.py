@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from gateway.http.corking import CorkedTransport
+from kvgate.gateway.http.corking import CorkedTransport
 
 
 class Recording:

@@ -15,11 +15,11 @@ import httpx
 import orjson
 import pytest
 
-from engine import AsyncLLM
-from engine.sampling_params import SamplingParams
-from engine.stats import EngineStats
-from gateway.function_calls.functions import Functions
-from gateway.generation import OFF_LOOP_CHARS, GenerationRequest, prompt_chars
+from kvgate.engine import AsyncLLM
+from kvgate.engine.sampling_params import SamplingParams
+from kvgate.engine.stats import EngineStats
+from kvgate.gateway.function_calls.functions import Functions
+from kvgate.gateway.generation import OFF_LOOP_CHARS, GenerationRequest, prompt_chars
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import modern_headers, modern_meta
 

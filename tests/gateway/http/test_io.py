@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from gateway.http.io import ClientGone, until_disconnect
+from kvgate.gateway.http.io import ClientGone, until_disconnect
 
 
 class Client:

@@ -12,7 +12,7 @@ import httpx
 import orjson
 import pytest
 
-from engine import AsyncLLM
+from kvgate.engine import AsyncLLM
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_streaming import stream_request, wait_idle
 from tests.gateway.wire import call, modern_headers, modern_meta, post

@@ -1,6 +1,6 @@
 import pytest
 
-from gateway.http.security import OriginPolicy
+from kvgate.gateway.http.security import OriginPolicy
 
 LOCAL = OriginPolicy("127.0.0.1", ("https://app.example.com",))
 PUBLIC = OriginPolicy("0.0.0.0")

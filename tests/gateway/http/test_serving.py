@@ -38,7 +38,7 @@ class Kvgate:
             [
                 sys.executable,
                 "-m",
-                "gateway",
+                "kvgate",
                 "serve",
                 "--port",
                 str(self.port),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import orjson
 
-from gateway.http.io import line_safe
+from kvgate.gateway.http.io import line_safe
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_streaming import stream_request
 

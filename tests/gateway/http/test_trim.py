@@ -9,7 +9,7 @@ import threading
 import httpx
 from starlette.types import Receive, Scope, Send
 
-from gateway.http.trim import TrimAfterLargeBodies, malloc_trim
+from kvgate.gateway.http.trim import TrimAfterLargeBodies, malloc_trim
 
 
 async def echo_size(scope: Scope, receive: Receive, send: Send) -> None:

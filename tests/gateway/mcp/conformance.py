@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from engine.config import cache_dir as kvgate_cache_dir
+from kvgate.engine.config import cache_dir as kvgate_cache_dir
 
 CLI_PACKAGE = "@modelcontextprotocol/conformance"
 CLI_VERSION = "0.2.0-alpha.12"

@@ -26,7 +26,7 @@ def kvgate_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_path = tmp_path_factory.mktemp("conformance") / "kvgate.log"
     log = log_path.open("wb")  # a file, not a pipe nobody drains
     process = subprocess.Popen(
-        [sys.executable, "-m", "gateway", "serve", "--port", str(port), "--model", "tiny"],
+        [sys.executable, "-m", "kvgate", "serve", "--port", str(port), "--model", "tiny"],
         env=env,
         stdout=log,
         stderr=subprocess.STDOUT,

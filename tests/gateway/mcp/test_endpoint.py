@@ -10,8 +10,8 @@ import httpx
 import orjson
 import pytest
 
-from gateway.catalog.catalog import Catalog
-from schemas.mcp_wire import validate_server_message
+from kvgate.gateway.catalog.catalog import Catalog
+from kvgate.schemas.mcp_wire import validate_server_message
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import (
     MODERN,

@@ -14,9 +14,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from engine import AsyncLLM
-from protocol.errors import INVALID_REQUEST, LEGACY_HTTP_STATUS, MODERN_HTTP_STATUS
-from schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, RESULT_TYPES, validate_server_message
+from kvgate.engine import AsyncLLM
+from kvgate.protocol.errors import INVALID_REQUEST, LEGACY_HTTP_STATUS, MODERN_HTTP_STATUS
+from kvgate.schemas.mcp_wire import LEGACY_WIRE, MODERN_WIRE, RESULT_TYPES, validate_server_message
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import parse_sse
 

@@ -15,8 +15,8 @@ from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp_types import CallToolResult, Request, RequestParams, Result
 from pydantic import ConfigDict
 
-from engine import AsyncLLM
-from protocol.tasks import TASKS_EXTENSION
+from kvgate.engine import AsyncLLM
+from kvgate.protocol.tasks import TASKS_EXTENSION
 from tests.gateway.live_server import LiveServer
 
 

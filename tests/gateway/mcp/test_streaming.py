@@ -10,9 +10,9 @@ import httpx
 import orjson
 import pytest
 
-from engine import AsyncLLM
-from gateway.catalog.catalog import Catalog
-from schemas.mcp_wire import validate_server_message
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.catalog.catalog import Catalog
+from kvgate.schemas.mcp_wire import validate_server_message
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import MODERN, call, modern_headers, modern_meta
 

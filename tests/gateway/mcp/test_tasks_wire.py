@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from engine import AsyncLLM
-from protocol.tasks import TASKS_EXTENSION
+from kvgate.engine import AsyncLLM
+from kvgate.protocol.tasks import TASKS_EXTENSION
 from tests.gateway.live_server import LiveServer
 from tests.gateway.tasks.client import TASK_HINT, generate, poll_until, task_call
 from tests.gateway.wire import call, legacy, modern_headers

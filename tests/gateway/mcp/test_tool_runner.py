@@ -11,9 +11,9 @@ import orjson
 import pytest
 from jsonschema import Draft202012Validator
 
-from engine import AsyncLLM, SamplingParams
-from gateway.mcp.tool_runner import model_json
-from protocol import jsonrpc
+from kvgate.engine import AsyncLLM, SamplingParams
+from kvgate.gateway.mcp.tool_runner import model_json
+from kvgate.protocol import jsonrpc
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.generation import Completion, TextDelta
-from gateway.openai.answers import ChatAnswer, CompletionsAnswer
-from gateway.openai.requests import Sampling
-from gateway.openai.responses import Envelope, TokenText
+from kvgate.gateway.generation import Completion, TextDelta
+from kvgate.gateway.openai.answers import ChatAnswer, CompletionsAnswer
+from kvgate.gateway.openai.requests import Sampling
+from kvgate.gateway.openai.responses import Envelope, TokenText
 
 SAMPLING = Sampling({}, 1, True, False, None, None)
 ENVELOPE = Envelope("cmpl-test", 0, "m")

@@ -14,13 +14,13 @@ from typing import Any
 
 import pytest
 
-from engine import AsyncLLM, SamplingParams
-from engine.errors import InvalidArgument
-from engine.sampling_params import StructuredOutputs
-from gateway.auth.identity import CURRENT, Identity
-from gateway.embedded import EngineBackend
-from gateway.generation import GenerationRequest
-from gateway.grammar_compiles import SMALL_GRAMMAR_BYTES, GrammarCompiles
+from kvgate.engine import AsyncLLM, SamplingParams
+from kvgate.engine.errors import InvalidArgument
+from kvgate.engine.sampling_params import StructuredOutputs
+from kvgate.gateway.auth.identity import CURRENT, Identity
+from kvgate.gateway.embedded import EngineBackend
+from kvgate.gateway.generation import GenerationRequest
+from kvgate.gateway.grammar_compiles import SMALL_GRAMMAR_BYTES, GrammarCompiles
 
 _tags = itertools.count()
 

@@ -15,8 +15,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from engine import AsyncLLM
-from engine.loading.tiny_model import default_model_dir
+from kvgate.engine import AsyncLLM
+from kvgate.engine.loading.tiny_model import default_model_dir
 from tests.engine.test_embeddings import cosine, hf_embedding
 from tests.gateway.live_server import LiveServer
 

@@ -9,7 +9,7 @@ import httpx
 import openai
 import pytest
 
-from engine import AsyncLLM, SamplingParams
+from kvgate.engine import AsyncLLM, SamplingParams
 from tests.engine.test_async_llm import all_blocks_released
 from tests.gateway.live_server import LiveServer
 
@@ -396,8 +396,8 @@ def test_models_carry_the_created_time_the_server_was_given(engine: AsyncLLM) ->
     ``/v1/models`` answers alike from any of them."""
     from starlette.testclient import TestClient
 
-    from gateway.app import create_app
-    from gateway.settings import Settings
+    from kvgate.gateway.app import create_app
+    from kvgate.gateway.settings import Settings
 
     app = create_app(Settings(), engine, created=1_700_000_000)
     with TestClient(app, base_url="http://127.0.0.1") as client:  # a loopback Host, as served

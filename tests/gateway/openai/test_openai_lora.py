@@ -10,11 +10,11 @@ import httpx
 import openai
 import pytest
 
-from engine import AsyncLLM, EngineConfig
-from engine.loading.tiny_model import default_model_dir
-from gateway.cli import load_lora_modules
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
+from kvgate.engine import AsyncLLM, EngineConfig
+from kvgate.engine.loading.tiny_model import default_model_dir
+from kvgate.gateway.cli import load_lora_modules
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 from tests.lora_adapters import ADAPTER_A, ADAPTER_B, make_adapter

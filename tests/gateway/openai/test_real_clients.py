@@ -14,7 +14,7 @@ import httpx
 import openai
 import pytest
 
-from engine import AsyncLLM, SamplingParams
+from kvgate.engine import AsyncLLM, SamplingParams
 from tests.engine.test_embeddings import cosine
 from tests.gateway.live_server import LiveServer
 

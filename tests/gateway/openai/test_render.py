@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from engine import AsyncLLM, EngineConfig, SamplingParams
-from engine.loading.tiny_model import default_model_dir
-from gateway.calls.errors import BadInput
-from gateway.openai import render
+from kvgate.engine import AsyncLLM, EngineConfig, SamplingParams
+from kvgate.engine.loading.tiny_model import default_model_dir
+from kvgate.gateway.calls.errors import BadInput
+from kvgate.gateway.openai import render
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.upstream.processes import peer
 from tests.gateway.upstream.test_fleet_vllm import ENV_SH, VLLM_PYTHON

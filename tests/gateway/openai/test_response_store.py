@@ -18,8 +18,8 @@ import orjson
 import pytest
 import redis
 
-from engine import AsyncLLM
-from gateway.openai.response_store import key_of
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.openai.response_store import key_of
 from tests.gateway.http.test_hostile import rss_mib
 from tests.gateway.live_server import LiveServer
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server

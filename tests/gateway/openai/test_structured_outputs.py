@@ -11,7 +11,7 @@ import jsonschema
 import openai
 import pytest
 
-from engine.core.request import GRAMMAR_DEAD_END
+from kvgate.engine.core.request import GRAMMAR_DEAD_END
 from tests.gateway.live_server import LiveServer
 
 PERSON = {

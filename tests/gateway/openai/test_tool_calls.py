@@ -12,8 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from engine import AsyncLLM
-from gateway.function_calls.functions import template_messages
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.function_calls.functions import template_messages
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import run_tool
 

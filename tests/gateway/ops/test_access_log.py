@@ -13,7 +13,7 @@ import httpx
 import orjson
 import pytest
 
-from engine import AsyncLLM
+from kvgate.engine import AsyncLLM
 from tests.gateway.live_server import LiveServer
 from tests.gateway.upstream.processes import Process, mcp_headers, running, tool_call
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer
 
 DASHBOARD = Path(__file__).resolve().parents[3] / "examples/deploy/grafana/kvgate.json"

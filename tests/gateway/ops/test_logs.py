@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from gateway.ops import tracing
-from gateway.ops.logs import JsonFormatter, configure_logging
+from kvgate.gateway.ops import tracing
+from kvgate.gateway.ops.logs import JsonFormatter, configure_logging
 
 
 def record(message: str, *args: object, exc_info: object = None) -> logging.LogRecord:

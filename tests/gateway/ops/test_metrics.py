@@ -11,9 +11,9 @@ import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine import LLM, AsyncLLM, EngineStats, ReplicaStats, SamplingParams
-from engine.core.serving_stats import request_tokens_buckets
-from gateway.ops.metrics import Metrics
+from kvgate.engine import LLM, AsyncLLM, EngineStats, ReplicaStats, SamplingParams
+from kvgate.engine.core.serving_stats import request_tokens_buckets
+from kvgate.gateway.ops.metrics import Metrics
 from tests.gateway.live_server import LiveServer
 
 

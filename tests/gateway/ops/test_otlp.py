@@ -142,7 +142,7 @@ def test_the_flag_without_the_extra_is_refused_before_loading(tmp_path: Path) ->
     """The exporter made unimportable, as in an install without the ``otel`` extra."""
     script = (
         "import sys; sys.modules['opentelemetry.exporter'] = None; "
-        "from gateway.cli import main; "
+        "from kvgate.gateway.cli import main; "
         "main(['serve', '--port', '0', '--otlp-traces-endpoint', 'http://127.0.0.1:4318'])"
     )
     done = subprocess.run(
@@ -156,7 +156,7 @@ def test_the_flag_without_the_extra_is_refused_before_loading(tmp_path: Path) ->
 
 
 def test_a_collector_address_gets_the_traces_path() -> None:
-    from gateway.ops.otlp import traces_url
+    from kvgate.gateway.ops.otlp import traces_url
 
     assert traces_url("http://collector:4318") == "http://collector:4318/v1/traces"
     assert traces_url("http://c:4318/v1/traces") == "http://c:4318/v1/traces"

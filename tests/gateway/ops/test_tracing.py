@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.ops import tracing
+from kvgate.gateway.ops import tracing
 from tests.gateway.live_server import LiveServer
 from tests.gateway.wire import call
 

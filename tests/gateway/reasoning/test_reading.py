@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 import xgrammar as xgr
 
-from engine.sampling_params import SamplingParams, StructuredOutputs
-from gateway.function_calls.formats import HERMES
-from gateway.function_calls.functions import Functions
-from gateway.function_calls.reading import FunctionCalling
-from gateway.generation import Completion, TextDelta
-from gateway.reasoning.parser import DEEPSEEK_R1, QWEN3, ReasoningFormat
-from gateway.reasoning.reading import Reasoning
+from kvgate.engine.sampling_params import SamplingParams, StructuredOutputs
+from kvgate.gateway.function_calls.formats import HERMES
+from kvgate.gateway.function_calls.functions import Functions
+from kvgate.gateway.function_calls.reading import FunctionCalling
+from kvgate.gateway.generation import Completion, TextDelta
+from kvgate.gateway.reasoning.parser import DEEPSEEK_R1, QWEN3, ReasoningFormat
+from kvgate.gateway.reasoning.reading import Reasoning
 
 REPLY = (
     '<think>maybe <tool_call>\n{"name": "f", "arguments": {}}\n</tool_call> no</think>'

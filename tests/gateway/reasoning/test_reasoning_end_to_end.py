@@ -19,7 +19,7 @@ import pytest
 from openai.types.responses import ResponseStreamEvent
 from pydantic import TypeAdapter
 
-from engine import AsyncLLM
+from kvgate.engine import AsyncLLM
 from tests.gateway.live_server import LiveServer
 from tests.gateway.mcp.test_tool_runner import output_schema, run_tool
 

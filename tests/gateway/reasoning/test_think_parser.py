@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from gateway.reasoning.parser import DEEPSEEK_R1, QWEN3, ReasoningFormat, resolve, split
+from kvgate.gateway.reasoning.parser import DEEPSEEK_R1, QWEN3, ReasoningFormat, resolve, split
 
 # (format, reply, expected reasoning (None: it did not think), expected content)
 CASES: list[tuple[ReasoningFormat, str, str | None, str]] = [

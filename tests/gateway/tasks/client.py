@@ -8,8 +8,8 @@ from typing import Any
 
 import httpx
 
-from protocol.modern import CLIENT_CAPABILITIES_KEY
-from protocol.tasks import TASKS_EXTENSION
+from kvgate.protocol.modern import CLIENT_CAPABILITIES_KEY
+from kvgate.protocol.tasks import TASKS_EXTENSION
 from tests.gateway.wire import Exchange, call
 
 DECLARES = {CLIENT_CAPABILITIES_KEY: {"extensions": {TASKS_EXTENSION: {}}}}

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway.tasks.record import TaskRecord, new_task_id, now_ms
-from gateway.tasks.redis_store import PREFIX, RedisTaskStore
+from kvgate.gateway.tasks.record import TaskRecord, new_task_id, now_ms
+from kvgate.gateway.tasks.redis_store import PREFIX, RedisTaskStore
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 
 pytestmark = requires_redis_server

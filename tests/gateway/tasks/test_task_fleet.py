@@ -11,8 +11,8 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer
 from tests.gateway.tasks.client import TASK_HINT, generate, poll_until, task_call
 

@@ -10,13 +10,13 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.mcp.tool_runner import Progress
-from gateway.ops.metrics import Metrics
-from gateway.settings import Settings
-from gateway.tasks.policy import RunEstimate
-from gateway.tasks.record import TaskRecord, checked_record
-from gateway.tasks.store import MemoryTaskStore
-from gateway.tasks.tasks import SHUTDOWN, Tasks
+from kvgate.gateway.mcp.tool_runner import Progress
+from kvgate.gateway.ops.metrics import Metrics
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.tasks.policy import RunEstimate
+from kvgate.gateway.tasks.record import TaskRecord, checked_record
+from kvgate.gateway.tasks.store import MemoryTaskStore
+from kvgate.gateway.tasks.tasks import SHUTDOWN, Tasks
 
 
 async def endless() -> AsyncGenerator[Progress | dict[str, Any]]:

@@ -42,7 +42,7 @@ class Process:
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         port: int | None = None,
-        command: tuple[str, ...] = ("-m", "gateway", "serve"),
+        command: tuple[str, ...] = ("-m", "kvgate", "serve"),
         model: str | None = "tiny",
     ) -> None:
         """``model``: its ``KVGATE_MODEL``; None for a gateway in fleet mode (where a model

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable
 
 import orjson
 
-from gateway.upstream.bounded import MAX_METRICS_BYTES
+from kvgate.gateway.upstream.bounded import MAX_METRICS_BYTES
 from tests.gateway.upstream.evil_upstream import MODEL, STREAMS, valid
 
 FLOOD_BYTES = 1 << 30

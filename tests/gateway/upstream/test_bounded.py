@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from gateway.upstream import bounded
-from gateway.upstream.wire import StreamError
+from kvgate.gateway.upstream import bounded
+from kvgate.gateway.upstream.wire import StreamError
 
 COMMENTS = b":\n" * (1 << 19)  # a megabyte read at once: half a million lines
 

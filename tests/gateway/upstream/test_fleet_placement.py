@@ -19,7 +19,7 @@ import httpx
 import pytest
 import redis
 
-from gateway.upstream.routing import Load, UpstreamRouter
+from kvgate.gateway.upstream.routing import Load, UpstreamRouter
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.upstream.late_proxy import late_proxy
 from tests.gateway.upstream.processes import Process, gateway, running
@@ -129,7 +129,8 @@ def test_a_late_answer_records_the_key_where_its_first_call_went(
             assert url != favoured.base
             deadline = time.monotonic() + 5  # the late answer read, the record moved
             while store.get(record(key)) != url:
-                assert time.monotonic() < deadline, f"{key}'s record is not where it went"
+                found = store.get(record(key))
+                assert time.monotonic() < deadline, f"{key} went to {url}, recorded {found}"
                 time.sleep(0.05)
             assert {served_by(f.base, key) for f in (*fronts, hasty) for _ in range(2)} == {url}
 

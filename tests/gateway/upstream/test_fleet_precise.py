@@ -22,10 +22,10 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from engine.core.block_hash import block_hashes
-from engine.sampling_params import SamplingParams
-from gateway.generation import GenerationRequest
-from gateway.upstream.routing import ROOT, Load, PrefixKeys, UpstreamRouter
+from kvgate.engine.core.block_hash import block_hashes
+from kvgate.engine.sampling_params import SamplingParams
+from kvgate.gateway.generation import GenerationRequest
+from kvgate.gateway.upstream.routing import ROOT, Load, PrefixKeys, UpstreamRouter
 from tests.gateway.live_server import free_port
 from tests.gateway.upstream.processes import Process, gateway, running
 

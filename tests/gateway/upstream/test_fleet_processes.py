@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from gateway.upstream.routing import AFFINITY_SLACK
+from kvgate.gateway.upstream.routing import AFFINITY_SLACK
 from tests.gateway.upstream.processes import (
     Process,
     gateway,

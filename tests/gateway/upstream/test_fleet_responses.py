@@ -14,9 +14,9 @@ import jsonschema
 import openai
 import pytest
 
-from engine import AsyncLLM
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
+from kvgate.engine import AsyncLLM
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer
 from tests.gateway.openai.test_responses import TOOLS, WEATHER
 

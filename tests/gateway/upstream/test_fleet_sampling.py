@@ -21,15 +21,15 @@ import openai
 import orjson
 import pytest
 
-from engine.errors import EngineOverloaded, EngineUnavailable
-from engine.loading.tiny_model import default_model_dir
-from engine.sampling_params import SamplingParams
-from engine.tokenization.tokenizer import Tokenizer
-from gateway.calls.errors import BadInput, UpstreamFailed
-from gateway.generation import EmbeddingsRequest, GenerationRequest
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
-from gateway.upstream.wire import request_body
+from kvgate.engine.errors import EngineOverloaded, EngineUnavailable
+from kvgate.engine.loading.tiny_model import default_model_dir
+from kvgate.engine.sampling_params import SamplingParams
+from kvgate.engine.tokenization.tokenizer import Tokenizer
+from kvgate.gateway.calls.errors import BadInput, UpstreamFailed
+from kvgate.gateway.generation import EmbeddingsRequest, GenerationRequest
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
+from kvgate.gateway.upstream.wire import request_body
 from tests.gateway.live_server import free_port
 from tests.gateway.upstream import recording_upstream
 from tests.gateway.upstream.processes import Process, call_tool, gateway, running

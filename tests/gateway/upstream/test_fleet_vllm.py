@@ -15,9 +15,9 @@ import jsonschema
 import openai
 import pytest
 
-from engine.loading.tiny_model import make_tiny_model
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
+from kvgate.engine.loading.tiny_model import make_tiny_model
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.openai.test_tool_calls import MESSAGES, SCHEMAS, TOOLS, accumulate
 from tests.gateway.upstream.processes import call_tool, generate, peer

@@ -13,16 +13,16 @@ import openai
 import orjson
 import pytest
 
-from engine import AsyncLLM, SamplingParams, StructuredOutputs
-from engine.loading.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
-from engine.tokenization.tokenizer import Tokenizer
-from gateway.cli import main
-from gateway.function_calls.functions import Functions
-from gateway.generation import GenerationRequest
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet, FleetConfigError
-from gateway.upstream.health import Breaker
-from gateway.upstream.routing import (
+from kvgate.engine import AsyncLLM, SamplingParams, StructuredOutputs
+from kvgate.engine.loading.tiny_model import DEFAULT_MODEL_NAME, default_model_dir, make_tiny_model
+from kvgate.engine.tokenization.tokenizer import Tokenizer
+from kvgate.gateway.cli import main
+from kvgate.gateway.function_calls.functions import Functions
+from kvgate.gateway.generation import GenerationRequest
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet, FleetConfigError
+from kvgate.gateway.upstream.health import Breaker
+from kvgate.gateway.upstream.routing import (
     AFFINITY_SLACK,
     CHUNK_CHARS,
     KV_FULL,
@@ -31,7 +31,7 @@ from gateway.upstream.routing import (
     PrefixKeys,
     UpstreamRouter,
 )
-from gateway.upstream.wire import StreamError, TokenIds, parse_body, parse_line, request_body
+from kvgate.gateway.upstream.wire import StreamError, TokenIds, parse_body, parse_line, request_body
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.mcp.test_streaming import wait_idle
 from tests.gateway.upstream.processes import generate, tool_call

@@ -111,7 +111,7 @@ def test_sigterm_drains_every_worker_and_a_killed_parent_leaves_none(
 
 def test_workers_over_an_in_process_engine_are_refused() -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "gateway", "serve", "--workers", "2", "--in-process-engine"],
+        [sys.executable, "-m", "kvgate", "serve", "--workers", "2", "--in-process-engine"],
         cwd=REPO_ROOT,
         env={**os.environ, "KVGATE_WORKERS": "2"},
         capture_output=True,

@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 
 import pytest
 
-from gateway.upstream import http1
+from kvgate.gateway.upstream import http1
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 OK = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}"

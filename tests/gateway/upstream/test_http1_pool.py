@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from gateway.upstream import http1
+from kvgate.gateway.upstream import http1
 from tests.gateway.upstream.test_http1 import OK, Handler, read_request, serving
 
 

@@ -10,9 +10,9 @@ from collections.abc import Iterator
 import pytest
 import zmq
 
-from engine.process import kv_wire
-from gateway.upstream.kv_index import BlockIndex, request_keys
-from gateway.upstream.kv_subscriber import EventSource, KVSubscriber
+from kvgate.engine.process import kv_wire
+from kvgate.gateway.upstream.kv_index import BlockIndex, request_keys
+from kvgate.gateway.upstream.kv_subscriber import EventSource, KVSubscriber
 from tests.gateway.live_server import free_port
 
 TOKENS = list(range(100, 164))  # four 16-token blocks

@@ -14,9 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gateway.settings import SettingError, Settings
-from gateway.upstream.fleet import Fleet, FleetConfigError
-from gateway.upstream.members import DnsTarget
+from kvgate.gateway.settings import SettingError, Settings
+from kvgate.gateway.upstream.fleet import Fleet, FleetConfigError
+from kvgate.gateway.upstream.members import DnsTarget
 from tests.gateway.live_server import LiveServer, free_port
 from tests.gateway.upstream.processes import FLEET_FLAGS, Process, generate, running
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from gateway import redis_connection
-from gateway.upstream.placement import CHANNEL, COUNTS, PREFIX, Placements, placement_key
+from kvgate.gateway import redis_connection
+from kvgate.gateway.upstream.placement import CHANNEL, COUNTS, PREFIX, Placements, placement_key
 from tests.gateway.redis_fixtures import RedisServer, requires_redis_server
 from tests.gateway.upstream.late_proxy import late_proxy
 

@@ -4,8 +4,8 @@ blocks only one upstream holds keep a conversation there unless it is over the l
 
 from __future__ import annotations
 
-from gateway.upstream.precise import best, load_bound
-from gateway.upstream.routing import Load
+from kvgate.gateway.upstream.precise import best, load_bound
+from kvgate.gateway.upstream.routing import Load
 
 ALL = [True, True, True]
 

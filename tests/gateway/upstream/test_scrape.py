@@ -12,10 +12,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from gateway.settings import Settings
-from gateway.upstream.fleet import Fleet
-from gateway.upstream.routing import QUEUE_SLACK, Load
-from gateway.upstream.scrape import MAX_MENTIONS, Scraped, ScrapeError, parse
+from kvgate.gateway.settings import Settings
+from kvgate.gateway.upstream.fleet import Fleet
+from kvgate.gateway.upstream.routing import QUEUE_SLACK, Load
+from kvgate.gateway.upstream.scrape import MAX_MENTIONS, Scraped, ScrapeError, parse
 from tests.gateway.live_server import LiveServer
 from tests.gateway.upstream.processes import Process, gateway, generate, running
 

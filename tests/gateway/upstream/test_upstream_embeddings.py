@@ -9,8 +9,8 @@ from typing import Any
 import orjson
 import pytest
 
-from gateway.calls.errors import UpstreamFailed
-from gateway.upstream.embeddings import answer_limit, embeddings_of
+from kvgate.gateway.calls.errors import UpstreamFailed
+from kvgate.gateway.upstream.embeddings import answer_limit, embeddings_of
 
 WHERE = "upstream http://u /v1/embeddings"
 

@@ -1,4 +1,4 @@
-"""engine.loading.gguf end to end on small files written with gguf.GGUFWriter: the engine's tiny
+"""kvgate.engine.loading.gguf end to end on small files written with gguf.GGUFWriter: the engine's tiny
 Hugging Face folder converted as llama.cpp converts (names, q/k permutation, vocabulary)
 loads to the very same model, tokenizer and answers; bad files are clear errors."""
 
@@ -13,11 +13,11 @@ import torch
 from gguf import GGUFWriter
 from gguf_files import Q, folder_to_gguf
 
-from engine import LLM, SamplingParams
-from engine.errors import ModelLoadError
-from engine.loading.gguf.loader import load_gguf
-from engine.loading.loader import load_model
-from engine.loading.model_source import resolve_model
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.errors import ModelLoadError
+from kvgate.engine.loading.gguf.loader import load_gguf
+from kvgate.engine.loading.loader import load_model
+from kvgate.engine.loading.model_source import resolve_model
 
 TEXTS = ["Hello world, <|im_start|> 123", "  spaces\nand ünïcode ✓", ""]
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from gguf import GGUFReader, GGUFWriter, RopeScalingType, TokenType
 
-from engine.errors import ModelLoadError
-from engine.loading.gguf.metadata import model_config
-from engine.loading.gguf.vocab import gguf_tokenizer
+from kvgate.engine.errors import ModelLoadError
+from kvgate.engine.loading.gguf.metadata import model_config
+from kvgate.engine.loading.gguf.vocab import gguf_tokenizer
 
 Fill = Callable[[GGUFWriter], None]
 

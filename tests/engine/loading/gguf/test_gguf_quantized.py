@@ -1,4 +1,4 @@
-"""GGUF weights served quantized (`engine.loading.gguf.quantized`): the engine's tiny Llama written
+"""GGUF weights served quantized (`kvgate.engine.loading.gguf.quantized`): the engine's tiny Llama written
 as Q8_0/Q4_0/Q4_1 files (gguf's own quantizer), and as files mixing types as llama.cpp's
 K-quant files do (down projections in Q6_K, Q4_K or Q5_K, `gguf_files`' quantizers; a v, an
 up of another type than q/k, gate), answers the same greedy tokens quantized as dequantized
@@ -7,7 +7,7 @@ kernels are off.
 
 Tokens, not logits, are compared: both paths multiply the same dequantized weights; the
 quantized one rounds its activations to int16 per 32-block (at most ``amax / 65534`` off per
-value, see engine/models/quant/qgemm.cpp) and sums in another order, differences far below
+value, see kvgate/engine/models/quant/qgemm.cpp) and sums in another order, differences far below
 the gaps between a random tiny model's top logits at fp32. The logits are checked too, to a
 tolerance (1e-4 relative) well below the weights' own quantization error (Q8_0: ~4e-3).
 """
@@ -21,12 +21,12 @@ import torch
 from gguf import GGUFReader
 from gguf_files import Q, folder_to_gguf
 
-import engine.native as native
-from engine import LLM, SamplingParams
-from engine.loading.gguf.loader import load_gguf
-from engine.models.llama import LlamaForCausalLM
-from engine.models.lora import LoRARequest
-from engine.models.quantized_linear import QuantizedLinear, StackedLinear
+import kvgate.engine.native as native
+from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.loading.gguf.loader import load_gguf
+from kvgate.engine.models.llama import LlamaForCausalLM
+from kvgate.engine.models.lora import LoRARequest
+from kvgate.engine.models.quantized_linear import QuantizedLinear, StackedLinear
 
 PROMPTS = [[1, 5, 9, 200, 33], [7, 7, 7, 100, 513, 2, 900, 41, 8, 8, 3]]
 

@@ -13,8 +13,8 @@ from gguf import GGML_QUANT_SIZES, GGUFReader, GGUFWriter
 from gguf.quants import dequantize, quantize
 from gguf_files import Q, permute
 
-import engine.loading.gguf.tensors as tensors
-from engine.loading.gguf.tensors import SUPPORTED_TYPES, hf_tensor_name
+import kvgate.engine.loading.gguf.tensors as tensors
+from kvgate.engine.loading.gguf.tensors import SUPPORTED_TYPES, hf_tensor_name
 
 ROWS, COLS = 64, 512  # K-quant blocks hold 256 values
 # Where each K-quant block keeps its fp16 scales (the rest are packed quants and sub-scales).

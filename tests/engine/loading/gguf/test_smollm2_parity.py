@@ -1,7 +1,7 @@
 """The real SmolLM2-135M-Instruct GGUF (tests/real_model.py): kvgate's greedy answers, prompt
 tokens and rendered chat template equal transformers' own GGUF loader on the same file
 (dequantized, fp32), with the weights dequantized at load and kept quantized (int16
-activations per 32-block: see engine/models/quant/qgemm.cpp)."""
+activations per 32-block: see kvgate/engine/models/quant/qgemm.cpp)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from engine import LLM, SamplingParams
+from kvgate.engine import LLM, SamplingParams
 from tests.real_model import smollm2_file
 
 transformers = pytest.importorskip("transformers")

@@ -1,5 +1,0 @@
-"""``python -m gateway`` is ``kvgate``."""
-
-from gateway.cli import main
-
-main()

@@ -1,0 +1,5 @@
+"""``python -m kvgate`` is ``kvgate``."""
+
+from kvgate.gateway.cli import main
+
+main()
