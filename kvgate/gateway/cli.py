@@ -1,4 +1,5 @@
-"""``kvgate``: ``serve`` the MCP gateway, ``fetch-model`` a real one, or ``make-tiny-model``.
+"""``kvgate``: ``serve`` the MCP gateway, ``epp`` (Envoy's endpoint picker), ``fetch-model`` a
+real one, or ``make-tiny-model``.
 
 Every ``serve`` flag has a ``KVGATE_<FIELD>`` environment twin; flags win. Both are declared
 once, on the ``Settings`` field (kvgate/gateway/settings.py); ``flags-table`` prints the
@@ -31,6 +32,7 @@ ENGINE_START_TIMEOUT_S = 1800.0  # loading a model (a first native build: minute
 # The engine process's start: the process itself, the model, the KV cache (its phases,
 # kvgate.engine.process.core_process), then the API.
 ENGINE_PROCESS_STEPS = 4
+EPP_PORT = 9002  # the Gateway API Inference Extension's EPP port
 
 
 class Parser(argparse.ArgumentParser):
@@ -65,6 +67,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     serve = commands.add_parser("serve", help="serve MCP over Streamable HTTP at /mcp")
     add_flags(serve)
+    epp = commands.add_parser(
+        "epp",
+        help="pick upstreams for Envoy: fleet mode's routing over ext_proc gRPC (default port "
+        f"{EPP_PORT})",
+    )
+    add_flags(epp)
     tiny = commands.add_parser("make-tiny-model", help="write the tiny test model to DIR")
     tiny.add_argument("dir")
     tiny.add_argument("--preset", default="tiny", help="size preset (tiny, bench55m)")
@@ -446,6 +454,8 @@ def main(argv: list[str] | None = None) -> None:
 
         print(make_tiny_model(args.dir, seed=args.seed, preset=args.preset))
         return
+    if args.command == "epp" and args.port is None and "KVGATE_PORT" not in os.environ:
+        args.port = EPP_PORT
     try:
         settings = settings_from_args(args)
         configure_logging(settings.log_format)
@@ -464,4 +474,18 @@ def main(argv: list[str] | None = None) -> None:
             traces_url(settings.otlp_traces_endpoint)
     except ValueError as exc:
         sys.exit(f"kvgate: {exc}")
+    if args.command == "epp":
+        epp(settings)
+        return
     serve(settings)
+
+
+def epp(settings: Settings) -> None:
+    """``kvgate epp``: the fleet's routing answered to Envoy (``kvgate.gateway.epp``)."""
+    from kvgate.gateway.epp.server import main as serve_epp
+    from kvgate.gateway.upstream.fleet import FleetConfigError
+
+    try:
+        serve_epp(settings)
+    except (FleetConfigError, OSError, ValueError) as exc:
+        sys.exit(f"kvgate epp: {exc}")

@@ -40,6 +40,7 @@ GROUPS: dict[str, str] = {  # the argparse groups of `kvgate serve`, in --help o
     "tasks": "long generations as MCP tasks (the io.modelcontextprotocol/tasks extension)",
     "fleet": "route to engine servers (vLLM, SGLang, kvgate) instead of an embedded engine",
     "lora": "LoRA adapters, with vLLM's flags",
+    "epp": "the endpoint picker (`kvgate epp`): fleet routing answered to Envoy over ext_proc",
 }
 
 T = TypeVar("T")
@@ -786,6 +787,35 @@ class Settings:
         None,
         "the tenant salt secret itself, instead of --tenant-salt-secret-file",
         group="fleet",
+    )
+    # kvgate epp (kvgate/gateway/epp/): the fleet's decision answered to Envoy over ext_proc.
+    endpoints_file: str | None = flag(
+        None,
+        "file of upstream URLs, one a line, read again when it changes (kvgate epp)",
+        group="epp",
+        metavar="FILE",
+        doc="`kvgate epp`: a file of upstream base URLs, one a line (`#` comments), read again "
+        "within a second of changing; members join and leave as with `--upstream-dns` "
+        "(used with or instead of `--upstream`)",
+    )
+    epp_idle_timeout_s: float = flag(
+        30.0,
+        "seconds an ext_proc stream may stay silent before it is ended (kvgate epp)",
+        cli="--epp-idle-timeout",
+        group="epp",
+        metavar="S",
+        doc="`kvgate epp`: the longest silence between an ext_proc stream's messages before "
+        "the picker ends it (a stalled client's body, or a stalled proxy)",
+        gt=0,
+    )
+    epp_max_streams: int = flag(
+        1024,
+        "ext_proc streams open at once; more are answered 429 (kvgate epp)",
+        group="epp",
+        doc="`kvgate epp`: ext_proc streams (one per HTTP request in flight through Envoy) open "
+        "at once; a stream beyond it is answered 429 with a reason, and past twice it gRPC "
+        "refuses the stream (`RESOURCE_EXHAUSTED`: Envoy's configured failure mode)",
+        ge=1,
     )
     # LoRA adapters (embedded engine; kvgate/gateway/adapters.py), spelled as vLLM spells them.
     enable_lora: bool = flag(

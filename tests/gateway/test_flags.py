@@ -104,6 +104,9 @@ SERVE_FLAGS = {  # flag: (dest, type, action, choices, group), as build_parser d
     "--max-lora-rank": ("max_lora_rank", int, "store", None, "lora"),
     "--max-loras": ("max_loras", int, "store", None, "lora"),
     "--allow-runtime-lora-updating": ("allow_runtime_lora_updating", str, "bool", None, "lora"),
+    "--endpoints-file": ("endpoints_file", str, "store", None, "epp"),
+    "--epp-idle-timeout": ("epp_idle_timeout_s", float, "store", None, "epp"),
+    "--epp-max-streams": ("epp_max_streams", int, "store", None, "epp"),
 }
 
 # Settings fields that had no flag before the declarations (environment twins only).
@@ -167,7 +170,7 @@ def test_the_flags_are_the_ones_written_by_hand_before() -> None:
     assert declared(serve) == SERVE_FLAGS
     titles = [g.title for g in serve._action_groups][2:]  # after positionals and --help's
     assert titles == ["server", "model", "engine", "kv cache", "redis", "catalog", "admin",
-                      "logging", "authentication", "limits", "tasks", "fleet", "lora"]  # fmt: skip
+                      "logging", "authentication", "limits", "tasks", "fleet", "lora", "epp"]  # fmt: skip
     assert all(g.description for g in serve._action_groups[2:])
     assert all(a.default is None for a in serve._actions if a.dest != "help")
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncGenerator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from kvgate.engine.errors import AdapterError, InvalidArgument
@@ -54,7 +55,12 @@ from kvgate.gateway.upstream.kv_metrics import KVEventsCollector
 from kvgate.gateway.upstream.kv_subscriber import EventSource, KVSubscriber
 from kvgate.gateway.upstream.members import DnsTarget, Resolver, system_resolver
 from kvgate.gateway.upstream.membership import Membership, ask_all, union
-from kvgate.gateway.upstream.placement import Placements, follow_or_place, placement_key
+from kvgate.gateway.upstream.placement import (
+    Asked,
+    Placements,
+    follow_or_place,
+    placement_key,
+)
 from kvgate.gateway.upstream.precise import BLOCK_SIZES, PreciseScorer, PromptBlocks
 from kvgate.gateway.upstream.proxies import Proxies
 from kvgate.gateway.upstream.routing import PrefixKeys
@@ -64,6 +70,17 @@ from kvgate.gateway.upstream.upstream_tokens import UpstreamTokens
 
 logger = logging.getLogger("kvgate.fleet")
 DEFAULT_MAX_MODEL_LEN = 32_768  # when an upstream's /v1/models does not say
+
+
+@dataclass(slots=True)
+class Decision:
+    """What routing reads of one call (``Fleet.decide``)."""
+
+    hashes: list[bytes]  # the prefix keys (none when a cache_key routes)
+    prompt: PromptBlocks | None  # the call's blocks, for precise routing
+    placed: Upstream | None = None  # the upstream its placement record names
+    asked: Asked | None = None  # a Redis read the call did not wait for (``settle``)
+    key: bytes | None = None  # its placement key
 
 
 class FleetConfigError(Exception):
@@ -243,6 +260,25 @@ class Fleet:
                 "logprobs",
             )
         sent = wire.request_body(request, self.model_name)
+        decision = await self.decide(request)
+        headers: dict[str, str] = {}  # each attempt adds its traceparent (``attempt``)
+        route, observed = self.chooser, self.observed
+        hashes = decision.hashes
+        call = UpstreamCall(route, observed, self.token_ids, request, hashes, (*sent, headers))
+        call.prompt, call.placed = decision.prompt, decision.placed
+        try:
+            await call.connect()
+        except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
+            return Guarded(_failed(exc), call)
+        assert call.upstream is not None
+        self.settle(decision, call.upstream)
+        http_io.note_served_by(call.upstream.url)
+        return Guarded(call.relay(), call)
+
+    async def decide(self, request: GenerationRequest) -> Decision:
+        """What the routing decision reads of a call: its prefix keys, its blocks (precise
+        routing) and the upstream its placement record names. A relayed call (``start``)
+        and a picked one (``pick``, ``kvgate epp``) both read it here."""
         hashes: list[bytes] = []  # a cache_key routes on its own: no prompt to hash
         prompt = None
         if self.subscriber is not None:
@@ -253,28 +289,32 @@ class Fleet:
             hashes, prompt = await self.off_loop.run(chars, self._blocks, request, ids)
         elif request.cache_key is None:
             hashes = await self.off_loop.run(prompt_chars(request), self.prefix_keys, request)
-        headers: dict[str, str] = {}  # each attempt adds its traceparent (``attempt``)
-        route, observed = self.chooser, self.observed
-        call = UpstreamCall(route, observed, self.token_ids, request, hashes, (*sent, headers))
-        call.prompt = prompt
+        decision = Decision(hashes, prompt)
         placements = self.placements
-        key = placement_key(hashes, request.cache_key, request.cache_salt)
-        asked = None
-        if placements is not None and key is not None:
+        decision.key = placement_key(hashes, request.cache_key, request.cache_salt)
+        if placements is not None and decision.key is not None:
             own = self.chooser.own(hashes, request.cache_key)
-            call.placed, asked = await follow_or_place(
-                placements, key, self.upstreams, self.chooser.load, own
+            decision.placed, decision.asked = await follow_or_place(
+                placements, decision.key, self.upstreams, self.chooser.load, own
             )
-        try:
-            await call.connect()
-        except UpstreamFailed as exc:  # began, and failed: the stream says so (Backend)
-            return Guarded(_failed(exc), call)
-        assert call.upstream is not None
-        if asked is not None:  # Redis answered late: its record follows this call
-            assert placements is not None and key is not None
-            placements.settle(key, asked, call.upstream.url)
-        http_io.note_served_by(call.upstream.url)
-        return Guarded(call.relay(), call)
+        return decision
+
+    async def pick(self, request: GenerationRequest, excluded: set[int]) -> Upstream:
+        """The upstream a call would be sent to, without sending it: the same ``decide``
+        and ``Chooser.choose`` as ``start`` (``excluded``: member indices not to pick).
+        Raises ``EngineUnavailable`` when none can take it."""
+        decision = await self.decide(request)
+        upstream = self.chooser.choose(
+            decision.hashes, request.cache_key, excluded, decision.placed, decision.prompt
+        )
+        self.settle(decision, upstream)
+        return upstream
+
+    def settle(self, decision: Decision, upstream: Upstream) -> None:
+        """Redis answered late: its record follows the upstream the call went to."""
+        if decision.asked is not None:
+            assert self.placements is not None and decision.key is not None
+            self.placements.settle(decision.key, decision.asked, upstream.url)
 
     def _blocks(
         self, request: GenerationRequest, asked: list[int] | None

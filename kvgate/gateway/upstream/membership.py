@@ -54,6 +54,9 @@ class Membership:
         self._resolve = resolve
         self.targets = [DnsTarget.parse(spec) for spec in settings.upstream_dns]
         self._resolved = dict(resolved)
+        # The listed members: ``--upstream``, or what ``kvgate epp`` reads from its endpoints
+        # file (it sets them, then calls ``refresh``).
+        self.listed: tuple[str, ...] = settings.upstream
         self._indices: dict[str, int] = {}
         self.upstreams: list[Upstream] = []
         self._draining: list[Upstream] = []
@@ -193,7 +196,7 @@ class Membership:
                     len(self._resolved.get(target, ())),
                 )
                 self.observed.count("kvgate_upstream_dns_errors")
-        wanted = union(self.settings.upstream, self._resolved)
+        wanted = union(self.listed, self._resolved)
         current = {u.url for u in self.upstreams}
         joining = [url for url in wanted if url not in current]
         verdicts = await asyncio.gather(*(self._serves_our_model(url) for url in joining))
