@@ -487,5 +487,5 @@ def epp(settings: Settings) -> None:
 
     try:
         serve_epp(settings)
-    except (FleetConfigError, OSError, ValueError) as exc:
+    except (FleetConfigError, OSError, ValueError, RuntimeError) as exc:  # RuntimeError: bind
         sys.exit(f"kvgate epp: {exc}")
