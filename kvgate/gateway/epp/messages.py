@@ -9,6 +9,7 @@ instead); a refusal is an ``ImmediateResponse`` with its status and reason.
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from envoy.config.core.v3.base_pb2 import HeaderValue, HeaderValueOption
 from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
@@ -45,6 +46,8 @@ def _routed(endpoint: str) -> ext.CommonResponse:
     return ext.CommonResponse(header_mutation=mutation)
 
 
+# An answer depends on the endpoint alone: built once per member, then serialized as it is.
+@lru_cache(maxsize=4096)
 def routed_headers(endpoint: str) -> ext.ProcessingResponse:
     """The pick, answered to the request headers (a body-less request, or a full-duplex one
     whose header answer waited for its body)."""
@@ -54,6 +57,7 @@ def routed_headers(endpoint: str) -> ext.ProcessingResponse:
     )
 
 
+@lru_cache(maxsize=4096)
 def routed_body(endpoint: str) -> ext.ProcessingResponse:
     """The pick, answered to a buffered body (its headers not yet sent upstream)."""
     return ext.ProcessingResponse(
