@@ -60,7 +60,7 @@ def wire_for(protocol_version: str) -> str:
 
 @cache
 def _definitions(wire: str) -> dict[str, Any]:
-    text = resources.files("schemas").joinpath("mcp", f"{wire}.json").read_text("utf-8")
+    text = resources.files("kvgate.schemas").joinpath("mcp", f"{wire}.json").read_text("utf-8")
     definitions: dict[str, Any] = json.loads(text)["$defs"]
     return definitions
 

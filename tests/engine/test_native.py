@@ -187,7 +187,9 @@ def test_two_checkouts_sharing_a_cache_each_build_once_then_load(tmp_path: Path)
     source = Path(native.__file__).parent
     checkouts = [tmp_path / name for name in ("a", "b")]
     for checkout in checkouts:
-        shutil.copytree(source, checkout / "engine", ignore=shutil.ignore_patterns("_C_*", "__pycache__"))  # fmt: skip
+        package = checkout / "kvgate"
+        shutil.copytree(source, package / "engine", ignore=shutil.ignore_patterns("_C_*", "__pycache__"))  # fmt: skip
+        shutil.copy(source.parent / "__init__.py", package / "__init__.py")
     env = {
         **os.environ,
         native.BUILD_ENV: "1",
@@ -205,12 +207,12 @@ def test_two_checkouts_sharing_a_cache_each_build_once_then_load(tmp_path: Path)
             timeout=600,
         )
         assert started.returncode == 0, started.stderr
-        assert started.stdout.split() == [str(checkout / "engine" / "native.py"), "avx2"]
+        assert started.stdout.split() == [str(checkout / "kvgate" / "engine" / "native.py"), "avx2"]
         logs.append(started.stderr)
     first_a, first_b, again_a, again_b = logs
     assert "building kvgate's CPU kernels (avx2)" in first_a
     assert "no earlier build of it in this cache" in first_a
     assert "building kvgate's CPU kernels (avx2)" in first_b
-    assert f"another checkout: ['{checkouts[0] / 'engine' / 'csrc'}']" in first_b
+    assert f"another checkout: ['{checkouts[0] / 'kvgate' / 'engine' / 'csrc'}']" in first_b
     assert "building" not in again_a and "building" not in again_b
     assert len(list((tmp_path / "cache" / "cpu-kernels").glob("avx2-*/_C_avx2.so"))) == 2
