@@ -17,7 +17,7 @@ from kvgate.engine import LLM, SamplingParams
 from kvgate.engine.attention import allocate_kv_caches, get_attention_backend
 from kvgate.engine.attention.backend import TORCH_BACKEND
 from kvgate.engine.loading.loader import load_model
-from kvgate.engine.models import decode_stack, llama
+from kvgate.engine.models import decode_stack, gemm, llama
 from tests.engine.loading.gguf.gguf_files import Q, folder_to_gguf
 from tests.engine.models.test_llama import PROMPTS, PagedRun
 
@@ -25,6 +25,10 @@ pytestmark = pytest.mark.skipif(
     native.library() is None or get_attention_backend("torch").decode_kernel is None,
     reason="no native library: the kernels the stack calls are not there",
 )
+# bf16 weights are packed for our GEMM only where the CPU computes bf16 (AVX-512 BF16, AMX);
+# elsewhere (AVX2) they stay plain tensors, the Python layers serve, and fp32 is native.
+BF16_PACKED = gemm.packs(torch.empty(8, 8, dtype=torch.bfloat16))
+NATIVE_DTYPE = torch.bfloat16 if BF16_PACKED else torch.float32
 
 
 @pytest.fixture
@@ -46,6 +50,8 @@ def layer_calls(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[int]]:
 def test_decode_steps_through_the_stack_equal_the_python_layers(
     hf_checkpoint, arch: str, dtype: str, layer_calls: list[int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    if dtype == "bfloat16" and not BF16_PACKED:
+        pytest.skip("no bf16 GEMM on this CPU: bf16 steps run the Python layers")
     native, python = (PagedRun(load_model(hf_checkpoint(arch), dtype=dtype)) for _ in range(2))
     prompts = [native.lm.tokenizer.encode(text) for text in PROMPTS]
     lens = [len(p) for p in prompts]
@@ -72,7 +78,7 @@ def test_decode_steps_through_the_stack_equal_the_python_layers(
 
 def test_what_the_stack_cannot_serve_keeps_its_layers(hf_checkpoint) -> None:
     def stack(arch: str, kv_cache_dtype: torch.dtype | None = None, backend=None) -> object:
-        lm = load_model(hf_checkpoint(arch), dtype="bfloat16")
+        lm = load_model(hf_checkpoint(arch), dtype=str(NATIVE_DTYPE).removeprefix("torch."))
         c = lm.config
         caches = allocate_kv_caches(
             c.num_layers, 8, c.num_kv_heads, 16, c.head_dim, kv_cache_dtype or lm.dtype, "cpu"
@@ -83,7 +89,8 @@ def test_what_the_stack_cannot_serve_keeps_its_layers(hf_checkpoint) -> None:
     assert stack("qwen3") is not None  # per-head q/k norms: the Python layers' ATen ops
     assert stack("gemma2") is None  # sandwich norms, GeGLU, soft-caps
     assert stack("phi4-partial") is None  # RoPE over part of each head
-    assert stack("llama", torch.float32) is None  # a cache of another dtype
+    other = torch.float32 if NATIVE_DTYPE == torch.bfloat16 else torch.bfloat16
+    assert stack("llama", other) is None  # a cache of another dtype
     assert stack("llama", torch.float8_e4m3fn) is None  # fp8: its own K/V write
     assert stack("llama", backend=TORCH_BACKEND) is None  # no native decode kernel
 
