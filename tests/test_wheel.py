@@ -98,7 +98,7 @@ def test_the_wheel_serves_on_a_machine_with_no_compiler(tmp_path: Path) -> None:
         cwd=tmp_path, env=bare, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert found.returncode == 0, found.stderr
-    assert found.stdout.split() == [str(site / "engine" / "native.py"), variant.name]
+    assert found.stdout.split() == [str(site / "kvgate" / "engine" / "native.py"), variant.name]
 
     port = free_port()
     log = tmp_path / "serve.log"

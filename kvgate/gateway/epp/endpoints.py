@@ -74,5 +74,5 @@ class EndpointsFile:
                         self._seen = None
                     joined = {u.url for u in self.members.upstreams}
                     if any(url not in joined for url in self.members.listed):
-                        self._seen = None  # one not serving yet: asked again next round
+                        self._seen = None  # one not serving yet: asked again at the next poll
             await asyncio.sleep(POLL_S)

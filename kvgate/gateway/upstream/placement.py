@@ -237,7 +237,7 @@ class Placements:
         """The placing script's answer. One not come within ``ANSWER_S`` counts as a
         failure (Redis is left alone a while) but is still awaited up to ``LATE_S``: the
         script was sent and may have placed the key, and a call that went by the hash
-        meanwhile must move that record to where it went (``settle``), or the session is
+        meanwhile must move that record to where it went (``settle``), or the conversation is
         split between two upstreams."""
         run = self._spawn(self._run(self._place, key, args, LATE_S))
         done, _ = await asyncio.wait((run,), timeout=ANSWER_S)
