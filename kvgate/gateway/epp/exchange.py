@@ -23,11 +23,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-
-from kvgate.gateway.epp import messages
+from kvgate.gateway.epp import messages, wire
 from kvgate.gateway.epp.picker import Picker, Refusal
+from kvgate.gateway.epp.wire import ProcessingMode
 from kvgate.gateway.upstream.upstream import Lease
 
 FULL_DUPLEX = ProcessingMode.FULL_DUPLEX_STREAMED
@@ -48,8 +46,8 @@ class Exchange:
         self.lease: Lease | None = None
 
     async def run(
-        self, incoming: AsyncIterator[ext.ProcessingRequest]
-    ) -> AsyncIterator[ext.ProcessingResponse]:
+        self, incoming: AsyncIterator[wire.ProcessingRequest]
+    ) -> AsyncIterator[wire.ProcessingResponse]:
         """The answers to ``incoming``, until Envoy ends the stream (or it idles, or a refusal
         ends the request)."""
         try:
@@ -67,7 +65,7 @@ class Exchange:
             if self.lease is not None:
                 self.lease.release()
 
-    async def _answer(self, request: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
+    async def _answer(self, request: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
         phase = request.WhichOneof("request")
         if phase == "request_headers":
             return await self._headers(request)
@@ -81,13 +79,13 @@ class Exchange:
             return [messages.CONTINUE_RESPONSE_HEADERS]
         if phase == "response_body":  # only where a proxy is set to send it: given back as is
             body = request.response_body
-            streamed = ext.StreamedBodyResponse(body=body.body, end_of_stream=body.end_of_stream)
-            mutation = ext.BodyMutation(streamed_response=streamed) if self.duplex else None
-            common = ext.CommonResponse(body_mutation=mutation)
-            return [ext.ProcessingResponse(response_body=ext.BodyResponse(response=common))]
+            streamed = wire.StreamedBodyResponse(body=body.body, end_of_stream=body.end_of_stream)
+            mutation = wire.BodyMutation(streamed_response=streamed) if self.duplex else None
+            common = wire.CommonResponse(body_mutation=mutation)
+            return [wire.ProcessingResponse(response_body=wire.BodyResponse(response=common))]
         return []
 
-    async def _headers(self, request: ext.ProcessingRequest) -> list[ext.ProcessingResponse]:
+    async def _headers(self, request: wire.ProcessingRequest) -> list[wire.ProcessingResponse]:
         if request.HasField("protocol_config"):
             self.duplex = request.protocol_config.request_body_mode == FULL_DUPLEX
         self.subset = messages.subset_hint(request)
@@ -102,7 +100,7 @@ class Exchange:
             return []  # answered once the body is in
         return [messages.CONTINUE_HEADERS]
 
-    async def _body(self, body: ext.HttpBody) -> list[ext.ProcessingResponse]:
+    async def _body(self, body: wire.HttpBody) -> list[wire.ProcessingResponse]:
         self.size += len(body.body)
         if self.size > self.max_body_bytes:
             return [messages.refused(TOO_LARGE)]
@@ -118,7 +116,7 @@ class Exchange:
         self.chunks = []
         return whole
 
-    async def _routed_duplex(self) -> list[ext.ProcessingResponse]:
+    async def _routed_duplex(self) -> list[wire.ProcessingResponse]:
         """The held headers answered with the pick, then the body given back."""
         whole = self._whole()
         answer = await self._pick(whole, messages.routed_headers)
@@ -126,7 +124,7 @@ class Exchange:
             return [answer]
         return [answer, messages.streamed_body(whole)]
 
-    async def _pick(self, body: bytes, routed: messages.Routed) -> ext.ProcessingResponse:
+    async def _pick(self, body: bytes, routed: messages.Routed) -> wire.ProcessingResponse:
         picked = await self.picker.pick(self.path, body, self.subset)
         if isinstance(picked, Refusal):
             return messages.refused(picked)

@@ -21,11 +21,9 @@ from collections.abc import AsyncIterator
 from dataclasses import replace
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from kvgate.gateway.epp import endpoints, messages
+from kvgate.gateway.epp import endpoints, messages, wire
 from kvgate.gateway.epp.exchange import Exchange
 from kvgate.gateway.epp.picker import Picker, Refusal
 from kvgate.gateway.ops.metrics import Metrics
@@ -33,7 +31,6 @@ from kvgate.gateway.settings import Settings
 from kvgate.gateway.upstream.fleet import Fleet
 
 logger = logging.getLogger("kvgate.epp")
-SERVICE = "envoy.service.ext_proc.v3.ExternalProcessor"
 BUSY = Refusal(429, "too many requests in flight at the endpoint picker")
 # One message may carry more than a whole body the picker keeps: Envoy sends what it has read
 # at once, up to its own buffer (1 MiB by default). It is read, then refused as over the limit.
@@ -43,9 +40,8 @@ DRAIN_S = 5.0
 
 
 class Processor:
-    """The ext_proc service (registered by its ``Process`` method, as the generated
-    ``ExternalProcessorServicer`` would be): one ``Exchange`` per stream, at most
-    ``max_streams`` at once."""
+    """The ext_proc service (its ``Process`` method registered by ``wire.handler``): one
+    ``Exchange`` per stream, at most ``max_streams`` at once."""
 
     def __init__(self, picker: Picker, settings: Settings) -> None:
         self.picker = picker
@@ -56,9 +52,9 @@ class Processor:
 
     async def Process(  # noqa: N802 - the gRPC method's name
         self,
-        request_iterator: AsyncIterator[ext.ProcessingRequest],
-        context: grpc.aio.ServicerContext[ext.ProcessingRequest, ext.ProcessingResponse],
-    ) -> AsyncIterator[ext.ProcessingResponse]:
+        request_iterator: AsyncIterator[wire.ProcessingRequest],
+        context: grpc.aio.ServicerContext[wire.ProcessingRequest, wire.ProcessingResponse],
+    ) -> AsyncIterator[wire.ProcessingResponse]:
         if self.open >= self.max_streams:
             yield messages.refused(BUSY)
             return
@@ -93,7 +89,7 @@ async def serve(settings: Settings, fleet: Fleet) -> None:
             ("grpc.so_reuseport", 0),
         ],
     )
-    ext_grpc.add_ExternalProcessorServicer_to_server(Processor(picker, settings), server)
+    server.add_generic_rpc_handlers((wire.handler(Processor(picker, settings).Process),))
     checks = health.aio.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(checks, server)
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
@@ -130,7 +126,7 @@ async def _report(fleet: Fleet, checks: health.aio.HealthServicer) -> None:
         available = any(u.breaker.available() for u in fleet.upstreams)
         status = serving if available else health_pb2.HealthCheckResponse.NOT_SERVING
         if status != last:
-            for name in ("", SERVICE):
+            for name in ("", wire.SERVICE):
                 await checks.set(name, status)
             last = status
         await asyncio.sleep(0.25)

@@ -20,12 +20,10 @@ from typing import Any
 import grpc
 import httpx
 import orjson
-from envoy.config.core.v3.base_pb2 import HeaderMap, HeaderValue, Metadata
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ext
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ext_grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from kvgate.gateway.epp import wire
+from kvgate.gateway.epp.wire import HeaderMap, HeaderValue, Metadata, ProcessingMode
 from tests.gateway.live_server import free_port
 from tests.gateway.upstream.processes import REPO_ROOT, Process
 
@@ -141,16 +139,16 @@ def endpoint(process: Process) -> str:
 
 def headers_message(
     path: str, end: bool, mode: int = ProcessingMode.BUFFERED, subset: list[str] | None = None
-) -> ext.ProcessingRequest:
+) -> wire.ProcessingRequest:
     headers = HeaderMap(
         headers=[
             HeaderValue(key=":method", raw_value=b"POST"),
             HeaderValue(key=":path", raw_value=path.encode()),
         ]
     )
-    message = ext.ProcessingRequest(
-        request_headers=ext.HttpHeaders(headers=headers, end_of_stream=end),
-        protocol_config=ext.ProtocolConfiguration(request_body_mode=mode),
+    message = wire.ProcessingRequest(
+        request_headers=wire.HttpHeaders(headers=headers, end_of_stream=end),
+        protocol_config=wire.ProtocolConfiguration(request_body_mode=mode),
     )
     if subset is not None:
         metadata = Metadata()
@@ -160,27 +158,31 @@ def headers_message(
     return message
 
 
-def body_message(body: bytes, end: bool = True) -> ext.ProcessingRequest:
-    return ext.ProcessingRequest(request_body=ext.HttpBody(body=body, end_of_stream=end))
+def body_message(body: bytes, end: bool = True) -> wire.ProcessingRequest:
+    return wire.ProcessingRequest(request_body=wire.HttpBody(body=body, end_of_stream=end))
 
 
 async def process(
-    port: int, messages: list[ext.ProcessingRequest], hold_s: float = 0.0
-) -> list[ext.ProcessingResponse]:
+    port: int, messages: list[wire.ProcessingRequest], hold_s: float = 0.0
+) -> list[wire.ProcessingResponse]:
     """Send ``messages`` on one stream (then keep it open ``hold_s``); every answer."""
 
-    async def requests() -> AsyncIterator[ext.ProcessingRequest]:
+    async def requests() -> AsyncIterator[wire.ProcessingRequest]:
         for message in messages:
             yield message
         if hold_s:
             await asyncio.sleep(hold_s)
 
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
-        stub = ext_grpc.ExternalProcessorStub(channel)
-        return [answer async for answer in stub.Process(requests(), timeout=30)]
+        call = channel.stream_stream(
+            wire.PROCESS,
+            request_serializer=wire.ProcessingRequest.SerializeToString,
+            response_deserializer=wire.ProcessingResponse.FromString,
+        )
+        return [answer async for answer in call(requests(), timeout=30)]
 
 
-def destination(answer: ext.ProcessingResponse) -> str | None:
+def destination(answer: wire.ProcessingResponse) -> str | None:
     """The endpoint a pick names in its header mutation (checked equal to its metadata)."""
     phase = answer.WhichOneof("response")
     if phase not in ("request_headers", "request_body"):

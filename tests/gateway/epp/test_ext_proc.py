@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from envoy.extensions.filters.http.ext_proc.v3.processing_mode_pb2 import ProcessingMode
 
+from kvgate.gateway.epp.wire import ProcessingMode
 from tests.gateway.epp import stack
 from tests.gateway.upstream.processes import Process, running
 
