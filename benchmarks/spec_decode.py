@@ -5,8 +5,10 @@
 
 Three single-stream workloads, greedy, through the chat template:
 
-- edit:  a ~1,500-token Python file (kvgate's own scheduler) and "repeat this code with the
-         variable renamed": the reply re-emits the file;
+- edit:  a ~1,000-token Python file (kvgate's own scheduler) and "repeat this code with the
+         variable renamed", the reply begun with the code fence and the class line, as an agent
+         that starts its model's answer does (vLLM's ``continue_final_message``): SmolLM2-135M
+         then re-emits the file (asked without the start, it explains the code instead);
 - json:  a JSON document to rewrite with one key renamed;
 - story: a short story, which repeats nothing.
 
@@ -32,6 +34,9 @@ from kvgate.engine import LLM, SamplingParams  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_SPEC = '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 2}'
+
+
+REPLY_STARTS = {"edit": "```python\nclass Scheduler:"}  # the answer as the caller begins it
 
 
 def workloads() -> dict[str, str]:
@@ -109,6 +114,7 @@ def main() -> None:
     tokenizer = engines["plain"].core.tokenizer
     prompts = {
         name: tokenizer.encode_chat([{"role": "user", "content": text}])
+        + tokenizer.encode(REPLY_STARTS.get(name, ""), add_special_tokens=False)
         for name, text in workloads().items()
     }
     for llm in engines.values():

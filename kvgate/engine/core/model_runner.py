@@ -8,9 +8,13 @@ embedding requests' last rows (the final normalized hidden state, before ``lm_he
     outputs: row 8, and row 7 if the chunk ends A's prompt (the last layer computes no other)
 
 A decode verifying K drafts (``Request.spec_token_ids``) runs K + 1 rows, its last token and
-the drafts, like a prefill chunk; every one of them is an output row, and the step's result
-carries the drafts it accepted (``kvgate.engine.spec_decode.verify``). Such a step has rows of
-several query tokens, so the layers serve it, not the decode stack.
+the drafts; every one of them is an output row, and the step's result carries the drafts it
+accepted (``kvgate.engine.spec_decode.verify``). Where every request of the step is such a
+decode (no prefill chunk, no adapter, no pooling), each token is a row of its own, as in a
+step of plain decodes: its sequence length is its position + 1 and its block table its
+request's. A layer writes every row's K/V before any row attends, so a draft sees the K/V of
+the tokens before it, and the decode stack serves the step: each token's logits are the
+ones a plain decode at its position would give, from one read of the weights for all rows.
 
 Everything the layers need travels in the metadata object; nothing is module-global.
 """
@@ -62,7 +66,7 @@ class ModelRunner:
     def execute(self, batch: ScheduledBatch) -> StepResult:
         """Run the step: a token for each sampling request, a vector for each pooling one."""
         sampling, pooling = batch.sampling, batch.pooling
-        input_ids, metadata = self.prepare(batch)
+        input_ids, metadata = self.prepare(batch, self._decodes_only(batch))
         outputs, pooled_rows = self.output_rows(batch, metadata)
         sampled: list[SampledToken] = []
         pooled: list[list[float]] = []
@@ -104,8 +108,26 @@ class ModelRunner:
             kept = verify(self.model.compute_logits(rows), sampling, drafts)
         return StepResult([k[-1] for k in kept], pooled, [k[:-1] for k in kept])
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, AttentionMetadata]:
-        """The step's token ids and metadata, built from plain lists with one tensor each."""
+    @staticmethod
+    def _decodes_only(batch: ScheduledBatch) -> bool:
+        """Whether the step is decodes alone, some verifying drafts: then each token is run
+        as a row of its own (see the module's docstring)."""
+        requests = batch.requests
+        return (
+            len(batch.sampling) == len(requests)
+            and any(request.spec_token_ids for request in requests)
+            and all(request.lora is None for request in requests)
+            and all(
+                n == 1 + len(request.spec_token_ids)
+                for request, n in zip(requests, batch.num_new_tokens, strict=True)
+            )
+        )
+
+    def prepare(
+        self, batch: ScheduledBatch, row_per_token: bool = False
+    ) -> tuple[torch.Tensor, AttentionMetadata]:
+        """The step's token ids and metadata, built from plain lists with one tensor each;
+        ``row_per_token``: every token a query row of its own (a step of decodes alone)."""
         bs = self.block_size
         tokens: list[int] = []
         positions: list[int] = []
@@ -124,9 +146,14 @@ class ModelRunner:
                 table[p // bs] * bs + p % bs if p >= request.num_cached else -1
                 for p in range(start, end)
             ]
-            starts.append(starts[-1] + n)
-            seq_lens.append(end)
-            tables.append(table)
+            if row_per_token:
+                starts += range(starts[-1] + 1, starts[-1] + n + 1)
+                seq_lens += range(start + 1, end + 1)
+                tables += [table] * n
+            else:
+                starts.append(starts[-1] + n)
+                seq_lens.append(end)
+                tables.append(table)
         width = max(len(t) for t in tables)
         padded = [t + [0] * (width - len(t)) for t in tables]
         device = self.device
@@ -136,7 +163,7 @@ class ModelRunner:
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=torch.tensor(padded, dtype=torch.int32, device=device),
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
-            max_query_len=max(batch.num_new_tokens),
+            max_query_len=1 if row_per_token else max(batch.num_new_tokens),
             max_seq_len=max(seq_lens),
         )
         return torch.tensor(tokens, dtype=torch.int64, device=device), metadata
