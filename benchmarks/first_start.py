@@ -7,8 +7,9 @@ there verbatim, with pip's cache empty (torch from the machine's local wheel, ev
 package from the index, the CPU kernels compiled) and a kernel cache of its own; meanwhile it
 sends the README's first curl example every half second until it answers. Then it stops the
 server and starts it again (``kvgate serve``: the same install) and times that answer too.
-Each phase is read off the output as it arrives: the install done (the server's first line),
-ready (its "ready in" line), the first answer. The answer is printed, so a reader sees it is
+Each phase is read off the output as it arrives: each pip install done (its "Successfully
+installed" line: torch, kvgate with its kernels, the model), the server's first line, ready
+(its "ready in" line), the first answer. The answer is printed, so a reader sees it is
 a real one. Run it on a quiet machine: it is a wall-clock figure.
 """
 
@@ -89,7 +90,9 @@ def answer(curl: str, cwd: Path, began: float, server: Watched) -> tuple[float, 
 
 
 def phases(server: Watched, answered: float) -> dict[str, Any]:
+    installed = [t for t, line in server.lines if line.startswith("Successfully installed")]
     return {
+        **{f"pip_install_{i + 1}_done_s": t for i, t in enumerate(installed)},
         "server_first_line_s": server.first(r"\d\d:\d\d:\d\d,\d+ kvgate"),
         "ready_s": server.first(r"ready in"),
         "answer_s": answered,
