@@ -66,7 +66,11 @@ NV = _variants()
 # _mm512_undefined_ps (hundreds of "may be used uninitialized" lines a variant).
 QUIET = ("-Wno-uninitialized", "-Wno-maybe-uninitialized")
 KERNELS = os.environ.get("KVGATE_CPU_KERNELS", "1").lower() not in ("0", "false", "no", "off")
-TORCH = _torch() if KERNELS else None
+# The commands that compile. pip runs this file three times for one install (egg_info for the
+# build requirements, dist_info for the metadata, then the build); importing torch costs
+# seconds, so the metadata steps do without it (their extensions are never built).
+BUILDS = {"build", "build_ext", "bdist_wheel", "editable_wheel", "develop", "install"}
+TORCH = _torch() if KERNELS and BUILDS & set(sys.argv[1:]) else None
 
 
 def _relative(path: Path) -> str:
@@ -76,7 +80,8 @@ def _relative(path: Path) -> str:
 if TORCH is None:
 
     class BuildLibrary(build_ext):
-        """Where torch cannot be imported: a clear error instead of a build."""
+        """Where torch is not imported (the metadata steps never build) or cannot be: a clear
+        error instead of a build."""
 
         def run(self) -> None:
             raise SystemExit(

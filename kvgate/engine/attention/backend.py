@@ -10,6 +10,7 @@ Triton is imported only when the Triton backend is asked for, so the CPU path ne
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -78,6 +79,8 @@ def get_attention_backend(
         raise ValueError(
             f"attention_backend: triton needs a CUDA device (or TRITON_INTERPRET=1), got {device}"
         )
+    if importlib.util.find_spec("triton") is None:  # a CUDA torch brings it, a CPU one does not
+        raise ValueError("attention_backend: triton is not installed (pip install triton)")
     from kvgate.engine.attention.triton import backend as triton_backend
 
     return AttentionBackend("triton", triton_backend.write_kv, triton_backend.paged_attention)
