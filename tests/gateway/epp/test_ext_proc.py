@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from kvgate.gateway.epp.wire import ProcessingMode
@@ -150,7 +151,11 @@ def test_a_stalled_stream_is_ended(picker: Process) -> None:
 
 
 def test_a_flood_of_streams_is_bounded(picker: Process) -> None:
-    async def flood() -> list[list]:
+    """Past ``--epp-max-streams`` a stream is answered 429 at once; past twice that gRPC
+    itself refuses it (RESOURCE_EXHAUSTED): which of the two a stream meets depends on how
+    many of the refused ones have closed when it arrives, and both are refusals."""
+
+    async def flood() -> list[list | BaseException]:
         held = [
             stack.process(
                 picker.port,
@@ -159,12 +164,23 @@ def test_a_flood_of_streams_is_bounded(picker: Process) -> None:
             )
             for _ in range(MAX_STREAMS * 8)
         ]
-        return await asyncio.gather(*held)
+        return await asyncio.gather(*held, return_exceptions=True)
 
     answers = asyncio.run(flood())
-    refused = [a for a in answers if a and a[0].immediate_response.status.code == 429]
-    assert len(refused) >= MAX_STREAMS * 7, [len(a) for a in answers]
-    assert b"too many" in refused[0][0].immediate_response.body
+    exhausted = [
+        a
+        for a in answers
+        if isinstance(a, grpc.aio.AioRpcError) and a.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    ]
+    failed = [a for a in answers if isinstance(a, BaseException) and a not in exhausted]
+    assert not failed, failed
+    refused = [
+        a
+        for a in answers
+        if isinstance(a, list) and a and a[0].immediate_response.status.code == 429
+    ]
+    assert len(refused) + len(exhausted) >= MAX_STREAMS * 7, answers
+    assert refused and b"too many" in refused[0][0].immediate_response.body
     # the flood gone, picks resume
     assert pick(picker.port, stack.chat("after the flood")) is not None
 
