@@ -96,6 +96,35 @@ def test_streamed_answers_pass_through(envoy: stack.Envoy) -> None:
     assert any('"content":"ok"' in line for line in lines)
 
 
+def test_the_openai_client_through_envoy_keeps_a_conversation_on_one_upstream(
+    envoy: stack.Envoy,
+) -> None:
+    """The official ``openai`` client, as users point it at a gateway: plain and streamed
+    answers come back whole, and one conversation's turns land on one upstream."""
+    openai = pytest.importorskip("openai")
+    seen = set()
+    with openai.OpenAI(base_url=envoy.base + "/v1", api_key="unused", max_retries=0) as client:
+        for turn in range(3):
+            raw = client.chat.completions.with_raw_response.create(
+                model=stack.MODEL,
+                messages=[{"role": "user", "content": f"turn {turn}"}],
+                max_tokens=1,
+                extra_body={"cache_key": "openai-client"},
+            )
+            assert raw.parse().choices[0].message.content == "ok"
+            seen.add(raw.headers["x-kvgate-upstream"])
+        chunks = client.chat.completions.create(
+            model=stack.MODEL,
+            messages=[{"role": "user", "content": "streamed"}],
+            max_tokens=1,
+            stream=True,
+            extra_body={"cache_key": "openai-client"},
+        )
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == "ok"
+    assert len(seen) == 1, seen
+
+
 def test_a_clients_own_destination_header_is_replaced(
     envoy: stack.Envoy, upstreams: list[Process]
 ) -> None:
