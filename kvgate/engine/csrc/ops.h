@@ -66,6 +66,8 @@ at::Tensor qlinear_swiglu(const at::Tensor& x, const at::Tensor& w, int64_t type
 at::Tensor dequantize_rows(const at::Tensor& w, int64_t type, int64_t k, const at::Tensor& ids,
                            bool bf16);
 at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t k, bool bf16);
+int64_t qgemm_layout(int64_t type, int64_t rows);
+at::Tensor qgemm_interleave(const at::Tensor& w, int64_t type, int64_t k);
 
 // paged_decode.cpp, paged_prefill.cpp: attention over the paged KV cache.
 at::Tensor paged_decode(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,

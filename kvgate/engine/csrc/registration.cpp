@@ -41,6 +41,8 @@ KVGATE_LIBRARY(m) {
   m.def("qlinear_swiglu(Tensor x, Tensor w, int type) -> Tensor");
   m.def("dequantize_rows(Tensor w, int type, int k, Tensor ids, bool bf16) -> Tensor");
   m.def("dequantize(Tensor w, int type, int k, bool bf16) -> Tensor");
+  m.def("qgemm_layout(int type, int rows) -> int", &kvgate::qgemm_layout);
+  m.def("qgemm_interleave(Tensor w, int type, int k) -> Tensor");
   // paged_decode.cpp, paged_prefill.cpp
   m.def("paged_decode(Tensor q, Tensor k_cache, Tensor v_cache, Tensor k_scales, "
         "Tensor v_scales, Tensor block_tables, Tensor seq_lens, float scale, int window, "
@@ -63,6 +65,7 @@ KVGATE_LIBRARY_IMPL(CPU, m) {
   m.impl("qlinear_swiglu", &kvgate::qlinear_swiglu);
   m.impl("dequantize_rows", &kvgate::dequantize_rows);
   m.impl("dequantize", &kvgate::dequantize);
+  m.impl("qgemm_interleave", &kvgate::qgemm_interleave);
   m.impl("paged_decode", &kvgate::paged_decode);
   m.impl("paged_prefill", &kvgate::paged_prefill);
 }

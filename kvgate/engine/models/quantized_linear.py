@@ -5,8 +5,10 @@ A decode step on CPU reads every weight once per token: bandwidth-bound, so a we
 4.5-8.5 bits instead of bf16's 16 costs 2-3.5x fewer bytes, and the model holds that much less
 memory. `QuantizedLinear` keeps a ``[out, in]`` weight as the file's own blocks (one row of
 blocks per output feature, as llama.cpp lays them out) and computes with
-``kvgate/engine/csrc/kernels/qgemm.cpp``: activations quantized to int8 per 32-block once per call and
-integer dot products, as llama.cpp does (see the source for the arithmetic). The output is in the activations' dtype,
+``kvgate/engine/csrc/kernels/qgemm.cpp``: activations quantized to int16 per 32-block once per
+call and integer dot products (see the source for the arithmetic). Where the kernels compute
+faster on another layout of the same blocks (`layout`: Q4_0/Q4_1 rows interleaved 8 by 8 on
+AVX2), the blocks are laid out so once, at load. The output is in the activations' dtype,
 rounded once after the fused epilogue (SwiGLU, a residual add).
 
 That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
@@ -20,6 +22,8 @@ loader dequantizes at load instead.
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import TYPE_CHECKING
 
 import torch
@@ -66,15 +70,29 @@ class QuantizedLinear:
             raise ValueError(
                 f"{TYPE_NAMES[qtype]} blocks {list(blocks.shape)} do not hold {in_features} inputs"
             )
-        self.blocks = blocks.contiguous()
         self.qtype = qtype
         self.in_features = in_features
         self.out_features = int(blocks.shape[0])
+        # The layout the kernels compute fastest on (`qgemm_layout`): the file's, or 8 rows'
+        # blocks interleaved (Q4_0/Q4_1 on AVX2), whose extra rows cost a fraction as much.
+        self.layout = int(ops.qgemm_layout(qtype, self.out_features))
+        if self.layout == qtype:
+            self.blocks = blocks.contiguous()
+        else:
+            self.blocks = ops.qgemm_interleave(blocks.contiguous(), qtype, in_features)
         self._kernels = ops
 
     @property
     def nbytes(self) -> int:
         return self.blocks.numel()
+
+    def stacked(self, below: QuantizedLinear) -> QuantizedLinear:
+        """This weight with `below`'s rows under it, one product (both in one layout: a group
+        of 8 interleaved rows never straddles the two)."""
+        joined = copy.copy(self)
+        joined.blocks = torch.cat([self.blocks, below.blocks])
+        joined.out_features = self.out_features + below.out_features
+        return joined
 
     def linear(
         self, x: torch.Tensor, bias: torch.Tensor | None = None, float_out: bool = False
@@ -84,7 +102,7 @@ class QuantizedLinear:
             y = F.linear(x, self.dense(x.dtype), bias)
             return y.float() if float_out else y
         return self._kernels.qlinear(  # type: ignore[no-any-return]
-            x.contiguous(), self.blocks, self.qtype, bias, None, float_out
+            x.contiguous(), self.blocks, self.layout, bias, None, float_out
         )
 
     def linear_add(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
@@ -92,7 +110,7 @@ class QuantizedLinear:
         if x.shape[0] >= DENSE_ROWS:
             return torch.addmm(residual, x, self.dense(x.dtype).t())
         return self._kernels.qlinear(  # type: ignore[no-any-return]
-            x.contiguous(), self.blocks, self.qtype, None, residual, False
+            x.contiguous(), self.blocks, self.layout, None, residual, False
         )
 
     def linear_gated(self, x: torch.Tensor, act: str) -> torch.Tensor:
@@ -104,13 +122,13 @@ class QuantizedLinear:
             gate, up = F.linear(x, self.dense(x.dtype)).chunk(2, dim=-1)
             return F.silu(gate).mul_(up)
         return self._kernels.qlinear_swiglu(  # type: ignore[no-any-return]
-            x.contiguous(), self.blocks, self.qtype
+            x.contiguous(), self.blocks, self.layout
         )
 
     def dense(self, dtype: torch.dtype) -> torch.Tensor:
         """The whole weight dequantized, ``[out, in]`` in ``dtype`` (bf16 or fp32)."""
         return self._kernels.dequantize(  # type: ignore[no-any-return]
-            self.blocks, self.qtype, self.in_features, dtype == torch.bfloat16
+            self.blocks, self.layout, self.in_features, dtype == torch.bfloat16
         )
 
     def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -118,7 +136,7 @@ class QuantizedLinear:
         if dtype not in (torch.bfloat16, torch.float32):
             raise ValueError(f"quantized embeddings are looked up in bf16 or fp32, not {dtype}")
         return self._kernels.dequantize_rows(  # type: ignore[no-any-return]
-            self.blocks, self.qtype, self.in_features, ids, dtype == torch.bfloat16
+            self.blocks, self.layout, self.in_features, ids, dtype == torch.bfloat16
         )
 
 
@@ -131,17 +149,12 @@ def concat(parts: list[QuantizedLinear]) -> QuantizedLinear | StackedLinear:
         raise ValueError("only weights of one input size are concatenated")
     runs: list[list[QuantizedLinear]] = []
     for part in parts:
-        if runs and runs[-1][0].qtype == part.qtype:
+        if runs and runs[-1][0].layout == part.layout:
             runs[-1].append(part)
         else:
             runs.append([part])
-    joined = [run[0] if len(run) == 1 else _one_product(run) for run in runs]
+    joined = [functools.reduce(QuantizedLinear.stacked, run) for run in runs]
     return joined[0] if len(joined) == 1 else StackedLinear(joined)
-
-
-def _one_product(parts: list[QuantizedLinear]) -> QuantizedLinear:
-    blocks = torch.cat([p.blocks for p in parts])
-    return QuantizedLinear(blocks, parts[0].qtype, parts[0].in_features, parts[0]._kernels)
 
 
 class StackedLinear:

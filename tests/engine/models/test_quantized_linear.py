@@ -1,8 +1,9 @@
 """The quantized matmul kernels (`kvgate.engine.models.quant.qgemm`) against fp64 products of gguf's
 own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 and the
 K-quants Q4_K/Q5_K/Q6_K, bf16
-and fp32 activations, 1..33 rows, an odd number of outputs, the native build and the forced
-AVX2 one; and weights of mixed types stacked as one (a Q4_K_M file's q, k and v).
+and fp32 activations, 1..33 rows, an odd number of outputs and a multiple of 8 (Q4_0 and Q4_1
+rows then interleaved in groups of 8 where the build computes them so), the native build and
+the forced AVX2 one; and weights of mixed types stacked as one (a Q4_K_M file's q, k and v).
 
 The kernel quantizes each activation row to int16 per 32-block, so two references: the
 exact one quantizes the activations the same way (fp32 ``amax / 32767``, round
@@ -29,6 +30,7 @@ from tests.engine.kernel_variants import ops_for
 Q = GGMLQuantizationType
 TYPES = [Q.Q8_0, Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 OUT, IN = 37, 96  # an odd number of outputs; three blocks per row
+INTERLEAVED = 256  # a ggml type id plus this: its blocks in qgemm's interleaved layout
 K_IN = 512  # the K-quants: two super-blocks of 256 per row
 # Where each K-quant super-block keeps its fp16 scales (the rest: quants and sub-scales).
 K_SCALES = {Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
@@ -44,6 +46,12 @@ def kernels(request: pytest.FixtureRequest) -> Any:
     ops = ops_for(request.param)
     assert request.param != "avx2" or ops.isa() == "avx2"
     return ops
+
+
+@pytest.fixture(params=[OUT, 40], ids=["37-outputs", "40-outputs"])
+def out(request: pytest.FixtureRequest) -> int:
+    """Outputs: 37 (every type in the file's layout) or 40 (Q4_0, Q4_1 interleaved on AVX2)."""
+    return int(request.param)
 
 
 def _weight(qtype: Q, out: int = OUT, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -98,15 +106,15 @@ def _close(got: torch.Tensor, want: np.ndarray, scale: np.ndarray, dtype: torch.
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_products_match_the_dequantized_weights_for_1_to_33_rows(
-    kernels: Any, qtype: Q, dtype: torch.dtype
+    kernels: Any, qtype: Q, dtype: torch.dtype, out: int
 ) -> None:
-    blocks, w = _weight(qtype)
+    blocks, w = _weight(qtype, out)
     layer = _linear(kernels, qtype, blocks)
     for rows in range(1, 34):
         x = torch.randn(rows, w.shape[1], generator=torch.Generator().manual_seed(rows)).to(dtype)
         x64 = x.double().numpy()
         got = layer.linear(x)
-        assert got.dtype == dtype and got.shape == (rows, OUT)
+        assert got.dtype == dtype and got.shape == (rows, out)
         exact = _quantized_activations(x.float().numpy()) @ w.T
         _close(got, exact, np.abs(x64) @ np.abs(w).T, dtype)
         plain = x64 @ w.T
@@ -116,13 +124,13 @@ def test_products_match_the_dequantized_weights_for_1_to_33_rows(
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
-def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: Any, qtype: Q) -> None:
-    blocks, w = _weight(qtype)
+def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: Any, qtype: Q, out: int) -> None:
+    blocks, w = _weight(qtype, out)
     layer = _linear(kernels, qtype, blocks)
     x = torch.randn(5, w.shape[1], generator=torch.Generator().manual_seed(7))
     xq = _quantized_activations(x.numpy())
     scale = np.abs(x.double().numpy()) @ np.abs(w).T
-    bias, residual = torch.randn(OUT), torch.randn(5, OUT)
+    bias, residual = torch.randn(out), torch.randn(5, out)
     _close(layer.linear(x, bias), xq @ w.T + bias.double().numpy(), scale, torch.float32)
     summed = layer.linear_add(x, residual)
     _close(summed, xq @ w.T + residual.double().numpy(), scale, torch.float32)
@@ -131,9 +139,9 @@ def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: Any, qtype: Q) 
     xq16 = _quantized_activations(x.bfloat16().float().numpy())
     _close(logits, xq16 @ w.T, scale, torch.float32)
 
-    up_blocks, up = _weight(qtype, seed=1)
+    up_blocks, up = _weight(qtype, out, seed=1)
     gate_up = concat([layer, _linear(kernels, qtype, up_blocks)])
-    assert gate_up.out_features == 2 * OUT
+    assert gate_up.out_features == 2 * out
     gate = torch.from_numpy(xq @ w.T)
     want = (F.silu(gate) * torch.from_numpy(xq @ up.T)).numpy()
     _close(gate_up.linear_gated(x, "silu"), want, scale * (1 + np.abs(xq @ up.T)), torch.float32)
@@ -142,16 +150,44 @@ def test_epilogues_bias_residual_swiglu_and_fp32_logits(kernels: Any, qtype: Q) 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_embedding_rows_are_gguf_dequantized_rows(
-    kernels: Any, qtype: Q, dtype: torch.dtype
+    kernels: Any, qtype: Q, dtype: torch.dtype, out: int
 ) -> None:
-    blocks, w = _weight(qtype)
-    ids = torch.tensor([[3, 0], [36, 3]])
+    blocks, w = _weight(qtype, out)
+    ids = torch.tensor([[3, 0], [out - 1, 3]])
     rows = _linear(kernels, qtype, blocks).embedding(ids, dtype)
     assert rows.shape == (2, 2, w.shape[1]) and rows.dtype == dtype
     want = torch.from_numpy(w[ids.numpy()]).to(dtype)
     assert torch.allclose(rows.double(), want.double(), rtol=1e-6, atol=1e-7)
     with pytest.raises(RuntimeError, match="out of range"):
-        _linear(kernels, qtype, blocks).embedding(torch.tensor([OUT]), dtype)
+        _linear(kernels, qtype, blocks).embedding(torch.tensor([out]), dtype)
+
+
+@pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
+def test_a_row_gets_the_same_bits_alone_or_with_other_rows(
+    kernels: Any, qtype: Q, out: int
+) -> None:
+    """What speculative decoding's exactness rests on: a step verifying drafted tokens
+    multiplies several rows at once, and each must come out as a one-row decode step's."""
+    layer = _linear(kernels, qtype, _weight(qtype, out)[0])
+    x = torch.randn(13, _inputs(qtype), generator=torch.Generator().manual_seed(11))
+    alone = torch.cat([layer.linear(x[i : i + 1]) for i in range(13)])
+    assert torch.equal(layer.linear(x), alone)
+    gate_up = concat([layer, layer])
+    alone = torch.cat([gate_up.linear_gated(x[i : i + 1], "silu") for i in range(13)])
+    assert torch.equal(gate_up.linear_gated(x, "silu"), alone)
+
+
+def test_q4_rows_in_groups_of_8_are_interleaved_where_avx2_computes_them(kernels: Any) -> None:
+    """The AVX2 build keeps Q4_0 and Q4_1 weights whose rows come in groups of 8 interleaved
+    (the layout its products on several rows are fastest on); every other weight, and every
+    weight on the AVX-512 builds, stays in the file's layout."""
+    interleaves = kernels.isa() == "avx2"
+    for qtype in (Q.Q4_0, Q.Q4_1):
+        layer = _linear(kernels, qtype, _weight(qtype, 40)[0])
+        assert layer.layout == qtype + (INTERLEAVED if interleaves else 0)
+        assert layer.nbytes == _weight(qtype, 40)[0].nbytes
+        assert _linear(kernels, qtype, _weight(qtype, OUT)[0]).layout == qtype
+    assert _linear(kernels, Q.Q4_K, _weight(Q.Q4_K, 40)[0]).layout == Q.Q4_K
 
 
 def test_mismatched_blocks_are_refused(kernels: Any) -> None:
@@ -168,12 +204,12 @@ def test_mismatched_blocks_are_refused(kernels: Any) -> None:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 def test_prefill_sized_batches_multiply_the_dequantized_weight(
-    kernels: Any, qtype: Q, dtype: torch.dtype
+    kernels: Any, qtype: Q, dtype: torch.dtype, out: int
 ) -> None:
     """From DENSE_ROWS rows on: the weight dequantized (as gguf does) and a dense product.
     bf16: the dequantized weight is rounded to bf16 (2^-8 relative per value: up to 2^-8 of
     sum |x||w|), and the result once or twice more (the product, the epilogue)."""
-    blocks, w = _weight(qtype)
+    blocks, w = _weight(qtype, out)
     layer = _linear(kernels, qtype, blocks)
     assert torch.equal(layer.dense(dtype), torch.from_numpy(w).to(dtype))
     rows = ql.DENSE_ROWS + 5
@@ -188,7 +224,7 @@ def test_prefill_sized_batches_multiply_the_dequantized_weight(
 
     plain = x64 @ w.T
     close(layer.linear(x), plain, scale)
-    residual = torch.randn(rows, OUT).to(dtype)
+    residual = torch.randn(rows, out).to(dtype)
     close(layer.linear_add(x, residual), plain + residual.double().numpy(), scale)
     gate = torch.from_numpy(plain)
     swiglu = (F.silu(gate) * gate).numpy()

@@ -33,7 +33,8 @@ namespace {
 constexpr int64_t kLinear = 0;
 
 // One weight's products through the kernel that holds it: our GEMM's panels (qtype < 0: n
-// columns, gate/up halves of `half` each) or GGUF blocks of ggml type `qtype`.
+// columns, gate/up halves of `half` each) or GGUF blocks in qgemm's layout `qtype` (a ggml
+// type id, plus 256 where 8 rows are interleaved: `qgemm_layout`).
 struct Linear : torch::CustomClassHolder {
   at::Tensor weight;
   int64_t n, half, qtype;

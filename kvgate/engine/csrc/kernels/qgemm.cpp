@@ -27,7 +27,9 @@
 //
 // One weight block is decoded once and used for up to 4 activation rows; threads split the
 // output rows (torch's thread count). AVX-512BW in the AVX-512 variants of the library, AVX2 in
-// avx2 (engine/native_variants.py); without AVX2, a scalar path.
+// avx2 (engine/native_variants.py); without AVX2, a scalar path. Q4_0 and Q4_1 weights can be
+// held with 8 rows interleaved (`qgemm_interleave`; see "The interleaved layout" below), where
+// extra activation rows cost far less: the AVX2 build's choice (`qgemm_layout`).
 
 #include "ops.h"
 
@@ -419,37 +421,157 @@ void dot_rows(const uint8_t* wrow, const Activations& a, int64_t r0, int64_t k, 
 #endif
 }
 
-// y[r, n] for every activation row r of one output row n (tiles of 4 rows).
+// y[r] for every activation row r of one output row (tiles of 4 rows).
 template <int64_t TYPE>
-void dot_all_rows(const uint8_t* wrow, const Activations& a, int64_t k, float* y, int64_t ystride) {
-  float tile[4];
+void dot_all_rows(const uint8_t* wrow, const Activations& a, int64_t k, float* y) {
   int64_t r = 0;
-  for (; r + 4 <= a.rows; r += 4) {
-    dot_rows<TYPE, 4>(wrow, a, r, k, tile);
-    for (int m = 0; m < 4; ++m) y[(r + m) * ystride] = tile[m];
-  }
+  for (; r + 4 <= a.rows; r += 4) dot_rows<TYPE, 4>(wrow, a, r, k, y + r);
   const int64_t left = a.rows - r;
-  if (left == 3) dot_rows<TYPE, 3>(wrow, a, r, k, tile);
-  if (left == 2) dot_rows<TYPE, 2>(wrow, a, r, k, tile);
-  if (left == 1) dot_rows<TYPE, 1>(wrow, a, r, k, tile);
-  for (int64_t m = 0; m < left; ++m) y[(r + m) * ystride] = tile[m];
+  if (left == 3) dot_rows<TYPE, 3>(wrow, a, r, k, y + r);
+  if (left == 2) dot_rows<TYPE, 2>(wrow, a, r, k, y + r);
+  if (left == 1) dot_rows<TYPE, 1>(wrow, a, r, k, y + r);
 }
 
-using RowFn = void (*)(const uint8_t*, const Activations&, int64_t, float*, int64_t);
+// The interleaved layout: 8 output rows' blocks side by side (Q4_0, Q4_1).
+//
+// In the file's layout every (output row, block, activation row) costs its own int32-to-fp32
+// conversion, scale multiply, FMA and finally a horizontal sum, around just two madds: cheap
+// next to reading the weight when one row is multiplied (a decode step), but the whole cost of
+// each further row (a step verifying drafted tokens, a few streams batched): ~4.7 ms a row
+// for SmolLM2-135M on a 2-core Zen 3. With 8 output rows interleaved, one block's 8 outputs
+// are the 8 lanes of one vector: the block's 32 products per activation row are 16 madds of
+// broadcast activation pairs, summed exactly in int32, then one conversion and one FMA for
+// all 8 outputs (llama.cpp repacks Q4_0 into 8x8 tiles for the same reason).
+//
+// Per group of 8 output rows and 32-block: the 8 rows' fp16 scales d, Q4_1's 8 fp16 minimums
+// m, then 8 chunks of 16 bytes: chunk c's byte 2j + t is row j's file byte 2c + t (low
+// nibble: value 2c + t; high: value 16 + 2c + t). A chunk's low nibbles are therefore the 8
+// rows' value pair c, its high nibbles pair 8 + c, each widened to the 16 int16 one madd takes.
+// A row's arithmetic does not depend on how many rows are multiplied with it: a step verifying
+// drafts computes each row exactly as a one-row decode step would.
+constexpr int64_t kInterleaved = 256;  // added to a ggml type id: that type, interleaved
+constexpr int64_t kLanes = 8;          // output rows per group
 
-RowFn row_fn(int64_t type) {
+constexpr bool interleavable(int64_t type) { return type == kQ4_0 || type == kQ4_1; }
+// Bytes of one 32-block of the 8 rows, and where its chunks of values start.
+constexpr int64_t lanes_block_bytes(int64_t type) { return kLanes * group_bytes(type); }
+constexpr int64_t chunks_at(int64_t type) { return has_min(type) ? 32 : 16; }
+
+// y[r * 8 + j] = output row j of the group . activation row r, for rows r0..r0+MT-1.
+template <int64_t TYPE, int MT>
+void dot_lanes(const uint8_t* group, const Activations& a, int64_t r0, int64_t k, float* y) {
+  constexpr int64_t block_bytes = lanes_block_bytes(TYPE);
+  const int64_t nb = a.blocks;
+#if defined(__AVX2__)
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  auto pair = [](const int16_t* x) {  // two int16 activations, broadcast
+    int32_t v;
+    std::memcpy(&v, x, 4);
+    return _mm256_set1_epi32(v);
+  };
+  __m256 acc[MT];
+  for (int m = 0; m < MT; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* blk = group + b * block_bytes;
+    const int16_t* xq = a.q.data() + r0 * k + b * kBlock;
+    __m256i dot[MT];
+    for (int m = 0; m < MT; ++m) dot[m] = _mm256_setzero_si256();
+#pragma GCC unroll 8
+    for (int64_t c = 0; c < 8; ++c) {
+      const __m128i raw =
+          _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + chunks_at(TYPE) + 16 * c));
+      __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+      __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+      if constexpr (offset_of(TYPE) != 0) {
+        const __m256i offset = _mm256_set1_epi16(offset_of(TYPE));
+        lo = _mm256_sub_epi16(lo, offset);
+        hi = _mm256_sub_epi16(hi, offset);
+      }
+      for (int m = 0; m < MT; ++m) {
+        const int16_t* x = xq + m * k;
+        dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(lo, pair(x + 2 * c)));
+        dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(hi, pair(x + 16 + 2 * c)));
+      }
+    }
+    const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    for (int m = 0; m < MT; ++m) {
+      const int64_t ab = (r0 + m) * nb + b;
+      const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d[ab]));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), scale, acc[m]);
+      if constexpr (has_min(TYPE)) {
+        const __m256 mins =
+            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
+        acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.ds[ab]), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < MT; ++m) _mm256_storeu_ps(y + (r0 + m) * kLanes, acc[m]);
+#else
+  for (int m = 0; m < MT; ++m) {
+    for (int64_t j = 0; j < kLanes; ++j) {
+      float acc = 0.0f;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* blk = group + b * block_bytes;
+        const int16_t* x = a.q.data() + (r0 + m) * k + b * kBlock;
+        int32_t dot = 0;
+        for (int64_t c = 0; c < 8; ++c) {
+          for (int64_t t = 0; t < 2; ++t) {
+            const uint8_t byte = blk[chunks_at(TYPE) + 16 * c + 2 * j + t];
+            dot += ((byte & 0x0F) - offset_of(TYPE)) * x[2 * c + t];
+            dot += ((byte >> 4) - offset_of(TYPE)) * x[16 + 2 * c + t];
+          }
+        }
+        const int64_t ab = (r0 + m) * nb + b;
+        acc = std::fma(static_cast<float>(dot), half_at(blk + 2 * j) * a.d[ab], acc);
+        if constexpr (has_min(TYPE)) acc = std::fma(half_at(blk + 16 + 2 * j), a.ds[ab], acc);
+      }
+      y[(r0 + m) * kLanes + j] = acc;
+    }
+  }
+#endif
+}
+
+// y[r * 8 + j] for every activation row r of one group of 8 output rows: tiles of 8 rows (a
+// block's values are widened once per tile), the rest in one tile of its own size.
+template <int64_t TYPE>
+void dot_all_lanes(const uint8_t* group, const Activations& a, int64_t k, float* y) {
+  constexpr int kTile = 8;
+  int64_t r = 0;
+  for (; r + kTile <= a.rows; r += kTile) dot_lanes<TYPE, kTile>(group, a, r, k, y);
+  switch (a.rows - r) {
+    case 7: dot_lanes<TYPE, 7>(group, a, r, k, y); break;
+    case 6: dot_lanes<TYPE, 6>(group, a, r, k, y); break;
+    case 5: dot_lanes<TYPE, 5>(group, a, r, k, y); break;
+    case 4: dot_lanes<TYPE, 4>(group, a, r, k, y); break;
+    case 3: dot_lanes<TYPE, 3>(group, a, r, k, y); break;
+    case 2: dot_lanes<TYPE, 2>(group, a, r, k, y); break;
+    case 1: dot_lanes<TYPE, 1>(group, a, r, k, y); break;
+    default: break;
+  }
+}
+
+// A weight's products by layout: each unit (a row of `w`: one output row, or a group of 8)
+// gives `lanes` outputs per activation row, y[r * lanes + j].
+struct Products {
+  void (*fn)(const uint8_t*, const Activations&, int64_t, float*);
+  int64_t lanes;
+};
+
+Products products(int64_t type) {
   switch (type) {
-    case kQ4_0: return dot_all_rows<kQ4_0>;
-    case kQ4_1: return dot_all_rows<kQ4_1>;
-    case kQ5_0: return dot_all_rows<kQ5_0>;
-    case kQ5_1: return dot_all_rows<kQ5_1>;
-    case kQ8_0: return dot_all_rows<kQ8_0>;
-    case kQ4_K: return dot_all_rows<kQ4_K>;
-    case kQ5_K: return dot_all_rows<kQ5_K>;
-    case kQ6_K: return dot_all_rows<kQ6_K>;
+    case kQ4_0: return {dot_all_rows<kQ4_0>, 1};
+    case kQ4_1: return {dot_all_rows<kQ4_1>, 1};
+    case kQ5_0: return {dot_all_rows<kQ5_0>, 1};
+    case kQ5_1: return {dot_all_rows<kQ5_1>, 1};
+    case kQ8_0: return {dot_all_rows<kQ8_0>, 1};
+    case kQ4_K: return {dot_all_rows<kQ4_K>, 1};
+    case kQ5_K: return {dot_all_rows<kQ5_K>, 1};
+    case kQ6_K: return {dot_all_rows<kQ6_K>, 1};
+    case kQ4_0 + kInterleaved: return {dot_all_lanes<kQ4_0>, kLanes};
+    case kQ4_1 + kInterleaved: return {dot_all_lanes<kQ4_1>, kLanes};
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }
-  return nullptr;
+  return {nullptr, 0};
 }
 
 Activations quantize(const at::Tensor& x) {
@@ -470,18 +592,30 @@ struct Output {
   }
 };
 
+// Bytes of one unit (a row of `w`) holding k values per output row, of a type or its
+// interleaved layout.
+int64_t unit_bytes(int64_t type, int64_t k) {
+  if (type >= kInterleaved) {
+    TORCH_CHECK(interleavable(type - kInterleaved), "qgemm: unsupported ggml type ", type);
+    return kLanes * row_bytes(type - kInterleaved, k);
+  }
+  check_type(type);
+  return row_bytes(type, k);
+}
+
+void check_blocks(const at::Tensor& w, int64_t type, int64_t k) {
+  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte,
+              "qgemm: w must be contiguous uint8 blocks [N, row bytes]");
+  TORCH_CHECK(w.size(1) == unit_bytes(type, k), "qgemm: w's rows do not hold K values of this type");
+}
+
 void check(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "qgemm: x must be a contiguous [M, K] matrix");
   TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kFloat,
               "qgemm: x must be bf16 or fp32");
-  check_type(type);
   TORCH_CHECK(x.size(1) % kBlock == 0, "qgemm: K must be a multiple of 32");
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte,
-              "qgemm: w must be contiguous uint8 blocks [N, row bytes]");
-  TORCH_CHECK(w.size(1) == row_bytes(type, x.size(1)),
-              "qgemm: w's rows do not hold K values of this type");
+  check_blocks(w, type, x.size(1));
 }
-
 
 // Output rows per task: enough to amortise the task, few enough to share 2..16 threads.
 constexpr int64_t kGrain = 16;
@@ -492,9 +626,9 @@ constexpr int64_t kGrain = 16;
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const OptTensor& bias,
                    const OptTensor& residual, bool float_out) {
   check(x, w, type);
-  const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0);
+  const Products p = products(type);
+  const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0) * p.lanes;
   const Activations a = quantize(x);
-  const RowFn fn = row_fn(type);
   at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor res = residual.has_value() ? residual->contiguous() : at::Tensor();
   if (res.defined()) {
@@ -506,16 +640,20 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const
   const float* bp = b32.defined() ? b32.data_ptr<float>() : nullptr;
   const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const int64_t row_bytes = w.size(1);
-  at::parallel_for(0, n_out, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> y(rows);
-    for (int64_t n = begin; n < end; ++n) {
-      fn(wp + n * row_bytes, a, k, y.data(), 1);
+  const int64_t unit = w.size(1);
+  at::parallel_for(0, w.size(0), std::max<int64_t>(1, kGrain / p.lanes), [&](int64_t begin,
+                                                                              int64_t end) {
+    std::vector<float> y(rows * p.lanes);
+    for (int64_t u = begin; u < end; ++u) {
+      p.fn(wp + u * unit, a, k, y.data());
       for (int64_t r = 0; r < rows; ++r) {
-        float v = y[r];
-        if (bp) v += bp[n];
-        if (rp) v += rp[r * n_out + n];
-        o.put(r * n_out + n, v);
+        for (int64_t j = 0; j < p.lanes; ++j) {
+          const int64_t n = u * p.lanes + j;
+          float v = y[r * p.lanes + j];
+          if (bp) v += bp[n];
+          if (rp) v += rp[r * n_out + n];
+          o.put(r * n_out + n, v);
+        }
       }
     }
   });
@@ -525,22 +663,25 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const
 // silu(x @ G.T) * (x @ U.T) where w's first half of rows is G, its second U: [M, N/2].
 at::Tensor qlinear_swiglu(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   check(x, w, type);
-  TORCH_CHECK(w.size(0) % 2 == 0, "qgemm: swiglu needs gate and up rows");
-  const int64_t rows = x.size(0), k = x.size(1), half = w.size(0) / 2;
+  TORCH_CHECK(w.size(0) % 2 == 0, "qgemm: swiglu needs gate and up rows (interleaved: groups)");
+  const Products p = products(type);
+  const int64_t rows = x.size(0), k = x.size(1), half = w.size(0) / 2, n_out = half * p.lanes;
   const Activations a = quantize(x);
-  const RowFn fn = row_fn(type);
-  at::Tensor out = empty({rows, half}, x.scalar_type());
+  at::Tensor out = empty({rows, n_out}, x.scalar_type());
   const Output o{out.data_ptr(), out.scalar_type() == at::kBFloat16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
-  const int64_t row_bytes = w.size(1);
-  at::parallel_for(0, half, kGrain, [&](int64_t begin, int64_t end) {
-    std::vector<float> gate(rows), up(rows);
-    for (int64_t n = begin; n < end; ++n) {
-      fn(wp + n * row_bytes, a, k, gate.data(), 1);
-      fn(wp + (n + half) * row_bytes, a, k, up.data(), 1);
+  const int64_t unit = w.size(1);
+  at::parallel_for(0, half, std::max<int64_t>(1, kGrain / p.lanes), [&](int64_t begin,
+                                                                         int64_t end) {
+    std::vector<float> gate(rows * p.lanes), up(rows * p.lanes);
+    for (int64_t u = begin; u < end; ++u) {
+      p.fn(wp + u * unit, a, k, gate.data());
+      p.fn(wp + (u + half) * unit, a, k, up.data());
       for (int64_t r = 0; r < rows; ++r) {
-        const float g = gate[r];
-        o.put(r * half + n, g / (1.0f + std::exp(-g)) * up[r]);
+        for (int64_t j = 0; j < p.lanes; ++j) {
+          const float g = gate[r * p.lanes + j];
+          o.put(r * n_out + u * p.lanes + j, g / (1.0f + std::exp(-g)) * up[r * p.lanes + j]);
+        }
       }
     }
   });
@@ -549,9 +690,10 @@ at::Tensor qlinear_swiglu(const at::Tensor& x, const at::Tensor& w, int64_t type
 
 namespace {
 
-// One row of blocks dequantized into `out` (bf16 or fp32) from column 0.
+// Output row `lane` of a unit (0 in the file's layout) dequantized into `out` from `at`.
 template <int64_t TYPE>
-void dequantize_row(const uint8_t* row, int64_t k, const Output& out, int64_t at) {
+void dequantize_row(const uint8_t* row, int64_t /*lane: 0*/, int64_t k, const Output& out,
+                    int64_t at) {
   int32_t q[kBlock];
   Scales group[kGroup<TYPE>];
   for (int64_t b = 0; b < k / kBlock; ++b) {
@@ -563,7 +705,25 @@ void dequantize_row(const uint8_t* row, int64_t k, const Output& out, int64_t at
   }
 }
 
-using DequantizeFn = void (*)(const uint8_t*, int64_t, const Output&, int64_t);
+template <int64_t TYPE>
+void dequantize_lane(const uint8_t* group, int64_t lane, int64_t k, const Output& out,
+                     int64_t at) {
+  for (int64_t b = 0; b < k / kBlock; ++b) {
+    const uint8_t* blk = group + b * lanes_block_bytes(TYPE);
+    const float d = half_at(blk + 2 * lane);
+    const float min = has_min(TYPE) ? half_at(blk + 16 + 2 * lane) : 0.0f;
+    for (int64_t c = 0; c < 8; ++c) {
+      for (int64_t t = 0; t < 2; ++t) {
+        const uint8_t byte = blk[chunks_at(TYPE) + 16 * c + 2 * lane + t];
+        const int64_t v = b * kBlock + 2 * c + t;
+        out.put(at + v, d * static_cast<float>((byte & 0x0F) - offset_of(TYPE)) + min);
+        out.put(at + v + 16, d * static_cast<float>((byte >> 4) - offset_of(TYPE)) + min);
+      }
+    }
+  }
+}
+
+using DequantizeFn = void (*)(const uint8_t*, int64_t, int64_t, const Output&, int64_t);
 
 DequantizeFn dequantize_fn(int64_t type) {
   switch (type) {
@@ -575,17 +735,14 @@ DequantizeFn dequantize_fn(int64_t type) {
     case kQ4_K: return dequantize_row<kQ4_K>;
     case kQ5_K: return dequantize_row<kQ5_K>;
     case kQ6_K: return dequantize_row<kQ6_K>;
+    case kQ4_0 + kInterleaved: return dequantize_lane<kQ4_0>;
+    case kQ4_1 + kInterleaved: return dequantize_lane<kQ4_1>;
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }
   return nullptr;
 }
 
-void check_blocks(const at::Tensor& w, int64_t type, int64_t k) {
-  TORCH_CHECK(w.dim() == 2 && w.is_contiguous() && w.scalar_type() == at::kByte,
-              "qgemm: w must be contiguous uint8 blocks");
-  check_type(type);
-  TORCH_CHECK(w.size(1) == row_bytes(type, k), "qgemm: w's rows do not hold K values of this type");
-}
+int64_t lanes_of(int64_t type) { return type >= kInterleaved ? kLanes : 1; }
 
 }  // namespace
 
@@ -593,18 +750,20 @@ void check_blocks(const at::Tensor& w, int64_t type, int64_t k) {
 at::Tensor dequantize_rows(const at::Tensor& w, int64_t type, int64_t k,
                            const at::Tensor& ids, bool bf16) {
   check_blocks(w, type, k);
+  const int64_t lanes = lanes_of(type);
   const at::Tensor idx = ids.to(at::kLong).contiguous().view(-1);
   const int64_t count = idx.size(0);
   const int64_t* ip = idx.data_ptr<int64_t>();
   for (int64_t i = 0; i < count; ++i) {
-    TORCH_CHECK(ip[i] >= 0 && ip[i] < w.size(0), "qgemm: row id out of range");
+    TORCH_CHECK(ip[i] >= 0 && ip[i] < w.size(0) * lanes, "qgemm: row id out of range");
   }
   at::Tensor out = empty({count, k}, bf16 ? at::kBFloat16 : at::kFloat);
   const Output o{out.data_ptr(), bf16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const DequantizeFn fn = dequantize_fn(type);
   at::parallel_for(0, count, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(wp + ip[i] * w.size(1), k, o, i * k);
+    for (int64_t i = begin; i < end; ++i)
+      fn(wp + ip[i] / lanes * w.size(1), ip[i] % lanes, k, o, i * k);
   });
   std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
   shape.push_back(k);
@@ -614,14 +773,59 @@ at::Tensor dequantize_rows(const at::Tensor& w, int64_t type, int64_t k,
 // All of dequant(w), [N, k] in bf16 or fp32: the dense weight a prefill-sized product uses.
 at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t k, bool bf16) {
   check_blocks(w, type, k);
-  const int64_t rows = w.size(0);
+  const int64_t lanes = lanes_of(type), rows = w.size(0) * lanes;
   at::Tensor out = empty({rows, k}, bf16 ? at::kBFloat16 : at::kFloat);
   const Output o{out.data_ptr(), bf16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const DequantizeFn fn = dequantize_fn(type);
   at::parallel_for(0, rows, kGrain, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) fn(wp + i * w.size(1), k, o, i * k);
+    for (int64_t i = begin; i < end; ++i) fn(wp + i / lanes * w.size(1), i % lanes, k, o, i * k);
   });
+  return out;
+}
+
+// The layout this build's products are fastest on for a weight of ggml type `type` with
+// `rows` output rows: the interleaved one (type + 256) where it is written and measured
+// faster, else the file's own. AVX2: interleaved Q4_0 and Q4_1. The AVX-512 variants keep the
+// file's layout (their 512-bit kernel is not yet measured against the interleaved one).
+int64_t qgemm_layout(int64_t type, int64_t rows) {
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+  if (interleavable(type) && rows % kLanes == 0) return type + kInterleaved;
+#endif
+  (void)rows;
+  return type;
+}
+
+// w's file-layout rows [N, row bytes] in the interleaved layout [N/8, 8 * row bytes].
+at::Tensor qgemm_interleave(const at::Tensor& w, int64_t type, int64_t k) {
+  TORCH_CHECK(interleavable(type), "qgemm: ggml type ", type, " has no interleaved layout");
+  check_blocks(w, type, k);
+  TORCH_CHECK(w.size(0) % kLanes == 0, "qgemm: interleaving needs rows in groups of 8");
+  const int64_t groups = w.size(0) / kLanes, blocks = k / kBlock, in = w.size(1);
+  constexpr int64_t kBytes = 2;  // a chunk takes 2 bytes (a value pair's nibbles) of each row
+  at::Tensor out = empty({groups, kLanes * in}, at::kByte);
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const auto copy = [&](auto type_tag) {
+    constexpr int64_t TYPE = decltype(type_tag)::value;
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t g = begin; g < end; ++g) {
+        for (int64_t b = 0; b < blocks; ++b) {
+          uint8_t* to = dst + g * kLanes * in + b * lanes_block_bytes(TYPE);
+          for (int64_t j = 0; j < kLanes; ++j) {
+            const uint8_t* from = src + (g * kLanes + j) * in + b * group_bytes(TYPE);
+            std::memcpy(to + 2 * j, from, 2);                                 // d
+            if constexpr (has_min(TYPE)) std::memcpy(to + 16 + 2 * j, from + 2, 2);  // m
+            for (int64_t c = 0; c < 8; ++c)
+              std::memcpy(to + chunks_at(TYPE) + 16 * c + kBytes * j,
+                          from + nibbles_at(TYPE) + kBytes * c, kBytes);
+          }
+        }
+      }
+    });
+  };
+  if (type == kQ4_0) copy(std::integral_constant<int64_t, kQ4_0>{});
+  else copy(std::integral_constant<int64_t, kQ4_1>{});
   return out;
 }
 

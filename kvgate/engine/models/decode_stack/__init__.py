@@ -149,5 +149,5 @@ def _linear(classes: Any, weight: gemm.LinearWeight, act: int) -> Any:
     if isinstance(weight, gemm.NativeLinear):
         return classes.Linear(weight.packed, weight.n, weight.half, -1)
     if isinstance(weight, quantized_linear.QuantizedLinear) and act == _ACTIVATIONS["silu"]:
-        return classes.Linear(weight.blocks, 0, 0, weight.qtype)
+        return classes.Linear(weight.blocks, 0, 0, weight.layout)
     return None
