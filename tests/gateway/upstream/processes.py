@@ -119,27 +119,55 @@ def peer(
 ) -> Iterator[None]:
     """Another project's server (vLLM, sglang-router) run as ``command``, its output in
     ``log_path``: ready once ``GET probe`` answers 200, terminated afterwards."""
-    with log_path.open("wb") as log:
-        process = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT)
+    with peers([(command, log_path, probe)], timeout_s, poll_s):
+        yield
+
+
+@contextmanager
+def peers(
+    servers: list[tuple[list[str], Path, str]],
+    timeout_s: float,
+    poll_s: float = 0.2,
+    env: dict[str, str] | None = None,
+) -> Iterator[None]:
+    """Several such servers, each ``(command, log_path, probe)`` with ``env`` added to its
+    environment, all started before any is waited for, so that their starts overlap."""
+    processes = []
     try:
+        for command, log_path, _ in servers:
+            with log_path.open("wb") as log:
+                processes.append(
+                    subprocess.Popen(
+                        command,
+                        cwd=REPO_ROOT,
+                        env={**os.environ, **(env or {})},
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                    )
+                )
         deadline = time.monotonic() + timeout_s
-        while True:
-            assert process.poll() is None, f"{command[:3]} exited: {log_path.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"{command[:3]} did not start"
-            try:
-                if httpx.get(probe, timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(poll_s)
+        for process, (command, log_path, probe) in zip(processes, servers, strict=True):
+            while True:
+                assert process.poll() is None, (
+                    f"{command[:3]} exited: {log_path.read_text()[-2000:]}"
+                )
+                assert time.monotonic() < deadline, f"{command[:3]} did not start"
+                try:
+                    if httpx.get(probe, timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                time.sleep(poll_s)
         yield
     finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @contextmanager

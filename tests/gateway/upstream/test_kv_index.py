@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 import zmq
 
@@ -46,6 +47,33 @@ def test_a_tenants_salted_blocks_never_match_another_tenant() -> None:
     assert index.match(request_keys(TOKENS, 16, None, "tenant-a"), 0) == 4
     assert index.match(request_keys(TOKENS, 16, None, "tenant-b"), 0) == 0
     assert index.match(request_keys(TOKENS, 16, None, None), 0) == 0
+
+
+def test_a_batch_as_vllm_publishes_it_on_cpu() -> None:
+    """vLLM 0.32's own shape, as its CPU build sent it (test_fleet_vllm_events.py follows a
+    real one): hashes the low 64 bits of its sha256 as unsigned ints (past int64's range),
+    128-token blocks, ``extra_keys`` of None per block, and fields kvgate does not read."""
+    big = [(1 << 64) - 1 - n for n in range(2)]
+    ids = [0] + list(range(3, 258))
+    common = {"medium": "GPU", "group_idx": 0, "locality": None}
+    payload = msgspec.msgpack.encode(
+        [
+            1796607653.8,
+            [
+                {"type": "BlockStored", "block_hashes": big, "parent_block_hash": None,
+                 "token_ids": ids, "block_size": 128, "lora_id": None, "lora_name": None,
+                 "extra_keys": [None, None], "session_id": None, **common},
+                {"type": "BlockRemoved", "block_hashes": big[1:], **common},
+            ],
+        ]
+    )  # fmt: skip
+    index = BlockIndex(100)
+    store, remove = kv_wire.decode(payload).events
+    assert isinstance(store, kv_wire.BlockStored) and isinstance(remove, kv_wire.BlockRemoved)
+    assert index.stored(store) and index.block_size == 128
+    assert index.match(request_keys(ids + [9] * 40, 128, None, None), 0) == 2
+    index.removed(remove.block_hashes)
+    assert index.match(request_keys(ids, 128, None, None), 0) == 1
 
 
 def test_inconsistent_or_unchainable_events_are_dropped() -> None:
