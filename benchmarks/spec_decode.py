@@ -1,7 +1,7 @@
 """Speculative decoding on agent-shaped replies: decode tok/s with and without drafts, same run.
 
     python benchmarks/spec_decode.py [--model smollm2] [--threads 2] [--max-tokens 256]
-        [--speculative-config JSON] [--streams 8] [--json PATH]
+        [--speculative-config JSON] [--streams 8] [--rounds 3] [--json PATH]
 
 Three single-stream workloads, greedy, through the chat template:
 
@@ -12,16 +12,23 @@ Three single-stream workloads, greedy, through the chat template:
 - json:  a JSON document to rewrite with one key renamed;
 - story: a short story, which repeats nothing.
 
-Decode tok/s is (output tokens - 1) over the engine's own first-to-last-token time; speculation's outputs are checked against the plain ones. Then
-``--streams`` concurrent edit requests, output tok/s: plain, speculation with its batch
-back-off, and speculation forced on every step (where it stops paying). Acceptance rate is
-accepted / draft tokens; mean accepted length is 1 + accepted / drafts (vLLM's figures).
+Decode tok/s is (output tokens - 1) over the engine's own first-to-last-token time;
+speculation's outputs are checked against the plain ones. Then ``--streams`` concurrent edit
+requests, output tok/s: plain, speculation with its batch back-off, and speculation forced on
+every step (where it stops paying). Acceptance rate is accepted / draft tokens; mean accepted
+length is 1 + accepted / drafts (vLLM's figures).
+
+Each of ``--rounds`` rounds measures plain and speculating back to back, workload by workload,
+with speculating engines made afresh (suffix decoding would otherwise draft from its own
+replies to the same prompts a round before); printed: the medians, and the spread of the
+rounds' own ratios, which a neighbour's load on a shared machine moves.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -95,6 +102,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--speculative-config", default=DEFAULT_SPEC)
     parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     common = dict(
@@ -104,46 +112,72 @@ def main() -> None:
         kv_cache_memory="512MiB",
     )
     spec = json.loads(args.speculative_config)
-    engines = {
-        "plain": LLM(**common),
-        "spec": LLM(**common, speculative_config=spec),
-        "spec, no back-off": LLM(
-            **common, speculative_config={**spec, "disable_by_batch_size": 10**6}
-        ),
+    variants = {
+        "spec": spec,
+        "spec, no back-off": {**spec, "disable_by_batch_size": 10**6},
     }
-    tokenizer = engines["plain"].core.tokenizer
+    plain = LLM(**common)
+    tokenizer = plain.core.tokenizer
     prompts = {
         name: tokenizer.encode_chat([{"role": "user", "content": text}])
         + tokenizer.encode(REPLY_STARTS.get(name, ""), add_special_tokens=False)
         for name, text in workloads().items()
     }
-    for llm in engines.values():
-        run(llm, [prompts["story"][:64]], 8)  # warm up
-    print(f"{record.cpu_model()}, {args.threads} threads, {args.model}, {args.speculative_config}")
-    results: list[dict[str, Any]] = []
-    for name, prompt in prompts.items():
-        plain_rate, plain_tokens = single(engines["plain"], prompt, args.max_tokens)
-        before = engines["spec"].stats().serving.spec.copy()
-        spec_rate, spec_tokens = single(engines["spec"], prompt, args.max_tokens)
-        figures = acceptance(engines["spec"], before)
-        same = sum(a == b for a, b in zip(plain_tokens, spec_tokens, strict=False))
-        results.append(
-            dict(workload=name, prompt_tokens=len(prompt), output_tokens=len(plain_tokens),
-                 plain_tok_s=plain_rate, spec_tok_s=spec_rate, speedup=spec_rate / plain_rate,
-                 identical=plain_tokens == spec_tokens, same_prefix=same, **figures)
-        )  # fmt: skip
-        print(
-            f"{name:6} prompt {len(prompt):5}  out {len(plain_tokens):4}  plain {plain_rate:6.1f} tok/s  "
-            f"spec {spec_rate:6.1f} tok/s  x{spec_rate / plain_rate:4.2f}  acceptance "
-            f"{figures['acceptance_rate']:.2f}  mean accepted length {figures['mean_accepted_length']:.2f}  "
-            f"identical {plain_tokens == spec_tokens} ({same}/{len(plain_tokens)} agree)"
-        )
-    batch = [prompts["edit"]] * args.streams
-    for label, llm in engines.items():
-        wall, outputs = run(llm, batch, args.max_tokens)
-        rate = sum(len(o) for o in outputs) / wall
-        results.append(dict(workload=f"edit x{args.streams}", engine=label, output_tok_s=rate))
-        print(f"edit x{args.streams} {label:18} {rate:6.1f} output tok/s")
+    run(plain, [prompts["story"][:64]], 8)  # warm up
+    print(
+        f"{record.cpu_model()}, {args.threads} threads, {args.model}, {args.speculative_config}, "
+        f"{args.rounds} rounds (median; min-max of the same-round ratios)"
+    )
+    rounds: list[dict[str, dict[str, Any]]] = []
+    for _ in range(args.rounds):
+        # Fresh speculating engines each round: suffix decoding would otherwise draft from
+        # the replies it saw to the same prompts a round before.
+        engines = {
+            "plain": plain,
+            **{k: LLM(**common, speculative_config=v) for k, v in variants.items()},
+        }
+        run(engines["spec"], [prompts["story"][:64]], 8)
+        figures: dict[str, dict[str, Any]] = {}
+        for name, prompt in prompts.items():
+            plain_rate, plain_tokens = single(plain, prompt, args.max_tokens)
+            before = engines["spec"].stats().serving.spec.copy()
+            spec_rate, spec_tokens = single(engines["spec"], prompt, args.max_tokens)
+            figures[name] = dict(
+                plain_tok_s=plain_rate, spec_tok_s=spec_rate, speedup=spec_rate / plain_rate,
+                identical=plain_tokens == spec_tokens, prompt_tokens=len(prompt),
+                output_tokens=len(plain_tokens),
+                same_prefix=sum(a == b for a, b in zip(plain_tokens, spec_tokens, strict=False)),
+                **acceptance(engines["spec"], before),
+            )  # fmt: skip
+        batch = [prompts["edit"]] * args.streams
+        for label, llm in engines.items():
+            wall, outputs = run(llm, batch, args.max_tokens)
+            rate = sum(len(o) for o in outputs) / wall
+            figures[f"edit x{args.streams} {label}"] = dict(output_tok_s=rate)
+        for name, figure in figures.items():
+            if name.startswith("edit x") and not name.endswith("plain"):
+                base = figures[f"edit x{args.streams} plain"]["output_tok_s"]
+                figure["speedup"] = figure["output_tok_s"] / base
+        rounds.append(figures)
+    results = []
+    for name in rounds[0]:
+        each = [r[name] for r in rounds]
+        median = {k: statistics.median(f[k] for f in each) for k in each[0] if k != "identical"}
+        ratios = [f["speedup"] for f in each if "speedup" in f]
+        spread = f"({min(ratios):.2f}-{max(ratios):.2f})" if ratios else ""
+        if "plain_tok_s" in median:
+            agree = all(f["identical"] for f in each)
+            print(
+                f"{name:6} prompt {median['prompt_tokens']:5.0f}  out {median['output_tokens']:4.0f}  "
+                f"plain {median['plain_tok_s']:6.1f} tok/s  spec {median['spec_tok_s']:6.1f} tok/s  "
+                f"x{median['speedup']:4.2f} {spread}  acceptance {median['acceptance_rate']:.2f}  "
+                f"mean accepted length {median['mean_accepted_length']:.2f}  identical {agree}"
+            )
+            results.append(dict(workload=name, identical=agree, **median))
+        else:
+            ratio = f"x{median['speedup']:4.2f} {spread}" if ratios else ""
+            print(f"{name:26} {median['output_tok_s']:6.1f} output tok/s  {ratio}")
+            results.append(dict(workload=name, **median))
     record.write(args.json, "spec_decode", results)
 
 

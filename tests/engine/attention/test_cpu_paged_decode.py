@@ -117,6 +117,30 @@ def test_many_sequences_read_whole_blocks_and_keep_each_ones_bits(
         assert torch.equal(out[i], by_itself[0])
 
 
+@pytest.mark.parametrize(
+    "cache_dtype,q_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8_DTYPE, torch.bfloat16)],
+)
+def test_rows_of_one_sequence_at_consecutive_positions_keep_each_ones_bits(
+    kernel: NativeDecode, cache_dtype: torch.dtype, q_dtype: torch.dtype
+) -> None:
+    """A step verifying drafted tokens asks for one sequence at 11 consecutive positions (across
+    a block boundary) beside another sequence: the rows walk the blocks together, and each
+    gets the bits it gets alone, with and without a softcap; with a window they walk apart."""
+    case = make_case([70, 45], [1, 1], 8, 2, 64, cache_dtype=cache_dtype, q_dtype=q_dtype)
+    tables = [case.md.block_tables[0, :5].tolist()] * 11 + [case.md.block_tables[1, :3].tolist()]
+    lens = [60 + i for i in range(11)] + [45]
+    md = AttentionMetadata.from_lists(lens, [1] * 12, tables, 16)
+    q = torch.randn(12, 8, 64, generator=torch.Generator().manual_seed(4)).to(q_dtype)
+    for window, softcap in ((None, None), (None, 30.0), (20, None)):
+        together = kernel(q, case.cache, md.block_tables, md.seq_lens, case.scale, window, softcap)
+        for i in range(12):
+            alone = AttentionMetadata.from_lists([lens[i]], [1], [tables[i]], 16)
+            by_itself = kernel(q[i : i + 1], case.cache, alone.block_tables, alone.seq_lens,
+                               case.scale, window, softcap)  # fmt: skip
+            assert torch.equal(together[i], by_itself[0]), (i, window, softcap)
+
+
 def test_bad_tables_are_refused_not_read(kernel: NativeDecode) -> None:
     case = make_case([20], [1], 4, 2, 64)
     md = case.md

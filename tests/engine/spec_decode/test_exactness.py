@@ -1,7 +1,8 @@
 """Speculation changes no token: greedy outputs with n-gram or suffix drafts equal those
 without, token for token, on the tiny model in fp32 — with prompts that repeat their context
 and prompts that do not, the prefix cache on, LoRA adapters, a JSON schema, stop strings,
-penalties, logprobs and two choices of one prompt — and every block is given back."""
+penalties, logprobs and two choices of one prompt, and the model as a Q4_1 GGUF file (the
+quantized kernels verifying several rows per product) — and every block is given back."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+import kvgate.engine.native as native
 from kvgate.engine import LLM, SamplingParams
 from kvgate.engine.models.lora import LoRARequest
 from kvgate.engine.outputs import RequestOutput
 from kvgate.engine.sampling_params import StructuredOutputs
+from tests.engine.loading.gguf.gguf_files import Q, folder_to_gguf
 from tests.engine.test_llm import assert_no_leaks
 from tests.lora_adapters import ADAPTER_A, make_adapter
 
@@ -87,6 +90,26 @@ def test_greedy_tokens_and_logprobs_are_those_without_speculation(
         assert have.token_ids == want.token_ids and have.logprobs and want.logprobs
         for a, b in zip(have.logprobs, want.logprobs, strict=True):
             assert a == pytest.approx(b, abs=1e-4)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_a_q4_1_file_speculates_exactly(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, method: str
+) -> None:
+    """The GGUF blocks' own products verify the drafts (on AVX2 with 8 rows interleaved):
+    each verified row must come out as a one-row decode step's."""
+    if native.library() is None:
+        pytest.skip("no native library: GGUF weights are dequantized at load")
+    path = folder_to_gguf(tiny_model_dir, tmp_path_factory.mktemp("q") / "tiny.gguf", Q.Q4_1)
+    engines = [
+        LLM(str(path), dtype="float32", kv_cache_memory="8MiB", speculative_config=spec)
+        for spec in (None, METHODS[method])
+    ]
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    want, got = (engine.generate(PROMPTS, params) for engine in engines)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert engines[1].core.stats().serving.spec.accepted_tokens > 0
+    assert_no_leaks(engines[1])
 
 
 def test_penalties_and_min_tokens_see_the_drafts_taken_before(plain: LLM, speculating: LLM) -> None:

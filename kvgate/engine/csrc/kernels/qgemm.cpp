@@ -531,22 +531,26 @@ void dot_lanes(const uint8_t* group, const Activations& a, int64_t r0, int64_t k
 #endif
 }
 
-// y[r * 8 + j] for every activation row r of one group of 8 output rows: tiles of 8 rows (a
-// block's values are widened once per tile), the rest in one tile of its own size.
+// y[r * 8 + j] for every activation row r of one group of 8 output rows, in tiles of up to 8
+// rows (a block's values are widened once per tile) as even as they split: 9 rows as 5 + 4,
+// not 8 + 1, whose one-row tile would widen every block again for a single row.
 template <int64_t TYPE>
 void dot_all_lanes(const uint8_t* group, const Activations& a, int64_t k, float* y) {
-  constexpr int kTile = 8;
-  int64_t r = 0;
-  for (; r + kTile <= a.rows; r += kTile) dot_lanes<TYPE, kTile>(group, a, r, k, y);
-  switch (a.rows - r) {
-    case 7: dot_lanes<TYPE, 7>(group, a, r, k, y); break;
-    case 6: dot_lanes<TYPE, 6>(group, a, r, k, y); break;
-    case 5: dot_lanes<TYPE, 5>(group, a, r, k, y); break;
-    case 4: dot_lanes<TYPE, 4>(group, a, r, k, y); break;
-    case 3: dot_lanes<TYPE, 3>(group, a, r, k, y); break;
-    case 2: dot_lanes<TYPE, 2>(group, a, r, k, y); break;
-    case 1: dot_lanes<TYPE, 1>(group, a, r, k, y); break;
-    default: break;
+  constexpr int64_t kTile = 8;
+  const int64_t tiles = (a.rows + kTile - 1) / kTile;
+  for (int64_t t = 0, r = 0; t < tiles; ++t) {
+    const int64_t size = (a.rows - r) / (tiles - t);
+    switch (size) {
+      case 8: dot_lanes<TYPE, 8>(group, a, r, k, y); break;
+      case 7: dot_lanes<TYPE, 7>(group, a, r, k, y); break;
+      case 6: dot_lanes<TYPE, 6>(group, a, r, k, y); break;
+      case 5: dot_lanes<TYPE, 5>(group, a, r, k, y); break;
+      case 4: dot_lanes<TYPE, 4>(group, a, r, k, y); break;
+      case 3: dot_lanes<TYPE, 3>(group, a, r, k, y); break;
+      case 2: dot_lanes<TYPE, 2>(group, a, r, k, y); break;
+      default: dot_lanes<TYPE, 1>(group, a, r, k, y); break;
+    }
+    r += size;
   }
 }
 
