@@ -69,6 +69,15 @@ def workloads() -> dict[str, str]:
     }
 
 
+def prompts_from(tokenizer: Any) -> dict[str, list[int]]:
+    """The workloads as token ids: the chat turn, then the reply's start where it has one."""
+    return {
+        name: tokenizer.encode_chat([{"role": "user", "content": text}])
+        + tokenizer.encode(REPLY_STARTS.get(name, ""), add_special_tokens=False)
+        for name, text in workloads().items()
+    }
+
+
 def run(llm: LLM, prompts: list[list[int]], max_tokens: int) -> tuple[float, list[list[int]]]:
     params = SamplingParams(max_tokens=max_tokens, temperature=0)
     start = time.perf_counter()
@@ -118,11 +127,7 @@ def main() -> None:
     }
     plain = LLM(**common)
     tokenizer = plain.core.tokenizer
-    prompts = {
-        name: tokenizer.encode_chat([{"role": "user", "content": text}])
-        + tokenizer.encode(REPLY_STARTS.get(name, ""), add_special_tokens=False)
-        for name, text in workloads().items()
-    }
+    prompts = prompts_from(tokenizer)
     run(plain, [prompts["story"][:64]], 8)  # warm up
     print(
         f"{record.cpu_model()}, {args.threads} threads, {args.model}, {args.speculative_config}, "

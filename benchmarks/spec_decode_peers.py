@@ -50,11 +50,10 @@ sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not be
 from benchmarks import record  # noqa: E402
 from benchmarks.spec_decode import (  # noqa: E402
     DEFAULT_SPEC,
-    REPLY_STARTS,
     acceptance,
+    prompts_from,
     run,
     single,
-    workloads,
 )
 from benchmarks.vllm_peer import peer_environment  # noqa: E402
 
@@ -75,15 +74,6 @@ LOOKUPS: dict[str, dict[str, int] | None] = {
 SETTLE_S = 1.0  # lets the last engine's idle OpenMP threads stop spinning before the next times
 # A measurement: {"tok_s": float, "tokens": [ids], optional "acceptance_rate"}.
 Figures = dict[str, Any]
-
-
-def prompts_from(tokenizer: Any) -> dict[str, list[int]]:
-    """spec_decode.py's prompts as token ids (the chat turn, then the reply's start)."""
-    return {
-        name: tokenizer.encode_chat([{"role": "user", "content": text}])
-        + tokenizer.encode(REPLY_STARTS.get(name, ""), add_special_tokens=False)
-        for name, text in workloads().items()
-    }
 
 
 def kvgate(
