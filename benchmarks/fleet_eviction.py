@@ -49,7 +49,7 @@ from benchmarks import record
 from benchmarks.deploy_agentic import words
 from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
-from benchmarks.loopback import free_port
+from benchmarks.loopback import free_port, stop
 from benchmarks.vllm_peer import peer_environment
 from kvgate.engine.loading.tiny_model import default_model_dir
 from kvgate.engine.tokenization.tokenizer import Tokenizer
@@ -94,12 +94,7 @@ class VllmServer:
             time.sleep(1.0)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, 30)
 
 
 @dataclass

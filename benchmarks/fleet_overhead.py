@@ -31,7 +31,7 @@ import httpx
 import orjson
 
 from benchmarks import record
-from benchmarks.loopback import free_port
+from benchmarks.loopback import free_port, stop
 
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "You are a helpful assistant. Answer the question in one word. " * 4
@@ -81,12 +81,7 @@ class Router:
             time.sleep(0.2)
 
     def stop(self) -> None:
-        self.process.terminate()
-        try:
-            self.process.wait(30)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
+        stop(self.process, 30)
 
 
 def drive(router: Router, args: argparse.Namespace, streamed: bool) -> dict[str, float]:
