@@ -31,6 +31,10 @@ def _decode(kernel: NativeDecode, case, window=None, softcap=None) -> torch.Tens
 
 # bf16: the output is rounded once to bf16 from fp32 sums (the reference rounds scores too).
 TOLERANCE = {torch.float32: 2e-5, torch.bfloat16: 1.6e-2}
+EVERY_CACHE = pytest.mark.parametrize(
+    "cache_dtype,q_dtype",
+    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8_DTYPE, torch.bfloat16)],
+)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -95,10 +99,7 @@ def test_a_sequence_gets_the_same_bits_alone_and_in_a_crowd(kernel: NativeDecode
     assert torch.equal(_decode(kernel, crowd)[0], by_itself[0])
 
 
-@pytest.mark.parametrize(
-    "cache_dtype,q_dtype",
-    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8_DTYPE, torch.bfloat16)],
-)
+@EVERY_CACHE
 def test_many_sequences_read_whole_blocks_and_keep_each_ones_bits(
     kernel: NativeDecode, cache_dtype: torch.dtype, q_dtype: torch.dtype
 ) -> None:
@@ -117,10 +118,7 @@ def test_many_sequences_read_whole_blocks_and_keep_each_ones_bits(
         assert torch.equal(out[i], by_itself[0])
 
 
-@pytest.mark.parametrize(
-    "cache_dtype,q_dtype",
-    [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (FP8_DTYPE, torch.bfloat16)],
-)
+@EVERY_CACHE
 def test_rows_of_one_sequence_at_consecutive_positions_keep_each_ones_bits(
     kernel: NativeDecode, cache_dtype: torch.dtype, q_dtype: torch.dtype
 ) -> None:
