@@ -496,15 +496,14 @@ void dot_lanes(const uint8_t* group, const Activations& a, int64_t r0, int64_t k
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
+    const __m256 mins = has_min(TYPE) ? _mm256_cvtph_ps(_mm_loadu_si128(
+                                            reinterpret_cast<const __m128i*>(blk + 16)))
+                                      : _mm256_setzero_ps();
     for (int m = 0; m < MT; ++m) {
       const int64_t ab = (r0 + m) * nb + b;
       const __m256 scale = _mm256_mul_ps(d, _mm256_set1_ps(a.d[ab]));
       acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot[m]), scale, acc[m]);
-      if constexpr (has_min(TYPE)) {
-        const __m256 mins =
-            _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + 16)));
-        acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.ds[ab]), acc[m]);
-      }
+      if constexpr (has_min(TYPE)) acc[m] = _mm256_fmadd_ps(mins, _mm256_set1_ps(a.ds[ab]), acc[m]);
     }
   }
   for (int m = 0; m < MT; ++m) _mm256_storeu_ps(y + (r0 + m) * kLanes, acc[m]);
@@ -556,28 +555,28 @@ void dot_all_lanes(const uint8_t* group, const Activations& a, int64_t k, float*
   }
 }
 
-// A weight's products by layout: each unit (a row of `w`: one output row, or a group of 8)
-// gives `lanes` outputs per activation row, y[r * lanes + j].
-struct Products {
-  void (*fn)(const uint8_t*, const Activations&, int64_t, float*);
-  int64_t lanes;
-};
+// Output rows per row of `w` (a unit): one in the file's layout, 8 interleaved.
+int64_t lanes_of(int64_t type) { return type >= kInterleaved ? kLanes : 1; }
 
-Products products(int64_t type) {
+// A weight's products by layout: each unit gives lanes_of(type) outputs per activation row,
+// y[r * lanes + j].
+using ProductFn = void (*)(const uint8_t*, const Activations&, int64_t, float*);
+
+ProductFn product_fn(int64_t type) {
   switch (type) {
-    case kQ4_0: return {dot_all_rows<kQ4_0>, 1};
-    case kQ4_1: return {dot_all_rows<kQ4_1>, 1};
-    case kQ5_0: return {dot_all_rows<kQ5_0>, 1};
-    case kQ5_1: return {dot_all_rows<kQ5_1>, 1};
-    case kQ8_0: return {dot_all_rows<kQ8_0>, 1};
-    case kQ4_K: return {dot_all_rows<kQ4_K>, 1};
-    case kQ5_K: return {dot_all_rows<kQ5_K>, 1};
-    case kQ6_K: return {dot_all_rows<kQ6_K>, 1};
-    case kQ4_0 + kInterleaved: return {dot_all_lanes<kQ4_0>, kLanes};
-    case kQ4_1 + kInterleaved: return {dot_all_lanes<kQ4_1>, kLanes};
+    case kQ4_0: return dot_all_rows<kQ4_0>;
+    case kQ4_1: return dot_all_rows<kQ4_1>;
+    case kQ5_0: return dot_all_rows<kQ5_0>;
+    case kQ5_1: return dot_all_rows<kQ5_1>;
+    case kQ8_0: return dot_all_rows<kQ8_0>;
+    case kQ4_K: return dot_all_rows<kQ4_K>;
+    case kQ5_K: return dot_all_rows<kQ5_K>;
+    case kQ6_K: return dot_all_rows<kQ6_K>;
+    case kQ4_0 + kInterleaved: return dot_all_lanes<kQ4_0>;
+    case kQ4_1 + kInterleaved: return dot_all_lanes<kQ4_1>;
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }
-  return {nullptr, 0};
+  return nullptr;
 }
 
 Activations quantize(const at::Tensor& x) {
@@ -632,8 +631,9 @@ constexpr int64_t kGrain = 16;
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const OptTensor& bias,
                    const OptTensor& residual, bool float_out) {
   check(x, w, type);
-  const Products p = products(type);
-  const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0) * p.lanes;
+  const ProductFn fn = product_fn(type);
+  const int64_t lanes = lanes_of(type);
+  const int64_t rows = x.size(0), k = x.size(1), n_out = w.size(0) * lanes;
   const Activations a = quantize(x);
   at::Tensor b32 = bias.has_value() ? bias->to(at::kFloat).contiguous() : at::Tensor();
   at::Tensor res = residual.has_value() ? residual->contiguous() : at::Tensor();
@@ -647,15 +647,15 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const
   const float* rp = res.defined() ? res.data_ptr<float>() : nullptr;
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t unit = w.size(1);
-  at::parallel_for(0, w.size(0), std::max<int64_t>(1, kGrain / p.lanes), [&](int64_t begin,
+  at::parallel_for(0, w.size(0), std::max<int64_t>(1, kGrain / lanes), [&](int64_t begin,
                                                                               int64_t end) {
-    std::vector<float> y(rows * p.lanes);
+    std::vector<float> y(rows * lanes);
     for (int64_t u = begin; u < end; ++u) {
-      p.fn(wp + u * unit, a, k, y.data());
+      fn(wp + u * unit, a, k, y.data());
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < p.lanes; ++j) {
-          const int64_t n = u * p.lanes + j;
-          float v = y[r * p.lanes + j];
+        for (int64_t j = 0; j < lanes; ++j) {
+          const int64_t n = u * lanes + j;
+          float v = y[r * lanes + j];
           if (bp) v += bp[n];
           if (rp) v += rp[r * n_out + n];
           o.put(r * n_out + n, v);
@@ -670,23 +670,24 @@ at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t type, const
 at::Tensor qlinear_swiglu(const at::Tensor& x, const at::Tensor& w, int64_t type) {
   check(x, w, type);
   TORCH_CHECK(w.size(0) % 2 == 0, "qgemm: swiglu needs gate and up rows (interleaved: groups)");
-  const Products p = products(type);
-  const int64_t rows = x.size(0), k = x.size(1), half = w.size(0) / 2, n_out = half * p.lanes;
+  const ProductFn fn = product_fn(type);
+  const int64_t lanes = lanes_of(type);
+  const int64_t rows = x.size(0), k = x.size(1), half = w.size(0) / 2, n_out = half * lanes;
   const Activations a = quantize(x);
   at::Tensor out = empty({rows, n_out}, x.scalar_type());
   const Output o{out.data_ptr(), out.scalar_type() == at::kBFloat16};
   const uint8_t* wp = w.data_ptr<uint8_t>();
   const int64_t unit = w.size(1);
-  at::parallel_for(0, half, std::max<int64_t>(1, kGrain / p.lanes), [&](int64_t begin,
+  at::parallel_for(0, half, std::max<int64_t>(1, kGrain / lanes), [&](int64_t begin,
                                                                          int64_t end) {
-    std::vector<float> gate(rows * p.lanes), up(rows * p.lanes);
+    std::vector<float> gate(rows * lanes), up(rows * lanes);
     for (int64_t u = begin; u < end; ++u) {
-      p.fn(wp + u * unit, a, k, gate.data());
-      p.fn(wp + (u + half) * unit, a, k, up.data());
+      fn(wp + u * unit, a, k, gate.data());
+      fn(wp + (u + half) * unit, a, k, up.data());
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t j = 0; j < p.lanes; ++j) {
-          const float g = gate[r * p.lanes + j];
-          o.put(r * n_out + u * p.lanes + j, g / (1.0f + std::exp(-g)) * up[r * p.lanes + j]);
+        for (int64_t j = 0; j < lanes; ++j) {
+          const float g = gate[r * lanes + j];
+          o.put(r * n_out + u * lanes + j, g / (1.0f + std::exp(-g)) * up[r * lanes + j]);
         }
       }
     }
@@ -747,8 +748,6 @@ DequantizeFn dequantize_fn(int64_t type) {
   }
   return nullptr;
 }
-
-int64_t lanes_of(int64_t type) { return type >= kInterleaved ? kLanes : 1; }
 
 }  // namespace
 
