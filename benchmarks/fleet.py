@@ -44,7 +44,7 @@ import httpx  # noqa: E402
 
 from benchmarks import fleet_eviction, fleet_overhead  # noqa: E402
 from benchmarks.deploy_agentic import RunResult, Turn, count_tokens, request, words  # noqa: E402
-from benchmarks.loopback import free_port  # noqa: E402
+from benchmarks.loopback import free_port, wait_ready  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 POLICIES = ("prefix", "round_robin", "random")
@@ -63,15 +63,8 @@ class Server:
         )
 
     def wait(self) -> Server:
-        deadline = time.monotonic() + 180
-        while True:
-            try:
-                if httpx.get(self.base + "/readyz", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            assert self.process.poll() is None and time.monotonic() < deadline, self.base
-            time.sleep(0.1)
+        wait_ready(self.process, self.base + "/readyz", 180, 0.1)
+        return self
 
     def stop(self) -> None:
         self.process.kill()

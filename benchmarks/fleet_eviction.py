@@ -49,7 +49,7 @@ from benchmarks import record
 from benchmarks.deploy_agentic import words
 from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
-from benchmarks.loopback import free_port, stop
+from benchmarks.loopback import free_port, stop, wait_ready
 from benchmarks.vllm_peer import peer_environment
 from kvgate.engine.loading.tiny_model import default_model_dir
 from kvgate.engine.tokenization.tokenizer import Tokenizer
@@ -83,15 +83,9 @@ class VllmServer:
         )
 
     def wait(self) -> VllmServer:
-        deadline = time.monotonic() + 400  # 1.5-3 min each on 2 cores, three at once
-        while True:
-            try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            assert self.process.poll() is None and time.monotonic() < deadline, self.base
-            time.sleep(1.0)
+        # 1.5-3 min each on 2 cores, three at once
+        wait_ready(self.process, self.base + "/health", 400, 1.0)
+        return self
 
     def stop(self) -> None:
         stop(self.process, 30)

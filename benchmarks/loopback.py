@@ -5,6 +5,9 @@ from __future__ import annotations
 import signal
 import socket
 import subprocess
+import time
+
+import httpx
 
 
 def free_port() -> int:
@@ -23,3 +26,21 @@ def stop(process: subprocess.Popen[bytes] | subprocess.Popen[str], timeout_s: fl
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def wait_ready(
+    process: subprocess.Popen[bytes] | subprocess.Popen[str],
+    url: str,
+    timeout_s: float,
+    poll_s: float,
+) -> None:
+    """Poll ``url`` until it answers 200; fail if the server exits or ``timeout_s`` passes."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            if httpx.get(url, timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None and time.monotonic() < deadline, url
+        time.sleep(poll_s)
