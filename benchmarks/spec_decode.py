@@ -1,7 +1,8 @@
 """Speculative decoding on agent-shaped replies: decode tok/s with and without drafts, same run.
 
-    python benchmarks/spec_decode.py [--model smollm2] [--threads 2] [--max-tokens 256]
-        [--speculative-config JSON] [--streams 8] [--rounds 3] [--json PATH]
+    python benchmarks/spec_decode.py [--model smollm2] [--dtype auto] [--gguf-dequantize]
+        [--threads 2] [--max-tokens 256] [--speculative-config JSON] [--streams 8] [--rounds 3]
+        [--json PATH]
 
 Three single-stream workloads, greedy, through the chat template:
 
@@ -107,6 +108,10 @@ def acceptance(llm: LLM, before: Any) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2")
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument(
+        "--gguf-dequantize", action="store_true", help="dense weights in --dtype, not the blocks"
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--speculative-config", default=DEFAULT_SPEC)
@@ -116,6 +121,8 @@ def main() -> None:
     args = parser.parse_args()
     common = dict(
         model=args.model,
+        dtype=args.dtype,
+        gguf_dequantize=args.gguf_dequantize,
         threads=args.threads,
         enable_prefix_caching=False,
         kv_cache_memory="512MiB",
@@ -130,7 +137,9 @@ def main() -> None:
     prompts = prompts_from(tokenizer)
     run(plain, [prompts["story"][:64]], 8)  # warm up
     print(
-        f"{record.cpu_model()}, {args.threads} threads, {args.model}, {args.speculative_config}, "
+        f"{record.cpu_model()}, {args.threads} threads, {args.model}"
+        f"{' dequantized' if args.gguf_dequantize else ''}, dtype {plain.core.dtype}, "
+        f"{args.speculative_config}, "
         f"{args.rounds} rounds (median; min-max of the same-round ratios)"
     )
     rounds: list[dict[str, dict[str, Any]]] = []

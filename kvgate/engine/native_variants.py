@@ -57,15 +57,20 @@ class Variant:
 
 
 # Best first. amx: the GEMM's AMX tiles (Xeon since Sapphire Rapids); avx512bf16: vdpbf16ps in
-# the GEMM and attention (Zen 4+, Cooper Lake); avx512: AVX-512 F/BW/DQ/VL (Skylake-SP, Ice
+# the GEMM and attention, and VNNI's vpdpwssd in the quantized products (Zen 4+, Cooper Lake:
+# every CPU with AVX-512-BF16 has VNNI); avx512: AVX-512 F/BW/DQ/VL (Skylake-SP, Ice
 # Lake); avx2: AVX2 + FMA (Haswell+, Zen 1-3).
 VARIANTS = (
     Variant(
         "amx",
-        _V4 | {"avx512_bf16", "amx_tile", "amx_bf16"},
-        ("-march=x86-64-v4", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
+        _V4 | {"avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16"},
+        ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16", "-mamx-tile", "-mamx-bf16"),
     ),
-    Variant("avx512bf16", _V4 | {"avx512_bf16"}, ("-march=x86-64-v4", "-mavx512bf16")),
+    Variant(
+        "avx512bf16",
+        _V4 | {"avx512_vnni", "avx512_bf16"},
+        ("-march=x86-64-v4", "-mavx512vnni", "-mavx512bf16"),
+    ),
     Variant("avx512", _V4, ("-march=x86-64-v4",)),
     Variant("avx2", _V3, ("-march=x86-64-v3",)),
 )

@@ -246,7 +246,7 @@ class Scheduler:
         request.num_computed += len(kept)
         self.meter.drafted(drafted, len(kept))
         if self.speculator is not None:
-            self.speculator.verified(request, len(kept))
+            self.speculator.verified(request, drafted, len(kept))
         for token_id, logprobs in kept:
             request.append_output(token_id, logprobs)
             if request.finished:

@@ -7,8 +7,8 @@ memory. `QuantizedLinear` keeps a ``[out, in]`` weight as the file's own blocks 
 blocks per output feature, as llama.cpp lays them out) and computes with
 ``kvgate/engine/csrc/kernels/qgemm.cpp``: activations quantized to int16 per 32-block once per
 call and integer dot products (see the source for the arithmetic). Where the kernels compute
-faster on another layout of the same blocks (`layout`: Q4_0/Q4_1 rows interleaved 8 by 8 on
-AVX2), the blocks are laid out so once, at load. The output is in the activations' dtype,
+faster on another layout of the same blocks (`layout`: Q4_0/Q4_1/Q8_0 rows interleaved 8 by 8
+with AVX2 or AVX-512), the blocks are laid out so once, at load. The output is in the activations' dtype,
 rounded once after the fused epilogue (SwiGLU, a residual add).
 
 That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
@@ -74,7 +74,8 @@ class QuantizedLinear:
         self.in_features = in_features
         self.out_features = int(blocks.shape[0])
         # The layout the kernels compute fastest on (`qgemm_layout`): the file's, or 8 rows'
-        # blocks interleaved (Q4_0/Q4_1 on AVX2), whose extra rows cost a fraction as much.
+        # blocks interleaved (Q4_0/Q4_1/Q8_0 with AVX2 or AVX-512), whose extra rows cost a
+        # fraction as much.
         self.layout = int(ops.qgemm_layout(qtype, self.out_features))
         if self.layout == qtype:
             self.blocks = blocks.contiguous()

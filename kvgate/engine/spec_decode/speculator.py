@@ -3,9 +3,11 @@
 The scheduler asks ``propose`` for each decode of a step whose decodes number at most
 ``disable_by_batch_size``; the drafts are only proposals: the step verifies them
 (``kvgate.engine.spec_decode.verify``) and the request keeps what the model itself would have
-sampled. A request whose drafts were all rejected pauses (1, 3, 7, then 15 steps): where
-nothing repeats, verifying rows that are all refused would cost a stream its decode stack's
-speed for nothing. Only accepted tokens ever reach a request's ``token_ids``, so the suffix tries,
+sampled. Verifying is not free: each drafted token is a row of the step's forward
+(`verify_cost`), so a request drafts only as many tokens as its own recent acceptance pays
+for (`draft_length`), and one whose
+drafts were all rejected pauses (1, 3, 7, then 15 steps): where nothing repeats, verifying rows
+that are all refused would cost a stream its decode stack's speed for nothing. Only accepted tokens ever reach a request's ``token_ids``, so the suffix tries,
 fed from them, never learn a rejected draft. One instance per replica, used by its step
 thread alone: no lock.
 """
@@ -21,6 +23,33 @@ from kvgate.engine.spec_decode.ngram import propose_ngram
 from kvgate.engine.spec_decode.suffix import ReplyCache, SuffixLimits, SuffixTrie
 
 MAX_PAUSE_DOUBLINGS = 4  # a request refusing every draft retries every 15 steps at the least
+# A new request's acceptance, as (accepted, tried) draft tokens: 0.9 worth two tokens, so the
+# first drafts are long (agents' replies repeat their context) and one miss shortens them.
+PRIOR_ACCEPTANCE = (1.8, 2.0)
+ACCEPTANCE_DECAY = 0.75  # each verification's weight against the ones before it
+DRAFT_ROW_COST = 0.3  # a verified draft's share of a plain step (`verify_cost`)
+
+
+def verify_cost(drafts: int) -> float:
+    """A step verifying ``drafts`` tokens of one request, in plain decode steps. Measured on
+    SmolLM2-135M Q4_1, 2 threads of a Zen 5: 1.2-1.3 for 1 draft, 1.5 for 2, 2.0-2.2 for 4,
+    3.4-3.8 for 8 (the rows share each weight's read, not their attention or output rows);
+    3.5 for 8 on a Zen 3. A straight line through the 8 drafts' figure overstates the cost of
+    a few, which errs towards drafting less."""
+    return 1 + DRAFT_ROW_COST * drafts
+
+
+def draft_length(acceptance: float, most: int) -> int:
+    """The number of drafts, at most ``most``, that maximizes the tokens a step yields per unit
+    of its cost, where each draft is accepted with probability ``acceptance`` if the one before
+    it was: sum(acceptance**i, i=0..k) tokens for ``verify_cost(k)``; at least 1, a probe
+    (pauses after misses bound what probes cost)."""
+    best, best_yield, expected = 1, 0.0, 1.0
+    for k in range(1, most + 1):
+        expected += acceptance**k
+        if expected / verify_cost(k) > best_yield:
+            best, best_yield = k, expected / verify_cost(k)
+    return best
 
 
 class Drafted(Protocol):
@@ -46,6 +75,8 @@ class Speculator:
     config: SpeculativeConfig
     _requests: dict[Drafted, _Fed] = field(default_factory=dict)
     _misses: dict[Drafted, tuple[int, int]] = field(default_factory=dict)  # (in a row, steps left)
+    # Decayed (accepted, tried) draft tokens: a rejected draft is tried, the ones after it not.
+    _acceptance: dict[Drafted, tuple[float, float]] = field(default_factory=dict)
     _replies: ReplyCache = field(init=False)
 
     def __post_init__(self) -> None:
@@ -74,6 +105,8 @@ class Speculator:
         )
         if k <= 0 or self._paused(request):
             return []
+        accepted, tried = self._acceptance.get(request, PRIOR_ACCEPTANCE)
+        k = min(k, draft_length(accepted / tried, k))
         config = self.config
         if config.method == "ngram":
             return propose_ngram(
@@ -88,8 +121,14 @@ class Speculator:
         earlier = self._replies.propose(request.hash_root, request.token_ids, k, self._limits)
         return max(own, earlier, key=lambda scored: scored[0])[1]
 
-    def verified(self, request: Drafted, num_accepted: int) -> None:
-        """The step kept ``num_accepted`` of the request's drafts; none: it pauses a while."""
+    def verified(self, request: Drafted, num_drafted: int, num_accepted: int) -> None:
+        """The step kept ``num_accepted`` of the request's ``num_drafted`` drafts; none: it
+        pauses a while."""
+        accepted, tried = self._acceptance.get(request, PRIOR_ACCEPTANCE)
+        self._acceptance[request] = (
+            ACCEPTANCE_DECAY * accepted + num_accepted,
+            ACCEPTANCE_DECAY * tried + num_accepted + (num_accepted < num_drafted),
+        )
         if num_accepted:
             self._misses.pop(request, None)
             return
@@ -107,5 +146,6 @@ class Speculator:
         later requests of the same hash root."""
         self._requests.pop(request, None)
         self._misses.pop(request, None)
+        self._acceptance.pop(request, None)
         if keep_reply:
             self._replies.add(request.hash_root, request.token_ids[request.num_prompt_tokens :])

@@ -1,8 +1,8 @@
 """The quantized matmul kernels (`kvgate.engine.models.quant.qgemm`) against fp64 products of gguf's
 own dequantized weights (`gguf.quants.dequantize`), for Q8_0/Q4_0/Q4_1/Q5_0/Q5_1 and the
 K-quants Q4_K/Q5_K/Q6_K, bf16
-and fp32 activations, 1..33 rows, an odd number of outputs and a multiple of 8 (Q4_0 and Q4_1
-rows then interleaved in groups of 8 where the build computes them so), the native build and
+and fp32 activations, 1..33 rows, an odd number of outputs and a multiple of 8 (Q4_0, Q4_1 and
+Q8_0 rows then interleaved in groups of 8 where the build computes them so), the native build and
 the forced AVX2 one; and weights of mixed types stacked as one (a Q4_K_M file's q, k and v).
 
 The kernel quantizes each activation row to int16 per 32-block, so two references: the
@@ -50,7 +50,8 @@ def kernels(request: pytest.FixtureRequest) -> Any:
 
 @pytest.fixture(params=[OUT, 40], ids=["37-outputs", "40-outputs"])
 def out(request: pytest.FixtureRequest) -> int:
-    """Outputs: 37 (every type in the file's layout) or 40 (Q4_0, Q4_1 interleaved on AVX2)."""
+    """Outputs: 37 (every type in the file's layout) or 40 (Q4_0, Q4_1, Q8_0 interleaved where
+    the build has vectors)."""
     return int(request.param)
 
 
@@ -177,12 +178,12 @@ def test_a_row_gets_the_same_bits_alone_or_with_other_rows(
     assert torch.equal(gate_up.linear_gated(x, "silu"), alone)
 
 
-def test_q4_rows_in_groups_of_8_are_interleaved_where_avx2_computes_them(kernels: Any) -> None:
-    """The AVX2 build keeps Q4_0 and Q4_1 weights whose rows come in groups of 8 interleaved
-    (the layout its products on several rows are fastest on); every other weight, and every
-    weight on the AVX-512 builds, stays in the file's layout."""
-    interleaves = kernels.isa() == "avx2"
-    for qtype in (Q.Q4_0, Q.Q4_1):
+def test_rows_in_groups_of_8_are_interleaved_where_vectors_compute_them(kernels: Any) -> None:
+    """The AVX2 and AVX-512 builds keep Q4_0, Q4_1 and Q8_0 weights whose rows come in groups
+    of 8 interleaved (the layout their products are fastest on); every other weight, and every
+    weight on a build without vectors (``host`` on a CPU without AVX2), keeps the file's."""
+    interleaves = kernels.isa() != "host"
+    for qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0):
         layer = _linear(kernels, qtype, _weight(qtype, 40)[0])
         assert layer.layout == qtype + (INTERLEAVED if interleaves else 0)
         assert layer.nbytes == _weight(qtype, 40)[0].nbytes

@@ -1,5 +1,5 @@
 """Speculation changes no token: greedy outputs with n-gram or suffix drafts equal those
-without, token for token, on the tiny model in fp32 — with prompts that repeat their context
+without, token for token, on the tiny model in fp32 (and in bf16 where the CPU computes it) — with prompts that repeat their context
 and prompts that do not, the prefix cache on, LoRA adapters, a JSON schema, stop strings,
 penalties, logprobs and two choices of one prompt, and the model as a Q4_1 GGUF file (the
 quantized kernels verifying several rows per product) — and every block is given back."""
@@ -14,6 +14,7 @@ import pytest
 
 import kvgate.engine.native as native
 from kvgate.engine import LLM, SamplingParams
+from kvgate.engine.config import native_bf16_flags
 from kvgate.engine.models.lora import LoRARequest
 from kvgate.engine.outputs import RequestOutput
 from kvgate.engine.sampling_params import StructuredOutputs
@@ -110,6 +111,27 @@ def test_a_q4_1_file_speculates_exactly(
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert engines[1].core.stats().serving.spec.accepted_tokens > 0
     assert_no_leaks(engines[1])
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_bf16_weights_and_activations_speculate_exactly(
+    tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, method: str
+) -> None:
+    """In bf16, the dtype such a CPU serves by default, the dense model and its Q4_1 file
+    (bf16 activations into the quantized products) verify drafts to a one-row step's tokens."""
+    if not native_bf16_flags():
+        pytest.skip("bf16 is emulated on this CPU: kvgate serves fp32 here")
+    path = folder_to_gguf(tiny_model_dir, tmp_path_factory.mktemp("q") / "tiny.gguf", Q.Q4_1)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    for model in (tiny_model_dir, path):
+        engines = [
+            LLM(str(model), dtype="bfloat16", kv_cache_memory="8MiB", speculative_config=spec)
+            for spec in (None, METHODS[method])
+        ]
+        want, got = (engine.generate(PROMPTS, params) for engine in engines)
+        assert [o.token_ids for o in got] == [o.token_ids for o in want]
+        assert engines[1].core.stats().serving.spec.accepted_tokens > 0
+        assert_no_leaks(engines[1])
 
 
 def test_penalties_and_min_tokens_see_the_drafts_taken_before(plain: LLM, speculating: LLM) -> None:

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from kvgate.engine.sampling_params import SamplingParams
 from kvgate.engine.spec_decode.config import SpeculativeConfig
 from kvgate.engine.spec_decode.ngram import propose_ngram
-from kvgate.engine.spec_decode.speculator import Speculator
+from kvgate.engine.spec_decode.speculator import Speculator, draft_length, verify_cost
 from kvgate.engine.spec_decode.suffix import ReplyCache, SuffixLimits, SuffixTrie
 
 
@@ -111,6 +111,8 @@ def test_speculator_caps_drafts_by_budget_max_tokens_and_context() -> None:
     )
     text = [random.Random(0).randrange(50) for _ in range(30)]
     request = Drafting(text * 2, num_prompt_tokens=55)
+    for _ in range(4):  # drafts accepted in full: acceptance near 1 pays for all 8
+        speculator.verified(request, 8, 8)
     assert len(speculator.propose(request, budget=100)) == 8
     assert len(speculator.propose(request, budget=3)) == 3
     request.params = SamplingParams(max_tokens=8)  # 5 generated: 3 more at most, 1 sampled
@@ -126,6 +128,8 @@ def test_suffix_speculator_reuses_a_finished_reply_of_the_same_root_only() -> No
     done = Drafting([1, 2, 3, *reply], num_prompt_tokens=3)
     speculator.finished(done, keep_reply=True)
     same = Drafting([4, 5, *reply[:6]], num_prompt_tokens=2)
+    for _ in range(4):  # its drafts all accepted: as long as the match allows
+        speculator.verified(same, 8, 8)
     assert speculator.propose(same, budget=10) == reply[6:12]
     other = Drafting([4, 5, *reply[:6]], num_prompt_tokens=2, hash_root=b"another tenant")
     assert speculator.propose(other, budget=10) == []
@@ -168,9 +172,42 @@ def test_a_request_refusing_every_draft_pauses_longer_each_time() -> None:
     def drafting_steps(steps: int) -> list[bool]:
         return [bool(speculator.propose(request, budget=10)) for _ in range(steps)]
 
-    speculator.verified(request, 0)
+    speculator.verified(request, 4, 0)
     assert drafting_steps(2) == [False, True]
-    speculator.verified(request, 0)
+    speculator.verified(request, 4, 0)
     assert drafting_steps(4) == [False, False, False, True]
-    speculator.verified(request, 2)  # an accepted draft ends the pause
+    speculator.verified(request, 2, 2)  # an accepted draft ends the pause
     assert drafting_steps(1) == [True]
+
+
+def test_draft_length_pays_for_itself_at_the_observed_acceptance() -> None:
+    """The length maximizes expected tokens per unit of step cost, checked by brute force."""
+    for acceptance in (0.0, 0.3, 0.6, 0.8, 0.9, 0.97, 1.0):
+        for most in (1, 4, 8, 24):
+
+            def tokens_per_cost(k: int, a: float = acceptance) -> float:
+                return sum(a**i for i in range(k + 1)) / verify_cost(k)
+
+            best = max(range(1, most + 1), key=tokens_per_cost)
+            assert tokens_per_cost(draft_length(acceptance, most)) == pytest.approx(
+                tokens_per_cost(best)
+            )
+    assert draft_length(0.3, 8) == 1 and draft_length(1.0, 8) == 8
+
+
+def test_drafts_shorten_as_a_request_rejects_them_and_grow_back() -> None:
+    speculator = Speculator(
+        SpeculativeConfig.parse({"method": "ngram", "num_speculative_tokens": 8})
+    )
+    request = Drafting(list(range(40)) * 3, num_prompt_tokens=100)
+    first = len(speculator.propose(request, budget=100))
+    lengths = []
+    for _ in range(3):  # one draft of each kept: acceptance falls towards 1/2
+        drafts = speculator.propose(request, budget=100)
+        speculator.verified(request, len(drafts), 1)
+        lengths.append(len(speculator.propose(request, budget=100)))
+    assert first > lengths[0] >= lengths[-1] and lengths[-1] <= 2
+    for _ in range(6):
+        drafts = speculator.propose(request, budget=100)
+        speculator.verified(request, len(drafts), len(drafts))
+    assert len(speculator.propose(request, budget=100)) == 8

@@ -29,7 +29,7 @@
 // output rows (torch's thread count). AVX-512BW in the AVX-512 variants of the library, AVX2 in
 // avx2 (engine/native_variants.py); without AVX2, a scalar path. Q4_0 and Q4_1 weights can be
 // held with 8 rows interleaved (`qgemm_interleave`; see "The interleaved layout" below), where
-// extra activation rows cost far less: the AVX2 build's choice (`qgemm_layout`).
+// extra activation rows cost far less: every vector build's choice (`qgemm_layout`).
 
 #include "ops.h"
 
@@ -444,18 +444,38 @@ void dot_all_rows(const uint8_t* wrow, const Activations& a, int64_t k, float* y
 // all 8 outputs (llama.cpp repacks Q4_0 into 8x8 tiles for the same reason).
 //
 // Per group of 8 output rows and 32-block: the 8 rows' fp16 scales d, Q4_1's 8 fp16 minimums
-// m, then 8 chunks of 16 bytes: chunk c's byte 2j + t is row j's file byte 2c + t (low
-// nibble: value 2c + t; high: value 16 + 2c + t). A chunk's low nibbles are therefore the 8
-// rows' value pair c, its high nibbles pair 8 + c, each widened to the 16 int16 one madd takes.
+// m, then chunks of 16 bytes, chunk c's byte 2j + t being row j's file byte 2c + t of the
+// block's values. Q4_0/Q4_1: 8 chunks, byte 2c + t holding value 2c + t in its low nibble and
+// 16 + 2c + t in its high one, so a chunk's low nibbles are the 8 rows' value pair c, its high
+// nibbles pair 8 + c. Q8_0 (kept for the output projection of many GGUF files, SmolLM2's
+// among them): 16 chunks, chunk c the rows' value pair c, so chunks c and 8 + c hold what one
+// Q4 chunk holds. Each is widened to the 16 int16 one madd takes.
 // A row's arithmetic does not depend on how many rows are multiplied with it: a step verifying
 // drafts computes each row exactly as a one-row decode step would.
 constexpr int64_t kInterleaved = 256;  // added to a ggml type id: that type, interleaved
 constexpr int64_t kLanes = 8;          // output rows per group
 
-constexpr bool interleavable(int64_t type) { return type == kQ4_0 || type == kQ4_1; }
-// Bytes of one 32-block of the 8 rows, and where its chunks of values start.
+constexpr bool interleavable(int64_t type) {
+  return type == kQ4_0 || type == kQ4_1 || type == kQ8_0;
+}
+// Bytes of one 32-block of the 8 rows, where its chunks of values start, and how many there
+// are: a chunk holds 8 rows' 2 bytes, a value pair of Q8_0 or two of Q4 (low and high nibbles).
 constexpr int64_t lanes_block_bytes(int64_t type) { return kLanes * group_bytes(type); }
 constexpr int64_t chunks_at(int64_t type) { return has_min(type) ? 32 : 16; }
+constexpr int64_t chunks_of(int64_t type) { return type == kQ8_0 ? 16 : 8; }
+
+#if defined(__AVX2__)
+// acc + the pairwise products of a and b (int16 pairs summed into int32 lanes): one VNNI
+// instruction where the variant has it, else madd then add; the same sums either way (a
+// lane's 32 products of a block total at most 32 * 128 * 32767 < 2^28).
+inline __m256i madd_add(__m256i acc, __m256i a, __m256i b) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, a, b);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+#endif
+}
+#endif
 
 // y[r * 8 + j] = output row j of the group . activation row r, for rows r0..r0+MT-1.
 template <int64_t TYPE, int MT>
@@ -480,19 +500,26 @@ void dot_lanes(const uint8_t* group, const Activations& a, int64_t r0, int64_t k
     // products and spills them to the stack (~2x slower at 5 rows).
 #pragma GCC unroll 1
     for (int64_t c = 0; c < 8; ++c) {
-      const __m128i raw =
-          _mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + chunks_at(TYPE) + 16 * c));
-      __m256i lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
-      __m256i hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
-      if constexpr (offset_of(TYPE) != 0) {
-        const __m256i offset = _mm256_set1_epi16(offset_of(TYPE));
-        lo = _mm256_sub_epi16(lo, offset);
-        hi = _mm256_sub_epi16(hi, offset);
+      // The 8 rows' value pairs c (lo) and 8 + c (hi), as int16.
+      const uint8_t* chunk = blk + chunks_at(TYPE) + 16 * c;
+      const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk));
+      __m256i lo, hi;
+      if constexpr (TYPE == kQ8_0) {
+        lo = _mm256_cvtepi8_epi16(raw);
+        hi = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(chunk + 128)));
+      } else {
+        lo = _mm256_cvtepu8_epi16(_mm_and_si128(raw, low4));
+        hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(raw, 4), low4));
+        if constexpr (offset_of(TYPE) != 0) {
+          const __m256i offset = _mm256_set1_epi16(offset_of(TYPE));
+          lo = _mm256_sub_epi16(lo, offset);
+          hi = _mm256_sub_epi16(hi, offset);
+        }
       }
       for (int m = 0; m < MT; ++m) {
         const int16_t* x = xq + m * k;
-        dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(lo, pair(x + 2 * c)));
-        dot[m] = _mm256_add_epi32(dot[m], _mm256_madd_epi16(hi, pair(x + 16 + 2 * c)));
+        dot[m] = madd_add(dot[m], lo, pair(x + 2 * c));
+        dot[m] = madd_add(dot[m], hi, pair(x + 16 + 2 * c));
       }
     }
     const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk)));
@@ -515,9 +542,13 @@ void dot_lanes(const uint8_t* group, const Activations& a, int64_t r0, int64_t k
         const uint8_t* blk = group + b * block_bytes;
         const int16_t* x = a.q.data() + (r0 + m) * k + b * kBlock;
         int32_t dot = 0;
-        for (int64_t c = 0; c < 8; ++c) {
+        for (int64_t c = 0; c < chunks_of(TYPE); ++c) {
           for (int64_t t = 0; t < 2; ++t) {
             const uint8_t byte = blk[chunks_at(TYPE) + 16 * c + 2 * j + t];
+            if constexpr (TYPE == kQ8_0) {
+              dot += static_cast<int8_t>(byte) * x[2 * c + t];
+              continue;
+            }
             dot += ((byte & 0x0F) - offset_of(TYPE)) * x[2 * c + t];
             dot += ((byte >> 4) - offset_of(TYPE)) * x[16 + 2 * c + t];
           }
@@ -574,6 +605,7 @@ ProductFn product_fn(int64_t type) {
     case kQ6_K: return dot_all_rows<kQ6_K>;
     case kQ4_0 + kInterleaved: return dot_all_lanes<kQ4_0>;
     case kQ4_1 + kInterleaved: return dot_all_lanes<kQ4_1>;
+    case kQ8_0 + kInterleaved: return dot_all_lanes<kQ8_0>;
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }
   return nullptr;
@@ -719,10 +751,14 @@ void dequantize_lane(const uint8_t* group, int64_t lane, int64_t k, const Output
     const uint8_t* blk = group + b * lanes_block_bytes(TYPE);
     const float d = half_at(blk + 2 * lane);
     const float min = has_min(TYPE) ? half_at(blk + 16 + 2 * lane) : 0.0f;
-    for (int64_t c = 0; c < 8; ++c) {
+    for (int64_t c = 0; c < chunks_of(TYPE); ++c) {
       for (int64_t t = 0; t < 2; ++t) {
         const uint8_t byte = blk[chunks_at(TYPE) + 16 * c + 2 * lane + t];
         const int64_t v = b * kBlock + 2 * c + t;
+        if constexpr (TYPE == kQ8_0) {
+          out.put(at + v, d * static_cast<float>(static_cast<int8_t>(byte)));
+          continue;
+        }
         out.put(at + v, d * static_cast<float>((byte & 0x0F) - offset_of(TYPE)) + min);
         out.put(at + v + 16, d * static_cast<float>((byte >> 4) - offset_of(TYPE)) + min);
       }
@@ -744,6 +780,7 @@ DequantizeFn dequantize_fn(int64_t type) {
     case kQ6_K: return dequantize_row<kQ6_K>;
     case kQ4_0 + kInterleaved: return dequantize_lane<kQ4_0>;
     case kQ4_1 + kInterleaved: return dequantize_lane<kQ4_1>;
+    case kQ8_0 + kInterleaved: return dequantize_lane<kQ8_0>;
     default: TORCH_CHECK(false, "qgemm: unsupported ggml type ", type);
   }
   return nullptr;
@@ -791,10 +828,12 @@ at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t k, bool bf16) {
 
 // The layout this build's products are fastest on for a weight of ggml type `type` with
 // `rows` output rows: the interleaved one (type + 256) where it is written and measured
-// faster, else the file's own. AVX2: interleaved Q4_0 and Q4_1. The AVX-512 variants keep the
-// file's layout (their 512-bit kernel is not yet measured against the interleaved one).
+// faster, else the file's own: interleaved Q4_0 and Q4_1 wherever the build has AVX2. On a
+// 2-core Zen 5 the AVX-512 builds' file-layout kernel took 1.4-2x as long as the interleaved
+// one (whose 256-bit madds are VNNI's vpdpwssd there) for SmolLM2-135M's products, at one row
+// as at nine.
 int64_t qgemm_layout(int64_t type, int64_t rows) {
-#if defined(__AVX2__) && !defined(__AVX512BW__)
+#if defined(__AVX2__)
   if (interleavable(type) && rows % kLanes == 0) return type + kInterleaved;
 #endif
   (void)rows;
@@ -807,7 +846,7 @@ at::Tensor qgemm_interleave(const at::Tensor& w, int64_t type, int64_t k) {
   check_blocks(w, type, k);
   TORCH_CHECK(w.size(0) % kLanes == 0, "qgemm: interleaving needs rows in groups of 8");
   const int64_t groups = w.size(0) / kLanes, blocks = k / kBlock, in = w.size(1);
-  constexpr int64_t kBytes = 2;  // a chunk takes 2 bytes (a value pair's nibbles) of each row
+  constexpr int64_t kBytes = 2;  // a chunk takes 2 bytes of each row
   at::Tensor out = empty({groups, kLanes * in}, at::kByte);
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -821,7 +860,7 @@ at::Tensor qgemm_interleave(const at::Tensor& w, int64_t type, int64_t k) {
             const uint8_t* from = src + (g * kLanes + j) * in + b * group_bytes(TYPE);
             std::memcpy(to + 2 * j, from, 2);                                 // d
             if constexpr (has_min(TYPE)) std::memcpy(to + 16 + 2 * j, from + 2, 2);  // m
-            for (int64_t c = 0; c < 8; ++c)
+            for (int64_t c = 0; c < chunks_of(TYPE); ++c)
               std::memcpy(to + chunks_at(TYPE) + 16 * c + kBytes * j,
                           from + nibbles_at(TYPE) + kBytes * c, kBytes);
           }
@@ -830,7 +869,8 @@ at::Tensor qgemm_interleave(const at::Tensor& w, int64_t type, int64_t k) {
     });
   };
   if (type == kQ4_0) copy(std::integral_constant<int64_t, kQ4_0>{});
-  else copy(std::integral_constant<int64_t, kQ4_1>{});
+  else if (type == kQ4_1) copy(std::integral_constant<int64_t, kQ4_1>{});
+  else copy(std::integral_constant<int64_t, kQ8_0>{});
   return out;
 }
 
