@@ -3,7 +3,7 @@
 One library per ISA variant (``kvgate/engine/native_variants.py``): a wheel (``python -m build
 --wheel``, ``pip wheel .``, ``pip install .``) carries every variant, so it serves on any x86-64
 machine with AVX2 and needs no compiler there; an editable install (``pip install -e .``) builds
-the variants the build machine's tests run, its best one and AVX2. ``KVGATE_CPU_VARIANTS``
+the one the build machine serves with, its best. ``KVGATE_CPU_VARIANTS``
 overrides either (``all``, or names: ``avx512bf16,avx2``); ``KVGATE_CPU_KERNELS=0`` builds
 none (the torch path then serves).
 

@@ -109,6 +109,12 @@ def library(name: str | None = None) -> Library | None:
     return _load(BY_NAME[name] if name is not None else variant())
 
 
+def built(name: str) -> Library:
+    """Variant ``name`` built at run time in the cache (or found built there): a variant the
+    install did not build, as the tests' AVX2 one beside an AVX-512 machine's own."""
+    return _build(BY_NAME[name])
+
+
 def installed(target: Variant) -> Path | None:
     """The library ``setup.py`` built for ``target`` beside this file, if any."""
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
