@@ -21,6 +21,7 @@ gateway that routes it there.
     python benchmarks/fleet.py --workload overhead  # the router's own cost (fleet_overhead.py)
     python benchmarks/fleet.py --workload eviction  # precise vs approximate (fleet_eviction.py)
     python benchmarks/fleet.py --workload eviction --upstreams vllm  # on vLLM's CPU build
+    python benchmarks/fleet.py --workload eviction --router-replicas 2  # two of each router
 """
 
 from __future__ import annotations
@@ -256,6 +257,13 @@ def main() -> None:
     )
     parser.add_argument(
         "--redis", action="store_true", help="trace: also prefix routing with placement in Redis"
+    )
+    parser.add_argument(
+        "--router-replicas",
+        type=int,
+        default=1,
+        help="eviction: processes of each router, the calls spread over them round robin (as a "
+        "load balancer in front of a highly available router spreads them)",
     )
     parser.add_argument("--gateway-workers", type=int, default=1, help="trace: each gateway's")
     parser.add_argument("--rounds", type=int, default=2, help="overhead: rounds of every router")

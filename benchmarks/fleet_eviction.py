@@ -16,6 +16,12 @@ same tokens). All conversations run at once. Each router gets its own prompts' f
 kvgate precise runs twice: asking the upstreams' ``/tokenize`` for each call's tokens, and
 with the model's tokenizer in the gateway (``--tokenizer``).
 
+``--router-replicas N`` runs N processes of each router, and the calls go to them round robin,
+a conversation's turns to one after another, as a load balancer in front of a highly available
+router sends them: each sglang-router or vllm-router process then knows only the calls it saw,
+kvgate approximate's processes only their own placements (no Redis here), while every kvgate
+precise process follows the same events.
+
 Reported per router, from the upstreams' own counters (``vllm:prompt_tokens_total`` minus
 ``vllm:prompt_tokens_cached_total``, scraped before and after): prompt tokens computed and
 the hit rate; from the client: time to the first streamed token (p50, p90); the load CoV
@@ -27,12 +33,15 @@ computed once, and each call's last partial block.
     python benchmarks/fleet.py --workload eviction --sessions 36 --turns 6 --max-tokens 4
     python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 30 --turns 6 \
         --max-tokens 4 --context-words 300 --vllm-kv-blocks 128
+    python benchmarks/fleet.py --workload eviction --sessions 36 --turns 6 --max-tokens 4 \
+        --router-replicas 2
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import random
 import subprocess
@@ -154,14 +163,16 @@ def counters(upstreams: list[Publisher]) -> list[tuple[float, float]]:
     return out
 
 
-def decisions(base: str) -> str:
-    """A kvgate gateway's routing decisions by rule, e.g. ``precise=80 prefix=16``."""
+def decisions(bases: list[str]) -> str:
+    """kvgate gateways' routing decisions by rule, summed, e.g. ``precise=80 prefix=16``."""
     counts: dict[str, float] = {}
-    for family in text_string_to_metric_families(httpx.get(base + "/metrics", timeout=5).text):
-        for sample in family.samples:
-            if sample.name == "kvgate_routing_decisions_total":
-                rule = sample.labels["rule"]
-                counts[rule] = counts.get(rule, 0) + sample.value
+    for base in bases:
+        text = httpx.get(base + "/metrics", timeout=5).text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == "kvgate_routing_decisions_total":
+                    rule = sample.labels["rule"]
+                    counts[rule] = counts.get(rule, 0) + sample.value
     return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
 
 
@@ -240,17 +251,18 @@ class Result:
 
 
 async def drive(
-    router: Router, model: str, conversations: list[list[str]], max_tokens: int
+    routers: list[Router], model: str, conversations: list[list[str]], max_tokens: int
 ) -> tuple[list[float], list[list[str]]]:
-    """All conversations at once, each turn after the previous one's answer: the TTFTs, and
-    each conversation's upstreams turn by turn (where the router says)."""
+    """All conversations at once, each turn after the previous one's answer, the calls spread
+    over the router's processes round robin: the TTFTs, and each conversation's upstreams turn
+    by turn (where the router says)."""
     ttfts: list[float] = []
-    url = f"http://127.0.0.1:{router.port}"
+    urls = itertools.cycle([f"http://127.0.0.1:{router.port}" for router in routers])
 
     async def conversation(prompts: list[str]) -> list[str]:
         served = []
         for prompt in prompts:
-            ttft, upstream = await first_token_s(http, url, model, prompt, max_tokens)
+            ttft, upstream = await first_token_s(http, next(urls), model, prompt, max_tokens)
             ttfts.append(ttft)
             served.append(upstream)
         return served
@@ -277,17 +289,21 @@ def kept(served: list[list[str]]) -> str:
 def measure(
     name: str, command: Command, upstreams: list[Publisher], model: str, args: argparse.Namespace
 ) -> Result:
-    router = Router(name, command, model)
+    routers: list[Router] = []
     try:
+        for _ in range(args.router_replicas):
+            routers.append(Router(name, command, model))
         time.sleep(1.0)  # a gateway following events: connected and replayed
         before = settled(upstreams)
         began = time.perf_counter()
-        ttfts, served = asyncio.run(drive(router, model, trace(args, name), args.max_tokens))
+        ttfts, served = asyncio.run(drive(routers, model, trace(args, name), args.max_tokens))
         wall = time.perf_counter() - began
         after = settled(upstreams)
-        said = decisions(f"http://127.0.0.1:{router.port}") if name.startswith("kvgate") else ""
+        bases = [f"http://127.0.0.1:{router.port}" for router in routers]
+        said = decisions(bases) if name.startswith("kvgate") else ""
     finally:
-        router.stop()
+        for router in routers:
+            router.stop()
     prompt = [a[0] - b[0] for a, b in zip(after, before, strict=True)]
     cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     total = sum(prompt)
@@ -331,7 +347,8 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     else:
         cache = args.kv_cache_memory
     print(
-        f"\n{args.sessions} conversations x {args.turns} turns over {args.groups} shared prompts "
+        f"\n{args.router_replicas} process(es) of each router, the calls round robin over them; "
+        f"{args.sessions} conversations x {args.turns} turns over {args.groups} shared prompts "
         f"({args.shared_words} + {args.context_words} words each), 3 {args.upstreams} tiny "
         f"upstreams ({block}-token blocks) with {cache} of KV cache each, {args.max_tokens} "
         f"tokens per answer; the floor: {floor_tokens(trace(args, PRECISE), block)} prompt "
