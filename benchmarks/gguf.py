@@ -62,7 +62,7 @@ def rss_mb(key="VmRSS"):
 
 engine, path, dtype, tokens, threads, repeat, chats = sys.argv[1:8]
 tokens, threads, repeat, chats = int(tokens), int(threads), int(repeat), json.loads(chats)
-if kvgate.engine.startswith("kvgate"):
+if engine.startswith("kvgate"):
     import torch
     torch.set_num_threads(threads)
     from kvgate.engine import LLM, SamplingParams
@@ -70,7 +70,7 @@ if kvgate.engine.startswith("kvgate"):
     native.library()  # loaded first: not the file's load
 base = rss_mb()
 start = time.perf_counter()
-if kvgate.engine.startswith("kvgate"):
+if engine.startswith("kvgate"):
     llm = LLM(path, dtype=dtype, kv_cache_memory="64MiB", threads=threads,
               gguf_dequantize=engine == "kvgate-dequantized")
     load = time.perf_counter() - start
