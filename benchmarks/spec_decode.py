@@ -19,10 +19,11 @@ requests, output tok/s: plain, speculation with its batch back-off, and speculat
 every step (where it stops paying). Acceptance rate is accepted / draft tokens; mean accepted
 length is 1 + accepted / drafts (vLLM's figures).
 
-Each of ``--rounds`` rounds measures plain and speculating back to back, workload by workload,
-with speculating engines made afresh (suffix decoding would otherwise draft from its own
-replies to the same prompts a round before); printed: the medians, and the spread of the
-rounds' own ratios, which a neighbour's load on a shared machine moves.
+Each of ``--rounds`` rounds measures plain and speculating back to back, workload by workload
+(plain first in even rounds, speculating first in odd ones), with speculating engines made
+afresh (suffix decoding would otherwise draft from its own replies to the same prompts a round
+before); printed: the medians, and the spread of the rounds' own ratios, which a neighbour's
+load on a shared machine moves.
 """
 
 from __future__ import annotations
@@ -143,7 +144,7 @@ def main() -> None:
         f"{args.rounds} rounds (median; min-max of the same-round ratios)"
     )
     rounds: list[dict[str, dict[str, Any]]] = []
-    for _ in range(args.rounds):
+    for number in range(args.rounds):
         # Fresh speculating engines each round: suffix decoding would otherwise draft from
         # the replies it saw to the same prompts a round before.
         engines = {
@@ -153,9 +154,15 @@ def main() -> None:
         run(engines["spec"], [prompts["story"][:64]], 8)
         figures: dict[str, dict[str, Any]] = {}
         for name, prompt in prompts.items():
-            plain_rate, plain_tokens = single(plain, prompt, args.max_tokens)
             before = engines["spec"].stats().serving.spec.copy()
-            spec_rate, spec_tokens = single(engines["spec"], prompt, args.max_tokens)
+            # Odd rounds measure speculation first: a neighbour's load that rises or falls
+            # through a round then favours neither.
+            if number % 2:
+                spec_rate, spec_tokens = single(engines["spec"], prompt, args.max_tokens)
+                plain_rate, plain_tokens = single(plain, prompt, args.max_tokens)
+            else:
+                plain_rate, plain_tokens = single(plain, prompt, args.max_tokens)
+                spec_rate, spec_tokens = single(engines["spec"], prompt, args.max_tokens)
             figures[name] = dict(
                 plain_tok_s=plain_rate, spec_tok_s=spec_rate, speedup=spec_rate / plain_rate,
                 identical=plain_tokens == spec_tokens, prompt_tokens=len(prompt),
@@ -164,7 +171,7 @@ def main() -> None:
                 **acceptance(engines["spec"], before),
             )  # fmt: skip
         batch = [prompts["edit"]] * args.streams
-        for label, llm in engines.items():
+        for label, llm in list(engines.items())[:: -1 if number % 2 else 1]:
             wall, outputs = run(llm, batch, args.max_tokens)
             rate = sum(len(o) for o in outputs) / wall
             figures[f"edit x{args.streams} {label}"] = dict(output_tok_s=rate)

@@ -58,17 +58,34 @@ def test_ngram_proposes_the_rest_of_a_repeated_span() -> None:
 def test_suffix_trie_counts_every_run_up_to_its_depth_and_forgets_a_sequence() -> None:
     trie = SuffixTrie(depth=3)
     trie.extend([1, 2, 3, 1, 2, 4])
-    assert trie.root.children is not None
-    one = trie.root.children[1]
-    assert one.count == 2
-    assert one.children is not None and one.children[2].count == 2
-    assert one.children[2].children is not None
-    assert {t: n.count for t, n in one.children[2].children.items()} == {3: 1, 4: 1}
+    assert (trie.count([1]), trie.count([1, 2]), trie.count([1, 2, 3])) == (2, 2, 1)
+    assert (trie.count([1, 2, 4]), trie.count([2, 3, 1]), trie.count([1, 2, 3, 1])) == (1, 1, 0)
     trie.end_sequence()
     trie.extend([5])
-    assert 5 not in (trie.root.children[4].children or {})  # no run spans two sequences
+    assert trie.count([4, 5]) == 0 and trie.count([5]) == 1  # no run spans two sequences
     trie.remove([5])
     trie.remove([1, 2, 3, 1, 2, 4])
+    assert trie.empty and trie.count([1]) == 0
+    trie.extend([7, 8, 7, 9])  # the removed nodes are reused, the counts start afresh
+    assert (trie.count([7]), trie.count([7, 8]), trie.count([8, 7, 9])) == (2, 1, 1)
+
+
+def test_suffix_trie_counts_as_a_brute_force_count_through_removals() -> None:
+    rng = random.Random(3)
+    trie, fed = SuffixTrie(depth=4), []
+    for _ in range(40):
+        if fed and rng.random() < 0.3:
+            trie.remove(fed.pop(rng.randrange(len(fed))))
+        else:
+            sequence = [rng.randrange(5) for _ in range(rng.randrange(1, 12))]
+            trie.extend(sequence)
+            trie.end_sequence()
+            fed.append(sequence)
+        for run in ([rng.randrange(5) for _ in range(rng.randrange(1, 5))] for _ in range(20)):
+            expected = sum(seq[i : i + len(run)] == run for seq in fed for i in range(len(seq)))
+            assert trie.count(run) == expected, (run, fed)
+    for sequence in fed:
+        trie.remove(sequence)
     assert trie.empty
 
 
