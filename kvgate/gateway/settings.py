@@ -267,7 +267,7 @@ class Settings:
         doc="verify several proposed tokens per step where replies repeat their context, e.g. "
         '`{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, '
         '"prompt_lookup_min": 2}` or `{"method": "suffix"}` (vLLM\'s fields and defaults; '
-        "`disable_by_batch_size`: no drafts in a step of more decodes, default 4); output "
+        "`disable_by_batch_size`: no drafts in a step of more decodes, default 8); output "
         "unchanged; off by default",
         group="engine",
     )

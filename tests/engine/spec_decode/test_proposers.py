@@ -136,7 +136,7 @@ def test_speculator_caps_drafts_by_budget_max_tokens_and_context() -> None:
     assert len(speculator.propose(request, budget=100)) == 2
     request.max_model_len = 62
     assert speculator.propose(request, budget=100) == [text[0]]
-    assert speculator.active(4) and not speculator.active(5)
+    assert speculator.active(8) and not speculator.active(9)
 
 
 def test_suffix_speculator_reuses_a_finished_reply_of_the_same_root_only() -> None:
