@@ -89,6 +89,8 @@ class ResponseBuilder:
         events: list[Event] = []
         if isinstance(item, Completion):
             self.done = item
+            if not self.output:  # an empty reply is an empty message, as OpenAI and vLLM give it
+                events += self._open_item("message")
             events += self._close()
             status = self.status
             final = self.response(status)

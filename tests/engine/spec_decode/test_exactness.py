@@ -97,7 +97,7 @@ def test_greedy_tokens_and_logprobs_are_those_without_speculation(
 def test_a_q4_1_file_speculates_exactly(
     tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory, method: str
 ) -> None:
-    """The GGUF blocks' own products verify the drafts (on AVX2 with 8 rows interleaved):
+    """The GGUF blocks' own products verify the drafts (8 rows interleaved where vectors are):
     each verified row must come out as a one-row decode step's."""
     if native.library() is None:
         pytest.skip("no native library: GGUF weights are dequantized at load")
