@@ -8,8 +8,8 @@ blocks per output feature, as llama.cpp lays them out) and computes with
 ``kvgate/engine/csrc/kernels/qgemm.cpp``: activations quantized to int16 per 32-block once per
 call and integer dot products (see the source for the arithmetic). Where the kernels compute
 faster on another layout of the same blocks (`layout`: Q4_0/Q4_1/Q8_0 rows interleaved 8 by 8
-with AVX2 or AVX-512), the blocks are laid out so once, at load. The output is in the activations' dtype,
-rounded once after the fused epilogue (SwiGLU, a residual add).
+with AVX2 or AVX-512), the blocks are laid out so once, at load. The output is in the
+activations' dtype, rounded once after the fused epilogue (SwiGLU, a residual add).
 
 That product costs per row: it wins where the weight's bytes dominate (decode: 1 to a few
 rows), and loses to a dense bf16 GEMM on prefill-sized batches. From `DENSE_ROWS` rows on, the

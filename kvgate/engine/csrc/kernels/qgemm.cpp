@@ -828,10 +828,10 @@ at::Tensor dequantize(const at::Tensor& w, int64_t type, int64_t k, bool bf16) {
 
 // The layout this build's products are fastest on for a weight of ggml type `type` with
 // `rows` output rows: the interleaved one (type + 256) where it is written and measured
-// faster, else the file's own: interleaved Q4_0 and Q4_1 wherever the build has AVX2. On a
-// 2-core Zen 5 the AVX-512 builds' file-layout kernel took 1.4-2x as long as the interleaved
-// one (whose 256-bit madds are VNNI's vpdpwssd there) for SmolLM2-135M's products, at one row
-// as at nine.
+// faster, else the file's own: interleaved Q4_0, Q4_1 and Q8_0 wherever the build has AVX2.
+// On a 2-core Zen 5 the AVX-512 builds' file-layout kernel took 1.4-2x as long as the
+// interleaved one (whose 256-bit madds are VNNI's vpdpwssd there) for SmolLM2-135M's
+// products, at one row as at nine.
 int64_t qgemm_layout(int64_t type, int64_t rows) {
 #if defined(__AVX2__)
   if (interleavable(type) && rows % kLanes == 0) return type + kInterleaved;
