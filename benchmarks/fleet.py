@@ -240,7 +240,32 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=3, help="eviction: shared prompts")
     parser.add_argument("--shared-words", type=int, default=300, help="eviction: each")
     parser.add_argument("--context-words", type=int, default=150, help="eviction: each")
+    parser.add_argument(
+        "--group-skew",
+        type=float,
+        default=0.0,
+        help="eviction: Zipf exponent of the conversations per shared prompt (0: as many each)",
+    )
+    parser.add_argument(
+        "--arrival-s",
+        type=float,
+        default=0.0,
+        help="eviction: conversations start at random over this many seconds (0: all at once)",
+    )
     parser.add_argument("--kv-cache-memory", default="8MiB", help="eviction: each upstream's")
+    parser.add_argument(
+        "--think-s",
+        type=float,
+        default=0.0,
+        help="eviction: mean pause between a conversation's turns (an agent's tool call), "
+        "drawn at random, the same for every router",
+    )
+    parser.add_argument(
+        "--upstream-model",
+        choices=("tiny", "smollm2"),
+        default="tiny",
+        help="eviction: the kvgate upstreams' model (smollm2: a real model's prefill cost)",
+    )
     parser.add_argument(
         "--upstreams", choices=("kvgate", "vllm"), default="kvgate", help="eviction: which engine"
     )

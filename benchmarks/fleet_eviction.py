@@ -1,20 +1,27 @@
 """Routing where caches evict: kvgate precise (following the upstreams' KV-cache events) vs
 kvgate approximate (prefix hashing) vs sglang-router and vllm-router ``cache_aware``.
 
-Three upstreams serving the tiny model, each with a KV cache too small for its share of the
-working set, publishing KV-cache events (``--kv-events-config``): kvgate engine servers
-(``--kv-cache-memory``, 16-token blocks), or with ``--upstreams vllm`` vLLM's CPU build
-(``--vllm-python``; ``--vllm-kv-blocks`` 128-token blocks each, its CPU block size). vLLM's
-blocks are 8 times kvgate's, so its trace wants longer prompts (``--context-words``) for a
-conversation's own part to span several blocks.
-The trace is an agent's: ``--groups`` agents each with a long shared prompt, and
-conversations spread over them (``--sessions``), each with a long context of its own, then
+Three upstreams, each with a KV cache too small for its share of the working set, publishing
+KV-cache events (``--kv-events-config``): kvgate engine servers (``--kv-cache-memory``,
+16-token blocks) of the tiny model or, with ``--upstream-model smollm2``, of a real one whose
+prefill costs what a real model's does (one compute thread each on 2 cores, so an upstream
+sent more than its share queues), or with ``--upstreams vllm`` vLLM's CPU build serving the
+tiny model (``--vllm-python``; ``--vllm-kv-blocks`` 128-token blocks each, its CPU block
+size). vLLM's blocks are 8 times kvgate's, so its trace wants longer prompts
+(``--context-words``) for a conversation's own part to span several blocks.
+The trace is an agent fleet's: ``--groups`` agents each with a long shared prompt, and
+``--sessions`` conversations over them, as many each or, with ``--group-skew s``, in
+proportion to 1 / rank^s (agents are not equally popular: the most popular one's
+conversations outgrow one upstream's cache), each with a long context of its own, then
 ``--turns`` turns, every turn resending the whole history as a streamed text
 ``/v1/completions`` call (the replies are not appended, so every router is sent exactly the
-same tokens). All conversations run at once. Each router gets its own prompts' first words
-(no run reuses another's cache), the same trace and the same upstreams, one router at a time.
-kvgate precise runs twice: asking the upstreams' ``/tokenize`` for each call's tokens, and
-with the model's tokenizer in the gateway (``--tokenizer``).
+same tokens). Conversations start at random over ``--arrival-s`` seconds (all at once
+without it) and pause ``--think-s`` seconds on average between turns (an agent running a
+tool): their histories must stay cached across the pause. Each router gets its own prompts'
+first words (no run reuses another's cache), the same trace, starts and pauses, and the same
+upstreams, one router at a time. kvgate precise runs twice on the tiny model: asking the
+upstreams' ``/tokenize`` for each call's tokens, and with the model's tokenizer in the
+gateway (``--tokenizer``).
 
 ``--router-replicas N`` runs N processes of each router, and the calls go to them round robin,
 a conversation's turns to one after another, as a load balancer in front of a highly available
@@ -30,11 +37,12 @@ went where the conversation's previous turn went; then precise over the best app
 router, same run. The floor is what no router can avoid: every distinct block of the trace
 computed once, and each call's last partial block.
 
-    python benchmarks/fleet.py --workload eviction --sessions 36 --turns 6 --max-tokens 4
-    python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 30 --turns 6 \
-        --max-tokens 4 --context-words 300 --vllm-kv-blocks 128
-    python benchmarks/fleet.py --workload eviction --sessions 36 --turns 6 --max-tokens 4 \
-        --router-replicas 2
+    python benchmarks/fleet.py --workload eviction --upstream-model smollm2 --sessions 48 \
+        --max-tokens 4 --kv-cache-memory 128MiB --groups 6 --group-skew 1 --arrival-s 30 \
+        --think-s 2 [--router-replicas 2]
+    python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 48 \
+        --max-tokens 4 --context-words 300 --vllm-kv-blocks 128 --groups 6 --group-skew 1 \
+        --arrival-s 30 --think-s 2 --router-replicas 2
 """
 
 from __future__ import annotations
@@ -52,6 +60,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+from gguf import GGUFReader
 from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import record
@@ -60,6 +69,8 @@ from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
 from benchmarks.loopback import free_port, stop, wait_ready
 from benchmarks.vllm_peer import peer_environment
+from kvgate.engine.loading.fetch_model import fetch_model, local_model_path
+from kvgate.engine.loading.gguf.vocab import gguf_tokenizer
 from kvgate.engine.loading.tiny_model import default_model_dir
 from kvgate.engine.tokenization.tokenizer import Tokenizer
 from kvgate.gateway.upstream.kv_index import request_keys
@@ -130,7 +141,7 @@ def publisher(args: argparse.Namespace, folder: Path) -> Publisher:
     port = free_port()
     config |= {"endpoint": f"tcp://*:{port}", "replay_endpoint": f"tcp://*:{replay_port}"}
     server = Server(
-        "--model", "tiny", "--kv-cache-memory", args.kv_cache_memory,
+        "--model", args.upstream_model, "--kv-cache-memory", args.kv_cache_memory,
         "--kv-events-config", json.dumps(config),
     )  # fmt: skip
     return Publisher(server, f"tcp://127.0.0.1:{port}", replay)
@@ -176,10 +187,17 @@ def decisions(bases: list[str]) -> str:
     return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
 
 
-def floor_tokens(conversations: list[list[str]], block: int) -> int:
+def upstream_tokenizer(args: argparse.Namespace) -> Tokenizer:
+    """The tokenizer of the model the upstreams serve."""
+    if args.upstreams == "vllm" or args.upstream_model == "tiny":
+        return Tokenizer.from_dir(str(default_model_dir()))
+    path = local_model_path(args.upstream_model) or fetch_model(args.upstream_model)
+    return gguf_tokenizer(GGUFReader(str(path)))
+
+
+def floor_tokens(conversations: list[list[str]], block: int, tokenizer: Tokenizer) -> int:
     """Prompt tokens every router must compute: each distinct full block once (content keys,
     as the upstreams' events give them), and every call's last partial block."""
-    tokenizer = Tokenizer.from_dir(str(default_model_dir()))
     blocks: set[bytes] = set()
     tails = 0
     for prompts in conversations:
@@ -190,14 +208,31 @@ def floor_tokens(conversations: list[list[str]], block: int) -> int:
     return len(blocks) * block + tails
 
 
+def group_sizes(conversations: int, groups: int, skew: float) -> list[int]:
+    """Conversations per shared prompt, in proportion to 1 / rank^skew (largest remainders):
+    agents are not equally popular, and a popular one's conversations outgrow one cache."""
+    weights = [1.0 / (rank + 1) ** skew for rank in range(groups)]
+    quotas = [conversations * w / sum(weights) for w in weights]
+    sizes = [int(q) for q in quotas]
+    by_remainder = sorted(range(groups), key=lambda g: sizes[g] - quotas[g])
+    for g in by_remainder[: conversations - sum(sizes)]:
+        sizes[g] += 1
+    return sizes
+
+
 def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
-    """Each conversation's prompts, turn by turn; the first words name the run."""
+    """Each conversation's prompts, turn by turn, in the order they start; the first words
+    name the run."""
     rng = random.Random(args.seed)
     shared = [words(rng, args.shared_words) for _ in range(args.groups)]
+    groups = [n % args.groups for n in range(args.sessions)]
+    if args.group_skew:  # a popular agent's conversations start throughout the trace
+        sizes = group_sizes(args.sessions, args.groups, args.group_skew)
+        groups = [g for g, size in enumerate(sizes) for _ in range(size)]
+        rng.shuffle(groups)
     low, high = args.turn_words
     conversations = []
-    for n in range(args.sessions):
-        group = n % args.groups
+    for n, group in enumerate(groups):
         history = f"Agent {group} ({run}): {shared[group]}\nTask {n}: " + words(
             rng, args.context_words
         )
@@ -207,6 +242,27 @@ def trace(args: argparse.Namespace, run: str) -> list[list[str]]:
             prompts.append(history)
         conversations.append(prompts)
     return conversations
+
+
+def pauses(args: argparse.Namespace) -> list[list[float]]:
+    """Each conversation's pauses before its turns after the first (an agent running a tool),
+    exponential with mean ``--think-s``, the same for every router."""
+    rng = random.Random(args.seed + 2)
+    think = args.think_s
+    return [
+        [rng.expovariate(1.0 / think) if think else 0.0 for _ in range(args.turns - 1)]
+        for _ in range(args.sessions)
+    ]
+
+
+def starts(args: argparse.Namespace) -> list[float]:
+    """When each conversation begins, in seconds from the first: a Poisson process spread
+    over ``--arrival-s`` (all at 0 without it), the same for every router."""
+    if not args.arrival_s:
+        return [0.0] * args.sessions
+    rng = random.Random(args.seed + 1)
+    gaps = list(itertools.accumulate(rng.expovariate(1.0) for _ in range(args.sessions)))
+    return [args.arrival_s * (t - gaps[0]) / (gaps[-1] - gaps[0] or 1.0) for t in gaps]
 
 
 async def first_token_s(
@@ -251,24 +307,34 @@ class Result:
 
 
 async def drive(
-    routers: list[Router], model: str, conversations: list[list[str]], max_tokens: int
+    routers: list[Router],
+    model: str,
+    conversations: list[list[str]],
+    begin: list[float],
+    think: list[list[float]],
+    max_tokens: int,
 ) -> tuple[list[float], list[list[str]]]:
-    """All conversations at once, each turn after the previous one's answer, the calls spread
-    over the router's processes round robin: the TTFTs, and each conversation's upstreams turn
-    by turn (where the router says)."""
+    """Each conversation from its start (``begin``, seconds), each turn ``think`` seconds
+    after the previous one's answer, the calls spread over the router's processes round
+    robin: the TTFTs, and each conversation's upstreams turn by turn (where the router
+    says)."""
     ttfts: list[float] = []
     urls = itertools.cycle([f"http://127.0.0.1:{router.port}" for router in routers])
 
-    async def conversation(prompts: list[str]) -> list[str]:
+    async def conversation(prompts: list[str], start: float, pause: list[float]) -> list[str]:
+        await asyncio.sleep(start)
         served = []
-        for prompt in prompts:
+        for prompt, wait in zip(prompts, [0.0, *pause], strict=True):
+            await asyncio.sleep(wait)
             ttft, upstream = await first_token_s(http, next(urls), model, prompt, max_tokens)
             ttfts.append(ttft)
             served.append(upstream)
         return served
 
     async with httpx.AsyncClient(timeout=300, limits=httpx.Limits(max_connections=256)) as http:
-        served = await asyncio.gather(*(conversation(p) for p in conversations))
+        served = await asyncio.gather(
+            *(conversation(p, t, w) for p, t, w in zip(conversations, begin, think, strict=True))
+        )
     return ttfts, list(served)
 
 
@@ -296,7 +362,9 @@ def measure(
         time.sleep(1.0)  # a gateway following events: connected and replayed
         before = settled(upstreams)
         began = time.perf_counter()
-        ttfts, served = asyncio.run(drive(routers, model, trace(args, name), args.max_tokens))
+        ttfts, served = asyncio.run(
+            drive(routers, model, trace(args, name), starts(args), pauses(args), args.max_tokens)
+        )
         wall = time.perf_counter() - began
         after = settled(upstreams)
         bases = [f"http://127.0.0.1:{router.port}" for router in routers]
@@ -328,7 +396,7 @@ def run_in(args: argparse.Namespace, folder: Path) -> None:
         events = [flag for u in upstreams for flag in u.follow]
         routers = [
             (PRECISE, kvgate(urls, 1, *events)),
-            (LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", str(default_model_dir()))),
+            *local_tokens(args, urls, events),
             ("kvgate approximate", kvgate(urls, 1)),
             *peer_routers(urls),
         ]
@@ -337,6 +405,16 @@ def run_in(args: argparse.Namespace, folder: Path) -> None:
         for u in upstreams:
             u.server.stop()
     report(results, args)
+
+
+def local_tokens(
+    args: argparse.Namespace, urls: list[str], events: list[str]
+) -> list[tuple[str, Command]]:
+    """kvgate precise with the model's tokenizer in the gateway (``--tokenizer`` takes a
+    tokenizer folder: the tiny model's, not a GGUF's)."""
+    if args.upstreams == "kvgate" and args.upstream_model != "tiny":
+        return []
+    return [(LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", str(default_model_dir())))]
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
@@ -349,9 +427,13 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     print(
         f"\n{args.router_replicas} process(es) of each router, the calls round robin over them; "
         f"{args.sessions} conversations x {args.turns} turns over {args.groups} shared prompts "
-        f"({args.shared_words} + {args.context_words} words each), 3 {args.upstreams} tiny "
+        f"({args.shared_words} + {args.context_words} words each; conversations per prompt "
+        f"{group_sizes(args.sessions, args.groups, args.group_skew)}, starting over "
+        f"{args.arrival_s:g} s, pausing {args.think_s:g} s between turns), 3 {args.upstreams} "
+        f"{'tiny' if args.upstreams == 'vllm' else args.upstream_model} "
         f"upstreams ({block}-token blocks) with {cache} of KV cache each, {args.max_tokens} "
-        f"tokens per answer; the floor: {floor_tokens(trace(args, PRECISE), block)} prompt "
+        f"tokens per answer; the floor: "
+        f"{floor_tokens(trace(args, PRECISE), block, upstream_tokenizer(args))} prompt "
         "tokens computed\n"
     )
     print(

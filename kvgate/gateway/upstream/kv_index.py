@@ -23,8 +23,10 @@ operations only.
 from __future__ import annotations
 
 import hashlib
+import math
 import struct
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
@@ -36,6 +38,7 @@ from kvgate.engine.process import kv_wire
 ROOT = hashlib.sha256(b"kvgate-kv-content-v1").digest()[:16]
 KEY_BYTES = 16
 SPECULATIVE_S = 3.0  # a routed call's blocks are assumed there this long, until events say
+EVICTION_WINDOW_S = 10.0  # the time constant of the eviction rate: about an agent's turn
 
 
 def _extras(keys: Sequence[Any] | None) -> bytes:
@@ -81,6 +84,8 @@ class BlockIndex:
         self._by_engine: OrderedDict[bytes, bytes] = OrderedDict()
         self._held: dict[bytes, int] = {}  # content key → engine hashes naming it
         self._speculative: OrderedDict[bytes, float] = OrderedDict()  # key → until
+        self._evictions = 0.0  # blocks the engine removed, decayed by EVICTION_WINDOW_S
+        self._evicted_at = 0.0
 
     def __len__(self) -> int:
         return len(self._by_engine)
@@ -112,18 +117,40 @@ class BlockIndex:
                 self._put(engine_hash(value), key)
         return True
 
-    def removed(self, hashes: Sequence[bytes | int]) -> None:
+    def removed(self, hashes: Sequence[bytes | int], now: float | None = None) -> None:
+        """The engine dropped these blocks: evicted them for others (counted in
+        ``eviction_odds``) or freed them."""
+        now = time.monotonic() if now is None else now
         with self._lock:
+            gone = 0
             for value in hashes:
                 key = self._by_engine.pop(engine_hash(value), None)
                 if key is not None:
                     self._release(key)
+                    gone += 1
+            self._evictions = self._decayed(now) + gone
+            self._evicted_at = now
+
+    def eviction_odds(self, now: float) -> float:
+        """The chance that a block held here now is gone within ``EVICTION_WINDOW_S``: the
+        blocks removed over about that long, over the blocks held (1 at most). An upstream
+        whose cache holds more than its callers' working set removes little; one that
+        thrashes removes as much as it holds, and a conversation placed there will likely
+        recompute its history at its next turn."""
+        with self._lock:
+            held = len(self._by_engine)
+            recent = self._decayed(now)
+        return min(1.0, recent / held) if held else 0.0
+
+    def _decayed(self, now: float) -> float:
+        return self._evictions * math.exp(-max(0.0, now - self._evicted_at) / EVICTION_WINDOW_S)
 
     def clear(self) -> None:
         with self._lock:
             self._by_engine.clear()
             self._held.clear()
             self._speculative.clear()
+            self._evictions = 0.0
 
     def match(self, keys: Sequence[bytes], now: float) -> int:
         """How many of ``keys``, from the first, are held here (or speculatively)."""

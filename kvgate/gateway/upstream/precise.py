@@ -1,29 +1,41 @@
-"""Precise prefix routing: the upstream whose KV-cache events say it holds the most of the
-call's prefix that the others lack, weighed against its load, within a bound on imbalance.
+"""Precise prefix routing: the upstream where a call costs the least prefill, now and at the
+conversation's next turn, as the upstreams' KV-cache events tell, within a bound on imbalance.
 
-Each available upstream whose load is below the bound scores a weighted sum (the weights of
-llm-d's precise-prefix-cache profile):
+Each available upstream below the load bound is costed in prompt tokens to compute:
 
-    3 × prefix   its share of the call's blocks beyond the share every available upstream
-                 holds, over the rest (held, or speculative: just routed there); 0 when none
-    2 × KV       1 − its KV-cache usage (scraped)
-    2 × queue    1 − its requests / the bound
+    uncached     the call's tokens beyond the prefix it holds (held, or speculative: just
+                 routed there)
+    + at risk    the call's tokens × the chance that a block stored there now is evicted
+                 before the conversation's next turn (``BlockIndex.eviction_odds``: the
+                 blocks it removed over the last ~10 s, over the blocks it holds)
+    + queued     its requests × half the tokens a call computed on average lately (a
+                 request there has, on average, half of its prefill still to compute)
 
-the highest wins (ties: the lowest index, so every gateway picks alike). Why not llm-d's
-plain prefix share: an agent's shared prompt is cached everywhere, so it lifts every
-upstream alike and the difference that matters, the conversation's own blocks, is a small
-part of the share; measured where caches evict (benchmarks/fleet_eviction.py) the load terms
-then outweighed it, turns left the upstream holding their history, and the caches evicted.
-Counted on the distinguishing blocks, a conversation's turns stay where its history is.
+and the cheapest wins (ties: the lowest index, so every gateway picks alike). An upstream
+whose running requests fill its KV cache (scraped) takes a call only when every one does.
 
-Why a bound: the scraped load terms are seconds old, so a burst of calls sharing a prefix
-would all go to the upstream holding it before any scrape could say that it is full. An
-upstream's requests are this gateway's own calls there (counted live, by their leases) or,
-when larger, what its last scrape reported (every gateway's); like the hash router's
-bounded loads (``kvgate.engine.core.router.PrefixRouter.load_bound``) an upstream may take a call
-only while its requests are below ceil(1.25 × (all requests + 1) / available upstreams), so
-the least loaded one always may; never below ``BOUND_FLOOR``, as an idle fleet's bound of 1
-would send a call away from its blocks for one request, or a scrape's stale one.
+Why costs, not llm-d's weighted scores (3 × prefix share + 2 × free KV + 2 × free queue):
+measured where caches evict (benchmarks/fleet_eviction.py), one request more on a
+conversation's upstream outweighed its whole history there, so turns left their history
+and the caches evicted; in tokens, a history of 1,000 outweighs a queued request worth 75.
+A shared prompt cached everywhere lowers every upstream's cost alike and decides nothing.
+
+Why the risk: a cache smaller than the conversations sent to it removes blocks as fast as
+it stores them. A router that follows only where blocks are keeps sending a popular agent's
+conversations to the upstream holding its prompt, where each evicts another's history.
+Counting the history as likely lost there moves new conversations, and those whose history
+is already gone, to an upstream that keeps what it holds; one whose history is held moves
+only when that history would likely be evicted before it is read again.
+
+Why a bound: the scraped requests are seconds old, so a burst of calls sharing a prefix
+from several gateways would all go to the upstream holding it before any scrape could say
+that it is busy. An upstream's requests are this gateway's own calls there (counted live,
+by their leases) or, when larger, what its last scrape reported (every gateway's); it may
+take a call only while they are below ceil(2 × (all requests + 1) / available upstreams),
+so the least loaded one always may, and never below ``BOUND_FLOOR``. Twice a fair share, not
+the hash router's 1.25 (``kvgate.engine.core.router.PrefixRouter.load_bound``): the queue
+term already spreads load, and at 1.25 the bound, met on a scrape's stale count, made a
+third of the moves that left a conversation's history behind.
 
 An upstream whose events are not followed (none configured, or its subscription down) holds
 no block here: it competes on load alone. When no followed upstream holds even one block of
@@ -45,14 +57,13 @@ from dataclasses import dataclass, field
 
 from kvgate.gateway.upstream.kv_index import BlockIndex, request_keys
 from kvgate.gateway.upstream.kv_subscriber import KVSubscriber
-from kvgate.gateway.upstream.routing import Load
+from kvgate.gateway.upstream.routing import KV_FULL, Load
 
-PREFIX_WEIGHT = 3.0
-KV_WEIGHT = 2.0
-QUEUE_WEIGHT = 2.0
-LOAD_FACTOR = 1.25  # as the hash router's bounded loads
+LOAD_FACTOR = 2.0  # a safety net under the cost's own queue term: twice a fair share
 BOUND_FLOOR = 4  # an engine batches this many requests at no cost: no bound below it
 BLOCK_SIZES = (16,)  # keys computed ahead, off the event loop; others on first use
+CALL_COST_DECAY = 0.9  # the average call's tokens: each routed call weighs 1 − this
+QUEUED_SHARE = 0.5  # a request there still has, on average, half of its prefill to compute
 
 
 @dataclass
@@ -79,30 +90,48 @@ def load_bound(loads: Sequence[Load], available: Sequence[bool]) -> int:
     return max(BOUND_FLOOR, math.ceil(LOAD_FACTOR * (sum(open_totals) + 1) / len(open_totals)))
 
 
-def best(shares: Sequence[float], loads: Sequence[Load], available: Sequence[bool]) -> int:
-    """The position of the highest scoring available upstream below the load bound, given
-    the share of the call's blocks each holds from the first (``shares``)."""
-    common = min(s for s, ok in zip(shares, available, strict=True) if ok)
-    distinct = 1.0 - common
+@dataclass(frozen=True, slots=True)
+class Holding:
+    """What one upstream holds of a call, as its events tell."""
+
+    cached_tokens: int = 0  # the call's tokens, from the first, held there
+    eviction_odds: float = 0.0  # the chance a block stored there now is soon evicted
+
+
+def cost(tokens: int, holding: Holding, requests: int, call_tokens: float) -> float:
+    """Prompt tokens the call costs an upstream: its uncached ones, those likely recomputed
+    at the next turn, and the calls queued ahead."""
+    uncached = tokens - holding.cached_tokens
+    return uncached + tokens * holding.eviction_odds + requests * QUEUED_SHARE * call_tokens
+
+
+def best(
+    tokens: int,
+    holdings: Sequence[Holding],
+    loads: Sequence[Load],
+    available: Sequence[bool],
+    call_tokens: float,
+) -> int:
+    """The position of the cheapest available upstream below the load bound (a full KV
+    cache only where every such one is full) for a call of ``tokens`` prompt tokens, given
+    what each holds and the average call's tokens (``call_tokens``)."""
     bound = load_bound(loads, available)
-    choice, top = -1, -math.inf
+    below = [ok and load.total < bound for ok, load in zip(available, loads, strict=True)]
+    roomy = [ok and load.kv_usage < KV_FULL for ok, load in zip(below, loads, strict=True)]
+    candidates = roomy if any(roomy) else below
+    choice, cheapest = -1, math.inf
     for position, load in enumerate(loads):
-        if not available[position] or load.total >= bound:
-            continue
-        prefix = (shares[position] - common) / distinct if distinct > 0 else 0.0
-        score = (
-            PREFIX_WEIGHT * prefix
-            + KV_WEIGHT * (1.0 - min(1.0, load.kv_usage))
-            + QUEUE_WEIGHT * (1.0 - load.total / bound)
-        )
-        if score > top:
-            choice, top = position, score
+        if candidates[position]:
+            price = cost(tokens, holdings[position], load.total, call_tokens)
+            if price < cheapest:
+                choice, cheapest = position, price
     return choice
 
 
 class PreciseScorer:
     def __init__(self, subscriber: KVSubscriber) -> None:
         self.subscriber = subscriber
+        self.call_tokens = 0.0  # what a call routed here computes, on average (decayed)
 
     def choose(
         self,
@@ -113,19 +142,30 @@ class PreciseScorer:
         now: float,
     ) -> int | None:
         """The position of the best upstream, or None when no followed one holds a block."""
-        shares = [0.0] * len(urls)
+        holdings = [Holding()] * len(urls)
         for position, url in enumerate(urls):
             index = self.subscriber.live_index(url)
             if available[position] and index is not None and index.block_size is not None:
                 keys = prompt.keys(index.block_size)
-                if keys:
-                    shares[position] = index.match(keys, now) / len(keys)
-        if not any(shares):
+                holdings[position] = Holding(
+                    index.match(keys, now) * index.block_size, index.eviction_odds(now)
+                )
+        tokens = len(prompt.token_ids)
+        if not any(h.cached_tokens for h in holdings):
+            self._computed(tokens)  # wherever it goes
             return None
-        return best(shares, loads, available)
+        position = best(tokens, holdings, loads, available, self.call_tokens or tokens)
+        self._computed(tokens - holdings[position].cached_tokens)
+        return position
 
     def routed(self, prompt: PromptBlocks, url: str, now: float) -> None:
         """The call goes to ``url``: its blocks count as there until events say."""
         index: BlockIndex | None = self.subscriber.live_index(url)
         if index is not None:
             index.speculate(prompt.keys(index.block_size or BLOCK_SIZES[0]), now)
+
+    def _computed(self, tokens: int) -> None:
+        if self.call_tokens:
+            self.call_tokens = CALL_COST_DECAY * self.call_tokens + (1 - CALL_COST_DECAY) * tokens
+        else:
+            self.call_tokens = float(tokens)

@@ -1,66 +1,90 @@
-"""The precise scorer's decisions, from the shares of a call's blocks each upstream holds and
-their loads: no processes, no events. A shared prompt held everywhere does not decide; the
-blocks only one upstream holds keep a conversation there unless it is over the load bound."""
+"""The precise scorer's decisions, from what each upstream holds of a call and their loads: no
+processes, no events. Costs are prompt tokens: a shared prompt held everywhere does not
+decide; a conversation's history keeps it where it is unless that upstream is over the
+load bound, or so pressed that the history will likely be evicted before it is read again."""
 
 from __future__ import annotations
 
-from kvgate.gateway.upstream.precise import best, load_bound
+from kvgate.gateway.upstream.precise import Holding, best, cost, load_bound
 from kvgate.gateway.upstream.routing import Load
 
 ALL = [True, True, True]
+CALL = 150.0  # the average call's tokens
 
 
 def idle(*in_flight: int) -> list[Load]:
     return [Load(n) for n in in_flight]
 
 
+def held(*cached_tokens: int, odds: tuple[float, ...] = (0.0, 0.0, 0.0)) -> list[Holding]:
+    return [Holding(c, o) for c, o in zip(cached_tokens, odds, strict=True)]
+
+
+def test_the_cost_counts_uncached_tokens_risk_and_queue() -> None:
+    # half of each queued request's prefill is still to compute, on average
+    assert cost(1000, Holding(600, 0.5), 2, CALL) == 400 + 500 + 150
+
+
 def test_a_shared_prompt_held_everywhere_leaves_the_choice_to_load() -> None:
-    shares = [0.6, 0.6, 0.6]
-    assert best(shares, idle(3, 1, 2), ALL) == 1
+    assert best(1000, held(600, 600, 600), idle(3, 1, 2), ALL, CALL) == 1
 
 
-def test_the_conversation_stays_where_its_own_blocks_are_though_busier() -> None:
-    # 0.6 of the call is the shared prompt (everywhere); upstream 2 also holds the
-    # conversation's history: all the distinguishing blocks.
-    shares = [0.6, 0.6, 1.0]
-    assert best(shares, idle(3, 3, 4), ALL) == 2
+def test_the_conversation_stays_where_its_history_is_though_busier() -> None:
+    # 600 tokens of shared prompt everywhere; upstream 2 also holds the history.
+    assert best(1000, held(600, 600, 960), idle(1, 1, 3), ALL, CALL) == 2
 
 
 def test_an_upstream_at_the_load_bound_takes_no_more() -> None:
-    loads = idle(2, 3, 9)
-    assert load_bound(loads, ALL) == 7  # ceil(1.25 × 15 / 3)
-    assert best([0.6, 0.6, 1.0], loads, ALL) == 0
+    loads = idle(1, 2, 11)
+    assert load_bound(loads, ALL) == 10  # ceil(2 × 15 / 3)
+    assert best(1000, held(600, 600, 960), loads, ALL, CALL) == 0
 
 
 def test_an_idle_fleet_keeps_a_call_with_its_blocks() -> None:
     loads = idle(0, 0, 2)
     assert load_bound(loads, ALL) == 4  # the floor, not ceil(1.25 × 3 / 3)
-    assert best([0.0, 0.0, 1.0], loads, ALL) == 2
+    assert best(1000, held(0, 0, 960), loads, ALL, CALL) == 2
 
 
 def test_scraped_requests_count_when_larger_than_this_gateways() -> None:
     loads = [Load(0, waiting=6, running=6), Load(0), Load(0)]
-    assert best([1.0, 0.0, 0.0], loads, ALL) == 1
+    assert best(1000, held(960, 0, 0), loads, ALL, CALL) == 1
 
 
-def test_a_full_kv_cache_weighs_against_an_upstream() -> None:
-    loads = [Load(1, kv_usage=1.0), Load(1, kv_usage=0.0), Load(1, kv_usage=0.0)]
-    assert best([0.8, 0.0, 0.0], loads, ALL) == 0  # 2.4 of prefix outweighs 2.0 of KV
-    assert best([0.5, 0.0, 0.0], loads, ALL) == 1
+def test_a_full_kv_cache_takes_a_call_only_when_every_one_is_full() -> None:
+    loads = [Load(1, kv_usage=1.0), Load(1, kv_usage=0.5), Load(1, kv_usage=0.5)]
+    assert best(1000, held(960, 0, 0), loads, ALL, CALL) == 1
+    full = [Load(1, kv_usage=1.0)] * 3
+    assert best(1000, held(960, 0, 0), full, ALL, CALL) == 0
 
 
-def test_unavailable_upstreams_are_neither_chosen_nor_common() -> None:
+def test_unavailable_upstreams_are_not_chosen() -> None:
     available = [False, True, True]
-    # The unavailable one holds nothing: the others' shared share still does not decide.
-    assert best([0.0, 0.5, 0.5], idle(0, 2, 1), available) == 2
-    assert best([1.0, 0.5, 0.5], idle(0, 0, 0), available) == 1  # tie: the lowest index
+    assert best(1000, held(960, 500, 500), idle(0, 2, 1), available, CALL) == 2
+    assert best(1000, held(960, 500, 500), idle(0, 0, 0), available, CALL) == 1  # tie
+
+
+def test_a_new_conversation_leaves_a_thrashing_upstream_holding_its_prompt() -> None:
+    # Upstream 0 holds the popular agent's 600-token prompt but evicts as fast as it stores;
+    # the others keep what they hold.
+    odds = (1.0, 0.1, 0.1)
+    assert best(900, held(600, 0, 0, odds=odds), idle(1, 1, 1), ALL, CALL) == 1
+    # Where it keeps its blocks, the prompt wins.
+    calm = (0.1, 0.1, 0.1)
+    assert best(900, held(600, 0, 0, odds=calm), idle(1, 1, 1), ALL, CALL) == 0
+
+
+def test_a_conversation_stays_on_a_moderately_pressed_upstream_holding_its_history() -> None:
+    # Recomputing 1,000 tokens elsewhere costs more than a 0.3 chance of losing them.
+    odds = (0.3, 0.0, 0.0)
+    assert best(1100, held(1000, 0, 0, odds=odds), idle(1, 1, 1), ALL, CALL) == 0
 
 
 def test_a_burst_sharing_a_prefix_spreads_over_the_upstreams() -> None:
     in_flight = [0, 0, 0]
     for _ in range(30):
-        shares = [0.6 if n else 0.0 for n in in_flight]  # speculative where calls went
-        shares[0] = 0.6  # the prompt's first call went to upstream 0
-        pick = best(shares, idle(*in_flight), ALL)
+        cached = [600 if n else 0 for n in in_flight]  # speculative where calls went
+        cached[0] = 600  # the prompt's first call went to upstream 0
+        pick = best(1000, held(*cached), idle(*in_flight), ALL, CALL)
         in_flight[pick] += 1
     assert max(in_flight) - min(in_flight) <= 2, in_flight
