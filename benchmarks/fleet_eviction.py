@@ -38,11 +38,11 @@ router, same run. The floor is what no router can avoid: every distinct block of
 computed once, and each call's last partial block.
 
     python benchmarks/fleet.py --workload eviction --upstream-model smollm2 --sessions 48 \
-        --max-tokens 4 --kv-cache-memory 128MiB --groups 6 --group-skew 1 --arrival-s 30 \
+        --max-tokens 4 --kv-cache-memory 96MiB --groups 6 --group-skew 1 --arrival-s 60 \
         --think-s 2 [--router-replicas 2]
     python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 48 \
-        --max-tokens 4 --context-words 300 --vllm-kv-blocks 128 --groups 6 --group-skew 1 \
-        --arrival-s 30 --think-s 2 --router-replicas 2
+        --max-tokens 4 --context-words 300 --vllm-kv-blocks 96 --groups 6 --group-skew 1 \
+        --arrival-s 60 --think-s 2 --router-replicas 2
 """
 
 from __future__ import annotations
@@ -187,11 +187,17 @@ def decisions(bases: list[str]) -> str:
     return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
 
 
+def served_model(args: argparse.Namespace) -> str:
+    """The model the upstreams serve: vLLM's always the tiny one."""
+    return "tiny" if args.upstreams == "vllm" else str(args.upstream_model)
+
+
 def upstream_tokenizer(args: argparse.Namespace) -> Tokenizer:
     """The tokenizer of the model the upstreams serve."""
-    if args.upstreams == "vllm" or args.upstream_model == "tiny":
+    model = served_model(args)
+    if model == "tiny":
         return Tokenizer.from_dir(str(default_model_dir()))
-    path = local_model_path(args.upstream_model) or fetch_model(args.upstream_model)
+    path = local_model_path(model) or fetch_model(model)
     return gguf_tokenizer(GGUFReader(str(path)))
 
 
@@ -412,7 +418,7 @@ def local_tokens(
 ) -> list[tuple[str, Command]]:
     """kvgate precise with the model's tokenizer in the gateway (``--tokenizer`` takes a
     tokenizer folder: the tiny model's, not a GGUF's)."""
-    if args.upstreams == "kvgate" and args.upstream_model != "tiny":
+    if served_model(args) != "tiny":
         return []
     return [(LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", str(default_model_dir())))]
 
@@ -430,7 +436,7 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         f"({args.shared_words} + {args.context_words} words each; conversations per prompt "
         f"{group_sizes(args.sessions, args.groups, args.group_skew)}, starting over "
         f"{args.arrival_s:g} s, pausing {args.think_s:g} s between turns), 3 {args.upstreams} "
-        f"{'tiny' if args.upstreams == 'vllm' else args.upstream_model} "
+        f"{served_model(args)} "
         f"upstreams ({block}-token blocks) with {cache} of KV cache each, {args.max_tokens} "
         f"tokens per answer; the floor: "
         f"{floor_tokens(trace(args, PRECISE), block, upstream_tokenizer(args))} prompt "

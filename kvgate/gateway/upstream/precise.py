@@ -35,7 +35,7 @@ take a call only while they are below ceil(2 × (all requests + 1) / available u
 so the least loaded one always may, and never below ``BOUND_FLOOR``. Twice a fair share, not
 the hash router's 1.25 (``kvgate.engine.core.router.PrefixRouter.load_bound``): the queue
 term already spreads load, and at 1.25 the bound, met on a scrape's stale count, made a
-third of the moves that left a conversation's history behind.
+third to a half of the moves that left a conversation's history behind.
 
 An upstream whose events are not followed (none configured, or its subscription down) holds
 no block here: it competes on load alone. When no followed upstream holds even one block of
