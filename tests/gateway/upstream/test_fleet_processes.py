@@ -94,23 +94,39 @@ def test_every_gateway_routes_a_key_to_the_same_upstream(
     assert 'reason="key"' in gateways[0].metrics()
 
 
-def test_a_hot_key_overflows_to_the_next_upstream(gateways: list[Process]) -> None:
-    """A burst on one key from one gateway, faster than a scrape could show it (each call
-    generates all its 300 tokens, so they overlap however loaded the machine): the key's own
-    upstream keeps AFFINITY_SLACK calls, then the bound ceil(1.25 (total + 1) / 3) sends the
-    rest to its next upstream on the ring (the queue-driven case is in test_scrape.py)."""
-    g = gateways[0]
-    (key,) = owned_by(g.base, 0)
-    burst = AFFINITY_SLACK + 4
-    with ThreadPoolExecutor(burst) as pool:
-        calls = [
-            pool.submit(generate, g.base, 60, cache_key=key, prompt=LONG["prompt"], max_tokens=300)
-            for _ in range(burst)
-        ]
+def test_a_hot_key_overflows_to_the_next_upstream(
+    log_dir: Path, upstreams: list[Process], gateways: list[Process]
+) -> None:
+    """A burst on one key while the key's own upstream is paused (SIGSTOP), so every call sent
+    there stays in flight however fast the machine: that upstream keeps AFFINITY_SLACK calls,
+    then the bound ceil(1.25 (total + 1) / 3) sends the rest to its next upstream on the ring
+    (the queue-driven case is in test_scrape.py). This gateway neither checks health nor
+    scrapes, and waits on reads, so the pause is not mistaken for a stall (that case is
+    test_a_stalled_upstream_is_detected_and_skipped)."""
+    quiet = ("--upstream-health-interval", "0", "--upstream-scrape-interval", "0")
+    g = gateway(log_dir, upstreams, *quiet, "--upstream-read-timeout", "120")
+    with running([g], 60):
+        (key,) = owned_by(g.base, 0)
+        burst = AFFINITY_SLACK + 4
+        pool = ThreadPoolExecutor(burst)
+        upstreams[0].signal(signal.SIGSTOP)
+        try:
+            calls = [
+                pool.submit(generate, g.base, 90, cache_key=key, prompt="hi", max_tokens=2)
+                for _ in range(burst)
+            ]
+            overflowed = burst - AFFINITY_SLACK
+            wait_for(lambda: sum(c.done() for c in calls) >= overflowed, 60, "no call overflowed")
+        finally:
+            upstreams[0].signal(signal.SIGCONT)
         replicas = [c.result()["structuredContent"]["replica"] for c in calls]
-    counts = {r: replicas.count(r) for r in set(replicas)}
-    assert len(counts) >= 2 and AFFINITY_SLACK <= counts[0] < burst, replicas
-    assert 'reason="overflow"' in g.metrics()
+        pool.shutdown()
+        others = [r for r in replicas if r != 0]
+        assert len(others) == overflowed and len(set(others)) == 1, replicas
+        assert 'reason="overflow"' in g.metrics()
+    # The module's gateways saw the pause as a stall: the next tests want the upstream back.
+    back = "the resumed upstream stayed out"
+    wait_for(lambda: all(states(other)[0] == "healthy" for other in gateways), 10, back)
 
 
 def stream_until_first_progress(base: str, arguments: dict, events: list, begun: threading.Event):
