@@ -10,6 +10,8 @@ Each available upstream below the load bound is costed in prompt tokens to compu
                  blocks it removed over the last ~10 s, over the blocks it holds)
     + queued     its requests × half the tokens a call computed on average lately (a
                  request there has, on average, half of its prefill still to compute)
+    + crowded    the call's tokens × how far the prompt tokens this gateway sent it lately
+                 exceed a fair share (``Demand``: 1 at twice the share, 0 at or below it)
 
 and the cheapest wins (ties: the lowest index, so every gateway picks alike). An upstream
 whose running requests fill its KV cache (scraped) takes a call only when every one does.
@@ -26,6 +28,14 @@ conversations to the upstream holding its prompt, where each evicts another's hi
 Counting the history as likely lost there moves new conversations, and those whose history
 is already gone, to an upstream that keeps what it holds; one whose history is held moves
 only when that history would likely be evicted before it is read again.
+
+Why the crowding: between an agent's turns its upstream runs nothing, so requests in flight
+say nothing of the conversations it must keep cached. Without this term a popular agent's
+new conversations all followed its prompt to one upstream until that one evicted, and the
+upstreams' prompt tokens spread with a CoV of 0.2 (benchmarks/fleet_eviction.py). Counted in
+the call's tokens, a conversation whose history is held stays until its upstream is crowded
+by about the share of its prompt that history is; a new one, holding only the agent's
+prompt, moves first.
 
 Why a bound: the scraped requests are seconds old, so a burst of calls sharing a prefix
 from several gateways would all go to the upstream holding it before any scrape could say
@@ -64,6 +74,7 @@ BOUND_FLOOR = 4  # an engine batches this many requests at no cost: no bound bel
 BLOCK_SIZES = (16,)  # keys computed ahead, off the event loop; others on first use
 CALL_COST_DECAY = 0.9  # the average call's tokens: each routed call weighs 1 − this
 QUEUED_SHARE = 0.5  # a request there still has, on average, half of its prefill to compute
+DEMAND_HALF_LIFE_S = 30.0  # "lately", for the prompt tokens sent each upstream: a few turns
 
 
 @dataclass
@@ -98,11 +109,47 @@ class Holding:
     eviction_odds: float = 0.0  # the chance a block stored there now is soon evicted
 
 
-def cost(tokens: int, holding: Holding, requests: int, call_tokens: float) -> float:
+def cost(
+    tokens: int, holding: Holding, requests: int, call_tokens: float, crowding: float = 0.0
+) -> float:
     """Prompt tokens the call costs an upstream: its uncached ones, those likely recomputed
-    at the next turn, and the calls queued ahead."""
+    at the next turn, the calls queued ahead, and its crowding (``Demand.crowding``)."""
     uncached = tokens - holding.cached_tokens
-    return uncached + tokens * holding.eviction_odds + requests * QUEUED_SHARE * call_tokens
+    at_risk = tokens * (holding.eviction_odds + crowding)
+    return uncached + at_risk + requests * QUEUED_SHARE * call_tokens
+
+
+class Demand:
+    """The prompt tokens this gateway sent each upstream lately (halving every
+    ``DEMAND_HALF_LIFE_S``): what each must keep cached for the conversations routed there.
+    Keyed by the upstreams' URLs; an entry decayed below one token is dropped."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[str, float] = {}
+        self._at = 0.0
+
+    def add(self, url: str, tokens: int, now: float) -> None:
+        self._decay(now)
+        self._tokens[url] = self._tokens.get(url, 0.0) + tokens
+
+    def crowding(self, urls: Sequence[str], available: Sequence[bool], now: float) -> list[float]:
+        """Per upstream, how far its share of the available upstreams' recent tokens exceeds
+        a fair one, as a fraction of that share (0 when at or below it; 0 when unavailable)."""
+        self._decay(now)
+        sent = [
+            self._tokens.get(url, 0.0) if ok else 0.0
+            for url, ok in zip(urls, available, strict=True)
+        ]
+        total, count = sum(sent), sum(available)
+        if total <= 0 or count == 0:
+            return [0.0] * len(urls)
+        return [max(0.0, tokens * count / total - 1) if tokens else 0.0 for tokens in sent]
+
+    def _decay(self, now: float) -> None:
+        if now > self._at:
+            factor = 0.5 ** ((now - self._at) / DEMAND_HALF_LIFE_S)
+            self._tokens = {u: t * factor for u, t in self._tokens.items() if t * factor >= 1}
+            self._at = now
 
 
 def best(
@@ -111,10 +158,12 @@ def best(
     loads: Sequence[Load],
     available: Sequence[bool],
     call_tokens: float,
+    crowding: Sequence[float] | None = None,
 ) -> int:
     """The position of the cheapest available upstream below the load bound (a full KV
     cache only where every such one is full) for a call of ``tokens`` prompt tokens, given
-    what each holds and the average call's tokens (``call_tokens``)."""
+    what each holds, the average call's tokens (``call_tokens``) and each one's crowding
+    (none: no upstream is)."""
     bound = load_bound(loads, available)
     below = [ok and load.total < bound for ok, load in zip(available, loads, strict=True)]
     roomy = [ok and load.kv_usage < KV_FULL for ok, load in zip(below, loads, strict=True)]
@@ -122,7 +171,8 @@ def best(
     choice, cheapest = -1, math.inf
     for position, load in enumerate(loads):
         if candidates[position]:
-            price = cost(tokens, holdings[position], load.total, call_tokens)
+            crowded = crowding[position] if crowding is not None else 0.0
+            price = cost(tokens, holdings[position], load.total, call_tokens, crowded)
             if price < cheapest:
                 choice, cheapest = position, price
     return choice
@@ -132,6 +182,7 @@ class PreciseScorer:
     def __init__(self, subscriber: KVSubscriber) -> None:
         self.subscriber = subscriber
         self.call_tokens = 0.0  # what a call routed here computes, on average (decayed)
+        self.demand = Demand()
 
     def choose(
         self,
@@ -154,12 +205,15 @@ class PreciseScorer:
         if not any(h.cached_tokens for h in holdings):
             self._computed(tokens)  # wherever it goes
             return None
-        position = best(tokens, holdings, loads, available, self.call_tokens or tokens)
+        crowding = self.demand.crowding(urls, available, now)
+        position = best(tokens, holdings, loads, available, self.call_tokens or tokens, crowding)
         self._computed(tokens - holdings[position].cached_tokens)
         return position
 
     def routed(self, prompt: PromptBlocks, url: str, now: float) -> None:
-        """The call goes to ``url``: its blocks count as there until events say."""
+        """The call goes to ``url``: its blocks count as there until events say, and its
+        tokens as that upstream's demand."""
+        self.demand.add(url, len(prompt.token_ids), now)
         index: BlockIndex | None = self.subscriber.live_index(url)
         if index is not None:
             index.speculate(prompt.keys(index.block_size or BLOCK_SIZES[0]), now)

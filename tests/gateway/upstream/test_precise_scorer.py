@@ -1,11 +1,19 @@
 """The precise scorer's decisions, from what each upstream holds of a call and their loads: no
 processes, no events. Costs are prompt tokens: a shared prompt held everywhere does not
 decide; a conversation's history keeps it where it is unless that upstream is over the
-load bound, or so pressed that the history will likely be evicted before it is read again."""
+load bound, so pressed that the history will likely be evicted before it is read again, or
+sent so much more than its share lately that a new conversation would cost as much."""
 
 from __future__ import annotations
 
-from kvgate.gateway.upstream.precise import Holding, best, cost, load_bound
+from kvgate.gateway.upstream.precise import (
+    DEMAND_HALF_LIFE_S,
+    Demand,
+    Holding,
+    best,
+    cost,
+    load_bound,
+)
 from kvgate.gateway.upstream.routing import Load
 
 ALL = [True, True, True]
@@ -88,3 +96,29 @@ def test_a_burst_sharing_a_prefix_spreads_over_the_upstreams() -> None:
         pick = best(1000, held(*cached), idle(*in_flight), ALL, CALL)
         in_flight[pick] += 1
     assert max(in_flight) - min(in_flight) <= 2, in_flight
+
+
+def test_demand_is_the_share_over_a_fair_one_and_fades() -> None:
+    demand = Demand()
+    urls = ["a", "b", "c"]
+    demand.add("a", 2000, 0.0)
+    demand.add("b", 1000, 0.0)
+    assert demand.crowding(urls, ALL, 0.0) == [1.0, 0.0, 0.0]  # twice its share of 3,000
+    # An unavailable upstream's tokens leave the share: a and b split 3,000 between two.
+    assert demand.crowding(urls, [True, True, False], 0.0) == [2000 * 2 / 3000 - 1, 0.0, 0.0]
+    later = 20 * DEMAND_HALF_LIFE_S  # both fade alike, below a token: forgotten
+    assert demand.crowding(urls, ALL, later) == [0.0, 0.0, 0.0]
+    demand.add("c", 10, later)
+    assert demand.crowding(urls, ALL, later) == [0.0, 0.0, 2.0]
+
+
+def test_a_new_conversation_of_a_popular_agent_leaves_its_crowded_upstream() -> None:
+    # Upstream 0 holds the agent's 600-token prompt, upstream 1 a copy, and 0 was sent 1.3
+    # times its share: the new conversation goes to the copy, at no queue on either.
+    crowding = [0.3, 0.0, 0.0]
+    assert best(900, held(600, 600, 0), idle(0, 0, 0), ALL, CALL, crowding) == 1
+    assert best(900, held(600, 600, 0), idle(0, 0, 0), ALL, CALL) == 0  # uncrowded: a tie
+    # One whose own history there (400 tokens past the prompt) is more of its call than the
+    # crowding stays; crowded further, it moves.
+    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, crowding) == 0
+    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [0.5, 0, 0]) == 1
