@@ -37,11 +37,21 @@ went where the conversation's previous turn went; then precise over the best app
 router, same run. The floor is what no router can avoid: every distinct block of the trace
 computed once, and each call's last partial block.
 
+The upstreams listen on free ports, and kvgate approximate's hash ring is built from their
+URLs, so where it puts each agent, and so how far above the floor it lands, changes from
+run to run (on the same trace, 1.9× and 2.8× the floor); repeat a run before reading one
+ratio. ``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
+the tokens per MiB, and computes SmolLM2's prefill several times slower (there, the tiny
+model's command below presses the caches alike without saturating the upstreams).
+
     python benchmarks/fleet.py --workload eviction --upstream-model smollm2 --sessions 48 \
         --max-tokens 4 --kv-cache-memory 96MiB --groups 6 --group-skew 1 --arrival-s 60 \
         --think-s 2 [--router-replicas 2]
     python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 48 \
         --max-tokens 4 --context-words 300 --vllm-kv-blocks 96 --groups 6 --group-skew 1 \
+        --arrival-s 60 --think-s 2 --router-replicas 2
+    python benchmarks/fleet.py --workload eviction --upstream-model tiny --sessions 48 \
+        --max-tokens 4 --context-words 300 --kv-cache-memory 8MiB --groups 6 --group-skew 1 \
         --arrival-s 60 --think-s 2 --router-replicas 2
 """
 
