@@ -23,7 +23,6 @@ operations only.
 from __future__ import annotations
 
 import hashlib
-import math
 import struct
 import threading
 import time
@@ -34,6 +33,7 @@ from typing import Any
 import msgspec
 
 from kvgate.engine.process import kv_wire
+from kvgate.gateway.upstream.decaying import DecayingSum
 
 ROOT = hashlib.sha256(b"kvgate-kv-content-v1").digest()[:16]
 KEY_BYTES = 16
@@ -84,8 +84,7 @@ class BlockIndex:
         self._by_engine: OrderedDict[bytes, bytes] = OrderedDict()
         self._held: dict[bytes, int] = {}  # content key → engine hashes naming it
         self._speculative: OrderedDict[bytes, float] = OrderedDict()  # key → until
-        self._evictions = 0.0  # blocks the engine removed, decayed by EVICTION_WINDOW_S
-        self._evicted_at = 0.0
+        self._evictions = DecayingSum(EVICTION_WINDOW_S)  # blocks the engine removed
 
     def __len__(self) -> int:
         return len(self._by_engine)
@@ -128,8 +127,7 @@ class BlockIndex:
                 if key is not None:
                     self._release(key)
                     gone += 1
-            self._evictions = self._decayed(now) + gone
-            self._evicted_at = now
+            self._evictions.add(gone, now)
 
     def eviction_odds(self, now: float) -> float:
         """The chance that a block held here now is gone within ``EVICTION_WINDOW_S``: the
@@ -139,18 +137,15 @@ class BlockIndex:
         recompute its history at its next turn."""
         with self._lock:
             held = len(self._by_engine)
-            recent = self._decayed(now)
+            recent = self._evictions.value(now)
         return min(1.0, recent / held) if held else 0.0
-
-    def _decayed(self, now: float) -> float:
-        return self._evictions * math.exp(-max(0.0, now - self._evicted_at) / EVICTION_WINDOW_S)
 
     def clear(self) -> None:
         with self._lock:
             self._by_engine.clear()
             self._held.clear()
             self._speculative.clear()
-            self._evictions = 0.0
+            self._evictions.clear()
 
     def match(self, keys: Sequence[bytes], now: float) -> int:
         """How many of ``keys``, from the first, are held here (or speculatively)."""

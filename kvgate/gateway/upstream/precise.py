@@ -65,6 +65,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from kvgate.gateway.upstream.decaying import DecayingSum
 from kvgate.gateway.upstream.kv_index import BlockIndex, request_keys
 from kvgate.gateway.upstream.kv_subscriber import KVSubscriber
 from kvgate.gateway.upstream.routing import KV_FULL, Load
@@ -115,29 +116,29 @@ def cost(
     """Prompt tokens the call costs an upstream: its uncached ones, those likely recomputed
     at the next turn, the calls queued ahead, and its crowding (``Demand.crowding``)."""
     uncached = tokens - holding.cached_tokens
-    at_risk = tokens * (holding.eviction_odds + crowding)
-    return uncached + at_risk + requests * QUEUED_SHARE * call_tokens
+    at_risk = tokens * holding.eviction_odds
+    queued = requests * QUEUED_SHARE * call_tokens
+    return uncached + at_risk + queued + tokens * crowding
 
 
 class Demand:
     """The prompt tokens this gateway sent each upstream lately (halving every
     ``DEMAND_HALF_LIFE_S``): what each must keep cached for the conversations routed there.
-    Keyed by the upstreams' URLs; an entry decayed below one token is dropped."""
+    Keyed by the upstreams' URLs; an entry faded below one token is dropped."""
 
     def __init__(self) -> None:
-        self._tokens: dict[str, float] = {}
-        self._at = 0.0
+        self._sent: dict[str, DecayingSum] = {}
 
     def add(self, url: str, tokens: int, now: float) -> None:
-        self._decay(now)
-        self._tokens[url] = self._tokens.get(url, 0.0) + tokens
+        self._forget(now)
+        self._sent.setdefault(url, DecayingSum.with_half_life(DEMAND_HALF_LIFE_S)).add(tokens, now)
 
     def crowding(self, urls: Sequence[str], available: Sequence[bool], now: float) -> list[float]:
         """Per upstream, how far its share of the available upstreams' recent tokens exceeds
         a fair one, as a fraction of that share (0 when at or below it; 0 when unavailable)."""
-        self._decay(now)
+        self._forget(now)
         sent = [
-            self._tokens.get(url, 0.0) if ok else 0.0
+            self._sent[url].value(now) if ok and url in self._sent else 0.0
             for url, ok in zip(urls, available, strict=True)
         ]
         total, count = sum(sent), sum(available)
@@ -145,11 +146,8 @@ class Demand:
             return [0.0] * len(urls)
         return [max(0.0, tokens * count / total - 1) if tokens else 0.0 for tokens in sent]
 
-    def _decay(self, now: float) -> None:
-        if now > self._at:
-            factor = 0.5 ** ((now - self._at) / DEMAND_HALF_LIFE_S)
-            self._tokens = {u: t * factor for u, t in self._tokens.items() if t * factor >= 1}
-            self._at = now
+    def _forget(self, now: float) -> None:
+        self._sent = {url: sent for url, sent in self._sent.items() if sent.value(now) >= 1}
 
 
 def best(
