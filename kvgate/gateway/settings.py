@@ -692,12 +692,14 @@ class Settings:
     )
     tokenizer: str | None = flag(
         None,
-        "tokenizer folder for token-aligned prefix hashes",
+        "tokenizer (folder, .gguf file or model name) for token-aligned prefix hashes",
         group="fleet",
-        metavar="DIR",
-        shown="--model's folder, else none",
-        doc="tokenizer folder for token-aligned prefix hashes (without one: 64-character chunks "
-        "of the rendered prompt) and for mapping upstream logprobs back to token ids",
+        metavar="SOURCE",
+        shown="--model's, else none",
+        doc="the upstreams' tokenizer, from a model folder, a .gguf file or a model name such as "
+        "smollm2 (its weights are not loaded), for token-aligned prefix hashes and precise "
+        "routing (without one: 64-character chunks of the rendered prompt, and an upstream's "
+        "/tokenize) and for mapping upstream logprobs back to token ids",
     )
     upstream_health_path: str = flag(
         "/health",

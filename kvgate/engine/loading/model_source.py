@@ -18,9 +18,8 @@ from kvgate.engine.loading.fetch_model import WHEEL_MODELS, fetch_model, local_m
 from kvgate.engine.loading.hub import hub_snapshot, looks_like_repo_id
 from kvgate.engine.loading.loader import LoadedModel, load_model
 from kvgate.engine.loading.tiny_model import default_model_dir
+from kvgate.engine.loading.tokenizer_source import GGUF_SUFFIX
 from kvgate.engine.memory import return_freed_memory
-
-GGUF_SUFFIX = ".gguf"
 
 
 def resolve_model(model: str, revision: str | None = None) -> Path:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvgate.engine.errors import AdapterError, InvalidArgument
+from kvgate.engine.loading.tokenizer_source import load_tokenizer
 from kvgate.engine.tokenization.tokenizer import Tokenizer
 from kvgate.gateway import redis_connection
 from kvgate.gateway.auth import identity
@@ -178,12 +179,12 @@ class Fleet:
             served = ", ".join(f"{url} serves {name!r}" for url, (name, _) in models.items())
             raise FleetConfigError(f"upstreams serve different models: {served}")
         lengths = [length for _, length in models.values() if length]
-        tokenizer_dir = settings.tokenizer or settings.model
+        tokenizer_source = settings.tokenizer or settings.model
         try:
-            tokenizer = Tokenizer.from_dir(tokenizer_dir) if tokenizer_dir else None
+            tokenizer = load_tokenizer(tokenizer_source) if tokenizer_source else None
         except Exception as exc:  # noqa: BLE001 - any load failure is a startup error
             raise FleetConfigError(
-                f"cannot load the tokenizer from {tokenizer_dir}: {exc}"
+                f"cannot load the tokenizer from {tokenizer_source}: {exc}"
             ) from exc
         return cls(
             settings,

@@ -6,12 +6,13 @@ Each available upstream below the load bound is costed in prompt tokens to compu
     uncached     the call's tokens beyond the prefix it holds (held, or speculative: just
                  routed there)
     + at risk    the call's tokens × the chance that a block stored there now is evicted
-                 before the conversation's next turn (``BlockIndex.eviction_odds``: the
-                 blocks it removed over the last ~10 s, over the blocks it holds)
+                 before the conversation's next turn (``BlockIndex.eviction_odds``: from
+                 the blocks it removed over the last ~10 s against the blocks it holds)
     + queued     its requests × half the tokens a call computed on average lately (a
                  request there has, on average, half of its prefill still to compute)
-    + crowded    the call's tokens × how far the prompt tokens this gateway sent it lately
-                 exceed a fair share (``Demand``: 1 at twice the share, 0 at or below it)
+    + crowded    the uncached tokens × how far the prompt tokens this gateway sent it
+                 lately exceed a fair share (``Demand``: 1 at twice the share, 0 at or
+                 below it)
 
 and the cheapest wins (ties: the lowest index, so every gateway picks alike). An upstream
 whose running requests fill its KV cache (scraped) takes a call only when every one does.
@@ -29,13 +30,22 @@ Counting the history as likely lost there moves new conversations, and those who
 is already gone, to an upstream that keeps what it holds; one whose history is held moves
 only when that history would likely be evicted before it is read again.
 
+Why the risk follows LRU: an engine evicts its least recently used blocks first, and a call's
+blocks are the newest, so an upstream that removes a third of what it holds every ~10 s
+still keeps a conversation paused for a few seconds. Counting the removals over the blocks
+held as the odds (as this cost first did) moved a twelfth of the turns of a trace whose
+caches evicted off histories they would have kept (benchmarks/fleet_eviction.py).
+
 Why the crowding: between an agent's turns its upstream runs nothing, so requests in flight
 say nothing of the conversations it must keep cached. Without this term a popular agent's
 new conversations all followed its prompt to one upstream until that one evicted, and the
-upstreams' prompt tokens spread with a CoV of 0.2 (benchmarks/fleet_eviction.py). Counted in
-the call's tokens, a conversation whose history is held stays until its upstream is crowded
-by about the share of its prompt that history is; a new one, holding only the agent's
-prompt, moves first.
+upstreams' prompt tokens spread with a CoV of 0.2 (benchmarks/fleet_eviction.py). It weighs
+what the call would bring anew to an upstream's cache: a new conversation, holding only the
+agent's prompt, moves to a copy of that prompt at any crowding, or to an upstream holding
+nothing once the crowding outweighs the prompt; one whose history is held stays, since
+moving it would recompute that history now for a balance the next new conversations reach
+anyway. Weighed on the whole call, crowding moved held conversations and cost more prefill
+than it saved.
 
 Why a bound: the scraped requests are seconds old, so a burst of calls sharing a prefix
 from several gateways would all go to the upstream holding it before any scrape could say
@@ -76,6 +86,7 @@ BLOCK_SIZES = (16,)  # keys computed ahead, off the event loop; others on first 
 CALL_COST_DECAY = 0.9  # the average call's tokens: each routed call weighs 1 − this
 QUEUED_SHARE = 0.5  # a request there still has, on average, half of its prefill to compute
 DEMAND_HALF_LIFE_S = 30.0  # "lately", for the prompt tokens sent each upstream: a few turns
+DEMAND_PRIOR_CALLS = 4  # each upstream's share counts this many average calls more
 
 
 @dataclass
@@ -114,37 +125,47 @@ def cost(
     tokens: int, holding: Holding, requests: int, call_tokens: float, crowding: float = 0.0
 ) -> float:
     """Prompt tokens the call costs an upstream: its uncached ones, those likely recomputed
-    at the next turn, the calls queued ahead, and its crowding (``Demand.crowding``)."""
+    at the next turn, the calls queued ahead, and its crowding (``Demand.crowding``) on what
+    the call would newly bring to that upstream's cache."""
     uncached = tokens - holding.cached_tokens
     at_risk = tokens * holding.eviction_odds
     queued = requests * QUEUED_SHARE * call_tokens
-    return uncached + at_risk + queued + tokens * crowding
+    return uncached + at_risk + queued + uncached * crowding
 
 
 class Demand:
     """The prompt tokens this gateway sent each upstream lately (halving every
     ``DEMAND_HALF_LIFE_S``): what each must keep cached for the conversations routed there.
-    Keyed by the upstreams' URLs; an entry faded below one token is dropped."""
+    Keyed by the upstreams' URLs; an entry faded below one token is dropped.
+
+    Each upstream's share counts ``DEMAND_PRIOR_CALLS`` average calls more than it was sent:
+    with a handful of calls sent, one upstream's share is all or nothing, and without the
+    prior the first call's upstream would count as crowded at three times a fair share."""
 
     def __init__(self) -> None:
         self._sent: dict[str, DecayingSum] = {}
+        self._calls = DecayingSum.with_half_life(DEMAND_HALF_LIFE_S)
 
     def add(self, url: str, tokens: int, now: float) -> None:
         self._forget(now)
         self._sent.setdefault(url, DecayingSum.with_half_life(DEMAND_HALF_LIFE_S)).add(tokens, now)
+        self._calls.add(1, now)
 
     def crowding(self, urls: Sequence[str], available: Sequence[bool], now: float) -> list[float]:
         """Per upstream, how far its share of the available upstreams' recent tokens exceeds
         a fair one, as a fraction of that share (0 when at or below it; 0 when unavailable)."""
         self._forget(now)
-        sent = [
-            self._sent[url].value(now) if ok and url in self._sent else 0.0
-            for url, ok in zip(urls, available, strict=True)
-        ]
-        total, count = sum(sent), sum(available)
-        if total <= 0 or count == 0:
+        calls = self._calls.value(now)
+        if calls <= 0 or not any(available):
             return [0.0] * len(urls)
-        return [max(0.0, tokens * count / total - 1) if tokens else 0.0 for tokens in sent]
+        prior = DEMAND_PRIOR_CALLS * sum(s.value(now) for s in self._sent.values()) / calls
+        sent = [(self._sent[url].value(now) if url in self._sent else 0.0) + prior for url in urls]
+        total = sum(tokens for tokens, ok in zip(sent, available, strict=True) if ok)
+        fair = total / sum(available)
+        return [
+            max(0.0, tokens / fair - 1) if ok and fair > 0 else 0.0
+            for tokens, ok in zip(sent, available, strict=True)
+        ]
 
     def _forget(self, now: float) -> None:
         self._sent = {url: sent for url, sent in self._sent.items() if sent.value(now) >= 1}

@@ -4,6 +4,7 @@ flooding batches costing bounded memory."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 
@@ -114,17 +115,17 @@ def wait_until(condition: object, what: str) -> None:
         time.sleep(0.02)
 
 
-def test_eviction_odds_are_the_recent_removals_over_the_blocks_held() -> None:
+def test_eviction_odds_grow_with_the_removals_against_the_blocks_held() -> None:
     index = BlockIndex(100)
     blocks = hashes(4)
     assert index.stored(stored(blocks, TOKENS))
     assert index.eviction_odds(0.0) == 0.0  # a cache that only stores keeps what it holds
     assert index.stored(stored(hashes(4, 1), TOKENS, parent=blocks[-1]))
-    index.removed(blocks[2:], now=100.0)  # 2 of 8 gone, 6 held
-    assert index.eviction_odds(100.0) == pytest.approx(2 / 6)
-    assert index.eviction_odds(110.0) == pytest.approx(2 / 6 / 2.718281828, rel=1e-6)
-    index.removed(hashes(4, 1), now=100.0)  # a cache removing all it holds: at most 1
-    assert index.eviction_odds(100.0) == 1.0
+    index.removed(blocks[2:], now=100.0)  # 2 of 8 gone, 6 held: older blocks go first
+    assert index.eviction_odds(100.0) == pytest.approx(math.exp(-6 / 2))
+    assert index.eviction_odds(110.0) == pytest.approx(math.exp(-6 / (2 / math.e)), rel=1e-6)
+    index.removed(hashes(4, 1), now=100.0)  # 6 gone of 8 stored, 2 held: likely lost
+    assert index.eviction_odds(100.0) == pytest.approx(math.exp(-2 / 6))
     index.clear()
     assert index.eviction_odds(100.0) == 0.0
 

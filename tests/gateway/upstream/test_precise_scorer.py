@@ -1,13 +1,16 @@
 """The precise scorer's decisions, from what each upstream holds of a call and their loads: no
 processes, no events. Costs are prompt tokens: a shared prompt held everywhere does not
 decide; a conversation's history keeps it where it is unless that upstream is over the
-load bound, so pressed that the history will likely be evicted before it is read again, or
-sent so much more than its share lately that a new conversation would cost as much."""
+load bound or so pressed that the history will likely be evicted before it is read again;
+crowding moves new conversations."""
 
 from __future__ import annotations
 
+import pytest
+
 from kvgate.gateway.upstream.precise import (
     DEMAND_HALF_LIFE_S,
+    DEMAND_PRIOR_CALLS,
     Demand,
     Holding,
     best,
@@ -101,15 +104,28 @@ def test_a_burst_sharing_a_prefix_spreads_over_the_upstreams() -> None:
 def test_demand_is_the_share_over_a_fair_one_and_fades() -> None:
     demand = Demand()
     urls = ["a", "b", "c"]
-    demand.add("a", 2000, 0.0)
-    demand.add("b", 1000, 0.0)
-    assert demand.crowding(urls, ALL, 0.0) == [1.0, 0.0, 0.0]  # twice its share of 3,000
-    # An unavailable upstream's tokens leave the share: a and b split 3,000 between two.
-    assert demand.crowding(urls, [True, True, False], 0.0) == [2000 * 2 / 3000 - 1, 0.0, 0.0]
+    for _ in range(50):
+        demand.add("a", 200, 0.0)
+        demand.add("b", 100, 0.0)
+    # a: 10,000 and b: 5,000 sent in 100 calls of 150 tokens; each counts 4 calls more.
+    prior = DEMAND_PRIOR_CALLS * 150
+    fair = (15_000 + 3 * prior) / 3
+    assert demand.crowding(urls, ALL, 0.0) == pytest.approx([(10_000 + prior) / fair - 1, 0, 0])
+    # An unavailable upstream's tokens leave the share: a and b split theirs between two.
+    pair = (15_000 + 2 * prior) / 2
+    assert demand.crowding(urls, [True, True, False], 0.0) == pytest.approx(
+        [(10_000 + prior) / pair - 1, 0, 0]
+    )
     later = 20 * DEMAND_HALF_LIFE_S  # both fade alike, below a token: forgotten
     assert demand.crowding(urls, ALL, later) == [0.0, 0.0, 0.0]
     demand.add("c", 10, later)
-    assert demand.crowding(urls, ALL, later) == [0.0, 0.0, 2.0]
+    assert demand.crowding(urls, ALL, later)[2] > 0
+
+
+def test_the_first_calls_crowd_no_upstream() -> None:
+    demand = Demand()
+    demand.add("a", 500, 0.0)  # the only call yet: all of the tokens sent
+    assert max(demand.crowding(["a", "b", "c"], ALL, 0.0)) < 0.2
 
 
 def test_a_new_conversation_of_a_popular_agent_leaves_its_crowded_upstream() -> None:
@@ -118,7 +134,12 @@ def test_a_new_conversation_of_a_popular_agent_leaves_its_crowded_upstream() -> 
     crowding = [0.3, 0.0, 0.0]
     assert best(900, held(600, 600, 0), idle(0, 0, 0), ALL, CALL, crowding) == 1
     assert best(900, held(600, 600, 0), idle(0, 0, 0), ALL, CALL) == 0  # uncrowded: a tie
-    # One whose own history there (400 tokens past the prompt) is more of its call than the
-    # crowding stays; crowded further, it moves.
-    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, crowding) == 0
-    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [0.5, 0, 0]) == 1
+    # Crowded enough, it brings the agent's prompt to an upstream that holds nothing.
+    assert best(900, held(600, 0, 0), idle(0, 0, 0), ALL, CALL, [2.5, 0, 0]) == 1
+
+
+def test_a_conversation_whose_history_is_held_stays_where_it_is_crowded() -> None:
+    # Crowding weighs what a call would bring anew: 100 tokens where its history is, 500
+    # where only the agent's prompt is. Moving would recompute that history now.
+    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [3.0, 0, 0]) == 0
+    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [5.0, 0, 0]) == 1
