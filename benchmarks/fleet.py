@@ -290,6 +290,13 @@ def main() -> None:
         help="eviction: processes of each router, the calls spread over them round robin (as a "
         "load balancer in front of a highly available router spreads them)",
     )
+    parser.add_argument(
+        "--placements",
+        type=int,
+        default=1,
+        help="eviction: runs of each router, interleaved, each prompt set renamed so a hash "
+        "router places the agents anew; the ratios compare each router's median",
+    )
     parser.add_argument("--gateway-workers", type=int, default=1, help="trace: each gateway's")
     parser.add_argument("--rounds", type=int, default=2, help="overhead: rounds of every router")
     parser.add_argument("--duration", type=float, default=8.0, help="overhead: seconds per run")

@@ -39,8 +39,9 @@ computed once, and each call's last partial block.
 
 The upstreams listen on free ports, and kvgate approximate's hash ring is built from their
 URLs, so where it puts each agent, and so how far above the floor it lands, changes from
-run to run (on the same trace, 1.9× and 2.8× the floor); repeat a run before reading one
-ratio. ``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
+run to run (on the same trace, 1.1× to 2.8× the floor). ``--placements N`` runs every
+router N times, interleaved, each time with its prompts' first words renamed (so a hash
+router places the agents anew), and compares the routers' medians. ``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
 the tokens per MiB, and computes SmolLM2's prefill several times slower (there, the tiny
 model's command below presses the caches alike without saturating the upstreams).
 
@@ -62,6 +63,7 @@ import asyncio
 import itertools
 import json
 import random
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -309,10 +311,12 @@ class Result:
     wall_s: float
     decisions: str
     kept: str
+    run: str
 
     def row(self) -> dict[str, float | str]:
         return {
             "router": self.router,
+            "run": self.run,
             "prefill_tokens_computed": self.computed,
             "hit_rate": round(self.hit_rate, 4),
             "ttft_p50_ms": round(quantile(self.ttft, 0.5) * 1e3, 1),
@@ -369,8 +373,16 @@ def kept(served: list[list[str]]) -> str:
 
 
 def measure(
-    name: str, command: Command, upstreams: list[Publisher], model: str, args: argparse.Namespace
+    name: str,
+    command: Command,
+    upstreams: list[Publisher],
+    model: str,
+    args: argparse.Namespace,
+    placement: int,
 ) -> Result:
+    """One router over the trace; ``placement`` renames the prompts' first words, so a hash
+    router places the agents anew."""
+    run = f"{name} #{placement + 1}"
     routers: list[Router] = []
     try:
         for _ in range(args.router_replicas):
@@ -379,7 +391,7 @@ def measure(
         before = settled(upstreams)
         began = time.perf_counter()
         ttfts, served = asyncio.run(
-            drive(routers, model, trace(args, name), starts(args), pauses(args), args.max_tokens)
+            drive(routers, model, trace(args, run), starts(args), pauses(args), args.max_tokens)
         )
         wall = time.perf_counter() - began
         after = settled(upstreams)
@@ -392,7 +404,7 @@ def measure(
     cached = sum(a[1] - b[1] for a, b in zip(after, before, strict=True))
     total = sum(prompt)
     hit_rate = cached / max(1.0, total)
-    return Result(name, total - cached, hit_rate, ttfts, cov(prompt), wall, said, kept(served))
+    return Result(name, total - cached, hit_rate, ttfts, cov(prompt), wall, said, kept(served), run)
 
 
 def run(args: argparse.Namespace) -> None:
@@ -416,7 +428,11 @@ def run_in(args: argparse.Namespace, folder: Path) -> None:
             ("kvgate approximate", kvgate(urls, 1)),
             *peer_routers(urls),
         ]
-        results = [measure(name, command, upstreams, model, args) for name, command in routers]
+        results = [
+            measure(name, command, upstreams, model, args, placement)
+            for placement in range(args.placements)  # interleaved: drift reaches every router
+            for name, command in routers
+        ]
     finally:
         for u in upstreams:
             u.server.stop()
@@ -431,6 +447,26 @@ def local_tokens(
     model = served_model(args)
     source = str(default_model_dir()) if model == "tiny" else model
     return [(LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", source))]
+
+
+@dataclass
+class Summary:
+    router: str
+    computed: float
+    ttft_p90: float
+    load_cov: float
+
+
+def median_result(router: str, results: list[Result]) -> Summary:
+    """A router's median over its runs (each its own placement of the agents): one run's
+    ratio reads a hash router's luck as much as its routing."""
+    runs = [r for r in results if r.router == router]
+    return Summary(
+        router,
+        statistics.median(r.computed for r in runs),
+        statistics.median(quantile(r.ttft, 0.9) for r in runs),
+        statistics.median(r.load_cov for r in runs),
+    )
 
 
 def report(results: list[Result], args: argparse.Namespace) -> None:
@@ -460,17 +496,19 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     for r in results:
         row = r.row()
         print(
-            f"| {r.router} | {r.computed:.0f} | {r.hit_rate:.3f} | {row['ttft_p50_ms']} | "
+            f"| {r.run} | {r.computed:.0f} | {r.hit_rate:.3f} | {row['ttft_p50_ms']} | "
             f"{row['ttft_p90_ms']} | {r.load_cov:.3f} | {r.wall_s:.1f} | {r.decisions} | {r.kept} |"
         )
-    others = [r for r in results if not r.router.startswith(PRECISE)]
+    summary = [median_result(r.router, results) for r in results if r.run.endswith(" #1")]
+    others = [r for r in summary if not r.router.startswith(PRECISE)]
     fewest = min(others, key=lambda r: r.computed)
-    fastest = min(others, key=lambda r: quantile(r.ttft, 0.9))
-    for precise in (r for r in results if r.router.startswith(PRECISE)):
+    fastest = min(others, key=lambda r: r.ttft_p90)
+    what = "median of each router's runs" if args.placements > 1 else "same run"
+    for precise in (r for r in summary if r.router.startswith(PRECISE)):
         print(
-            f"\n{precise.router} / best approximate, same run: prompt tokens computed "
+            f"\n{precise.router} / best approximate, {what}: prompt tokens computed "
             f"{precise.computed / max(1.0, fewest.computed):.2f}x ({fewest.router}), TTFT p90 "
-            f"{quantile(precise.ttft, 0.9) / quantile(fastest.ttft, 0.9):.2f}x "
-            f"({fastest.router}); load CoV {precise.load_cov:.3f}"
+            f"{precise.ttft_p90 / fastest.ttft_p90:.2f}x ({fastest.router}); load CoV "
+            f"{precise.load_cov:.3f}"
         )
     print("command: python benchmarks/fleet.py " + " ".join(sys.argv[1:]))

@@ -1,11 +1,11 @@
 """The eviction benchmark's trace: every router gets the same conversations, starts and
-pauses, with agents as unequally popular as asked."""
+pauses, with agents as unequally popular as asked; a router's runs sum up as medians."""
 
 from __future__ import annotations
 
 import argparse
 
-from benchmarks.fleet_eviction import group_sizes, pauses, starts, trace
+from benchmarks.fleet_eviction import Result, group_sizes, median_result, pauses, starts, trace
 
 
 def options(**changes: object) -> argparse.Namespace:
@@ -51,3 +51,17 @@ def test_starts_and_pauses_are_seeded_and_bounded() -> None:
     thinking = pauses(options(think_s=2.0))
     assert thinking == pauses(options(think_s=2.0))
     assert all(len(p) == 2 and min(p) > 0 for p in thinking)
+
+
+def test_a_routers_runs_sum_up_as_their_medians() -> None:
+    def run(router: str, n: int, computed: float, ttft_s: float, cov: float) -> Result:
+        return Result(router, computed, 0.5, [ttft_s] * 10, cov, 1.0, "", "", f"{router} #{n}")
+
+    results = [
+        run("a", 1, 100, 0.1, 0.5),
+        run("b", 1, 1, 9.0, 0.0),
+        run("a", 2, 300, 0.3, 0.1),
+        run("a", 3, 200, 0.9, 0.2),
+    ]
+    summary = median_result("a", results)
+    assert (summary.computed, summary.ttft_p90, summary.load_cov) == (200, 0.3, 0.2)
