@@ -294,8 +294,8 @@ def main() -> None:
         "--placements",
         type=int,
         default=1,
-        help="eviction: runs of each router, interleaved, each prompt set renamed so a hash "
-        "router places the agents anew; the ratios compare each router's median",
+        help="eviction: runs of each kvgate router, interleaved, each prompt set renamed so a "
+        "hash router places the agents anew (the peers run once); the ratios compare medians",
     )
     parser.add_argument("--gateway-workers", type=int, default=1, help="trace: each gateway's")
     parser.add_argument("--rounds", type=int, default=2, help="overhead: rounds of every router")

@@ -41,7 +41,8 @@ The upstreams listen on free ports, and kvgate approximate's hash ring is built 
 URLs, so where it puts each agent, and so how far above the floor it lands, changes from
 run to run (on the same trace, 1.1× to 2.8× the floor). ``--placements N`` runs every
 router N times, interleaved, each time with its prompts' first words renamed (so a hash
-router places the agents anew), and compares the routers' medians. ``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
+router places the agents anew), and compares the routers' medians; sglang-router and
+vllm-router, whose trees do not depend on where a hash falls, run once. ``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
 the tokens per MiB, and computes SmolLM2's prefill several times slower (there, the tiny
 model's command below presses the caches alike without saturating the upstreams).
 
@@ -426,12 +427,12 @@ def run_in(args: argparse.Namespace, folder: Path) -> None:
             (PRECISE, kvgate(urls, 1, *events)),
             *local_tokens(args, urls, events),
             ("kvgate approximate", kvgate(urls, 1)),
-            *peer_routers(urls),
         ]
+        peers = peer_routers(urls)  # trees of the calls seen: no placement of their own to vary
         results = [
             measure(name, command, upstreams, model, args, placement)
             for placement in range(args.placements)  # interleaved: drift reaches every router
-            for name, command in routers
+            for name, command in (routers + peers if placement == 0 else routers)
         ]
     finally:
         for u in upstreams:

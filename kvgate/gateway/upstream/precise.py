@@ -10,8 +10,8 @@ Each available upstream below the load bound is costed in prompt tokens to compu
                  the blocks it removed over the last ~10 s against the blocks it holds)
     + queued     its requests × half the tokens a call computed on average lately (a
                  request there has, on average, half of its prefill still to compute)
-    + crowded    the uncached tokens × how far the prompt tokens this gateway sent it
-                 lately exceed a fair share (``Demand``: 1 at twice the share, 0 at or
+    + crowded    the uncached tokens × 4 × how far the prompt tokens this gateway sent
+                 it lately exceed a fair share (``Demand``: 1 at twice the share, 0 at or
                  below it)
 
 and the cheapest wins (ties: the lowest index, so every gateway picks alike). An upstream
@@ -40,12 +40,14 @@ Why the crowding: between an agent's turns its upstream runs nothing, so request
 say nothing of the conversations it must keep cached. Without this term a popular agent's
 new conversations all followed its prompt to one upstream until that one evicted, and the
 upstreams' prompt tokens spread with a CoV of 0.2 (benchmarks/fleet_eviction.py). It weighs
-what the call would bring anew to an upstream's cache: a new conversation, holding only the
-agent's prompt, moves to a copy of that prompt at any crowding, or to an upstream holding
-nothing once the crowding outweighs the prompt; one whose history is held stays, since
-moving it would recompute that history now for a balance the next new conversations reach
-anyway. Weighed on the whole call, crowding moved held conversations and cost more prefill
-than it saved.
+what the call would bring anew to an upstream's cache, four times over: a new conversation,
+holding only the agent's prompt, moves to a copy of that prompt at any crowding, or to an
+upstream holding nothing once its upstream has about 1.25 times a fair share (when its own
+part is about as long as the prompt); one whose history is held stays, since moving it would
+recompute that history now for a balance the next new conversations reach anyway. Weighed
+on the whole call, crowding moved held conversations and cost more prefill than it saved;
+weighed once on the new tokens, an upstream holding no popular prompt took new
+conversations only at twice a fair share elsewhere (load CoV 0.17).
 
 Why a bound: the scraped requests are seconds old, so a burst of calls sharing a prefix
 from several gateways would all go to the upstream holding it before any scrape could say
@@ -87,6 +89,7 @@ CALL_COST_DECAY = 0.9  # the average call's tokens: each routed call weighs 1 �
 QUEUED_SHARE = 0.5  # a request there still has, on average, half of its prefill to compute
 DEMAND_HALF_LIFE_S = 30.0  # "lately", for the prompt tokens sent each upstream: a few turns
 DEMAND_PRIOR_CALLS = 4  # each upstream's share counts this many average calls more
+CROWDING_WEIGHT = 4.0  # a new conversation leaves an upstream ~1.25 times its fair share
 
 
 @dataclass
@@ -130,7 +133,7 @@ def cost(
     uncached = tokens - holding.cached_tokens
     at_risk = tokens * holding.eviction_odds
     queued = requests * QUEUED_SHARE * call_tokens
-    return uncached + at_risk + queued + uncached * crowding
+    return uncached + at_risk + queued + uncached * CROWDING_WEIGHT * crowding
 
 
 class Demand:

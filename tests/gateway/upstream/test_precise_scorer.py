@@ -134,12 +134,15 @@ def test_a_new_conversation_of_a_popular_agent_leaves_its_crowded_upstream() -> 
     crowding = [0.3, 0.0, 0.0]
     assert best(900, held(600, 600, 0), idle(0, 0, 0), ALL, CALL, crowding) == 1
     assert best(900, held(600, 600, 0), idle(0, 0, 0), ALL, CALL) == 0  # uncrowded: a tie
-    # Crowded enough, it brings the agent's prompt to an upstream that holds nothing.
-    assert best(900, held(600, 0, 0), idle(0, 0, 0), ALL, CALL, [2.5, 0, 0]) == 1
+    # A little more crowded, it brings the agent's prompt to an upstream that holds nothing:
+    # at a quarter over a fair share, where its own part is as long as the prompt.
+    assert best(1200, held(600, 0, 0), idle(0, 0, 0), ALL, CALL, [0.24, 0, 0]) == 0
+    assert best(1200, held(600, 0, 0), idle(0, 0, 0), ALL, CALL, [0.26, 0, 0]) == 1
 
 
 def test_a_conversation_whose_history_is_held_stays_where_it_is_crowded() -> None:
     # Crowding weighs what a call would bring anew: 100 tokens where its history is, 500
-    # where only the agent's prompt is. Moving would recompute that history now.
-    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [3.0, 0, 0]) == 0
-    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [5.0, 0, 0]) == 1
+    # where only the agent's prompt is. Moving would recompute that history now, so it
+    # stays up to about twice a fair share.
+    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [0.9, 0, 0]) == 0
+    assert best(1100, held(1000, 600, 0), idle(0, 0, 0), ALL, CALL, [1.1, 0, 0]) == 1
