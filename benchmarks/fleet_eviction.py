@@ -47,11 +47,11 @@ the tokens per MiB, and computes SmolLM2's prefill several times slower (there, 
 model's command below presses the caches alike without saturating the upstreams).
 
     python benchmarks/fleet.py --workload eviction --upstream-model smollm2 --sessions 48 \
-        --max-tokens 4 --kv-cache-memory 96MiB --groups 6 --group-skew 1 --arrival-s 60 \
-        --think-s 2 [--router-replicas 2]
+        --max-tokens 4 --kv-cache-memory 64MiB --groups 6 --group-skew 1 --arrival-s 60 \
+        --think-s 2 --router-replicas 2 --placements 3
     python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 48 \
-        --max-tokens 4 --context-words 300 --vllm-kv-blocks 96 --groups 6 --group-skew 1 \
-        --arrival-s 60 --think-s 2 --router-replicas 2
+        --max-tokens 4 --context-words 300 --vllm-kv-blocks 64 --groups 6 --group-skew 1 \
+        --arrival-s 60 --think-s 2 --router-replicas 2 --placements 2
     python benchmarks/fleet.py --workload eviction --upstream-model tiny --sessions 48 \
         --max-tokens 4 --context-words 300 --kv-cache-memory 8MiB --groups 6 --group-skew 1 \
         --arrival-s 60 --think-s 2 --router-replicas 2
