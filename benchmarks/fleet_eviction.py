@@ -42,7 +42,8 @@ URLs, so where it puts each agent, and so how far above the floor it lands, chan
 run to run (on the same trace, 1.1× to 2.8× the floor). ``--placements N`` runs every
 router N times, interleaved, each time with its prompts' first words renamed (so a hash
 router places the agents anew), and compares the routers' medians; sglang-router and
-vllm-router, whose trees do not depend on where a hash falls, run once. ``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
+vllm-router, whose trees do not depend on where a hash falls, run once.
+``--kv-cache-memory`` is bytes: a CPU without native bf16 keeps float32 KV, half
 the tokens per MiB, and computes SmolLM2's prefill several times slower (there, the tiny
 model's command below presses the caches alike without saturating the upstreams).
 

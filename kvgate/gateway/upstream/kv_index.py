@@ -137,8 +137,8 @@ class BlockIndex:
         outnumber those held before them: with the recent evictions as the rate and an
         exponential pause, ``exp(-held / recent)``. An upstream whose cache holds its
         callers' working set removes little (about 0); one whose whole cache turns over
-        in a pause loses a paused conversation's history more often than not (0.37 when
-        it removes as much as it holds, 0.72 at three times)."""
+        in a pause often loses a paused conversation's history (0.37 when it removes as
+        much as it holds, 0.72 at three times)."""
         with self._lock:
             held = len(self._by_engine)
             recent = self._evictions.value(now)

@@ -150,19 +150,19 @@ class Demand:
         self._calls = DecayingSum.with_half_life(DEMAND_HALF_LIFE_S)
 
     def add(self, url: str, tokens: int, now: float) -> None:
-        self._forget(now)
+        self._recent(now)
         self._sent.setdefault(url, DecayingSum.with_half_life(DEMAND_HALF_LIFE_S)).add(tokens, now)
         self._calls.add(1, now)
 
     def crowding(self, urls: Sequence[str], available: Sequence[bool], now: float) -> list[float]:
         """Per upstream, how far its share of the available upstreams' recent tokens exceeds
         a fair one, as a fraction of that share (0 when at or below it; 0 when unavailable)."""
-        self._forget(now)
+        recent = self._recent(now)
         calls = self._calls.value(now)
         if calls <= 0 or not any(available):
             return [0.0] * len(urls)
-        prior = DEMAND_PRIOR_CALLS * sum(s.value(now) for s in self._sent.values()) / calls
-        sent = [(self._sent[url].value(now) if url in self._sent else 0.0) + prior for url in urls]
+        prior = DEMAND_PRIOR_CALLS * sum(recent.values()) / calls
+        sent = [recent.get(url, 0.0) + prior for url in urls]
         total = sum(tokens for tokens, ok in zip(sent, available, strict=True) if ok)
         fair = total / sum(available)
         return [
@@ -170,8 +170,12 @@ class Demand:
             for tokens, ok in zip(sent, available, strict=True)
         ]
 
-    def _forget(self, now: float) -> None:
-        self._sent = {url: sent for url, sent in self._sent.items() if sent.value(now) >= 1}
+    def _recent(self, now: float) -> dict[str, float]:
+        """Each upstream's recent tokens, read once; those faded below one are forgotten."""
+        recent = {url: sent.value(now) for url, sent in self._sent.items()}
+        recent = {url: tokens for url, tokens in recent.items() if tokens >= 1}
+        self._sent = {url: self._sent[url] for url in recent}
+        return recent
 
 
 def best(
