@@ -264,7 +264,7 @@ def main() -> None:
         "--upstream-model",
         choices=("tiny", "smollm2"),
         default="tiny",
-        help="eviction: the kvgate upstreams' model (smollm2: a real model's prefill cost)",
+        help="eviction: the upstreams' model (smollm2: a real model's prefill cost)",
     )
     parser.add_argument(
         "--upstreams", choices=("kvgate", "vllm"), default="kvgate", help="eviction: which engine"

