@@ -53,7 +53,10 @@ model's command below presses the caches alike without saturating the upstreams)
         --think-s 2 --router-replicas 2 --placements 3
     python benchmarks/fleet.py --workload eviction --upstreams vllm --sessions 48 \
         --max-tokens 4 --context-words 300 --vllm-kv-blocks 64 --groups 6 --group-skew 1 \
-        --arrival-s 60 --think-s 2 --router-replicas 2 --placements 2
+        --arrival-s 60 --think-s 2 --router-replicas 2 --placements 3
+    python benchmarks/fleet.py --workload eviction --upstreams vllm --upstream-model smollm2 \
+        --sessions 48 --max-tokens 4 --vllm-kv-blocks 24 --vllm-max-model-len 2048 --groups 6 \
+        --group-skew 1 --arrival-s 60 --think-s 2 --router-replicas 2 --placements 3
     python benchmarks/fleet.py --workload eviction --upstream-model tiny --sessions 48 \
         --max-tokens 4 --context-words 300 --kv-cache-memory 8MiB --groups 6 --group-skew 1 \
         --arrival-s 60 --think-s 2 --router-replicas 2
