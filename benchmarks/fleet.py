@@ -22,6 +22,7 @@ gateway that routes it there.
     python benchmarks/fleet.py --workload eviction  # precise vs approximate (fleet_eviction.py)
     python benchmarks/fleet.py --workload eviction --upstreams vllm  # on vLLM's CPU build
     python benchmarks/fleet.py --workload eviction --router-replicas 2  # two of each router
+    python benchmarks/fleet.py --workload eviction-model --upstreams vllm  # caches, no engine
 """
 
 from __future__ import annotations
@@ -236,7 +237,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--latency-calls", type=int, default=200)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--workload", choices=("trace", "overhead", "eviction"), default="trace")
+    parser.add_argument(
+        "--workload", choices=("trace", "overhead", "eviction", "eviction-model"), default="trace"
+    )
     parser.add_argument("--groups", type=int, default=3, help="eviction: shared prompts")
     parser.add_argument("--shared-words", type=int, default=300, help="eviction: each")
     parser.add_argument("--context-words", type=int, default=150, help="eviction: each")
@@ -311,6 +314,11 @@ def main() -> None:
         return
     if args.workload == "eviction":
         fleet_eviction.run(args)
+        return
+    if args.workload == "eviction-model":
+        from benchmarks import fleet_eviction_model  # it imports this module: loaded by now
+
+        fleet_eviction_model.run(args)
         return
     upstreams = [Server() for _ in range(3)]
     try:
