@@ -50,7 +50,7 @@ from benchmarks.fleet_eviction import (
 )
 from kvgate.gateway.upstream.decaying import DecayingSum
 from kvgate.gateway.upstream.kv_index import EVICTION_WINDOW_S, request_keys
-from kvgate.gateway.upstream.precise import Demand, Holding, best
+from kvgate.gateway.upstream.precise import CALL_COST_DECAY, Demand, Holding, best
 from kvgate.gateway.upstream.routing import Load
 
 BLOCK = 128  # vLLM's block size on CPU
@@ -115,31 +115,39 @@ def packed_router(groups: list[int]) -> Router:
     ]
 
 
-def precise_router(placement: int, groups: list[int]) -> Router:
-    """kvgate's precise cost; a prefix no cache holds goes where the hash would put it."""
-    demand = Demand()
-    urls = [str(n) for n in range(UPSTREAMS)]
-    fallback = hash_router(placement, groups)
-    average = [0.0]
+class PreciseRouter:
+    """kvgate's precise cost (``PreciseScorer.choose`` without events: the caches read
+    directly); a prefix no cache holds goes where the hash would put it."""
 
-    def route(
-        conversation: int, ids: list[int], keys: list[bytes], caches: list[LruCache], now: float
+    def __init__(self, placement: int, groups: list[int]) -> None:
+        self.demand = Demand()
+        self.urls = [str(n) for n in range(UPSTREAMS)]
+        self.fallback = hash_router(placement, groups)
+        self.call_tokens = 0.0  # what a call computes, on average (decayed)
+
+    def __call__(
+        self,
+        conversation: int,
+        ids: list[int],
+        keys: list[bytes],
+        caches: list[LruCache],
+        now: float,
     ) -> int:
         held = [cache.held(keys) * BLOCK for cache in caches]
-        if not any(held):
-            pick = fallback(conversation, ids, keys, caches, now)
-        else:
+        if any(held):
             holdings = [Holding(h, c.eviction_odds(now)) for h, c in zip(held, caches, strict=True)]
             available = [True] * UPSTREAMS
-            crowding = demand.crowding(urls, available, now)
-            idle = [Load(0)] * UPSTREAMS
-            pick = best(len(ids), holdings, idle, available, average[0] or len(ids), crowding)
+            crowding = self.demand.crowding(self.urls, available, now)
+            loads = [Load(0)] * UPSTREAMS  # no queues in the model
+            average = self.call_tokens or len(ids)
+            pick = best(len(ids), holdings, loads, available, average, crowding)
+        else:
+            pick = self.fallback(conversation, ids, keys, caches, now)
         computed = len(ids) - held[pick]
-        average[0] = 0.9 * average[0] + 0.1 * computed if average[0] else float(computed)
-        demand.add(urls[pick], len(ids), now)
+        decayed = CALL_COST_DECAY * self.call_tokens + (1 - CALL_COST_DECAY) * computed
+        self.call_tokens = decayed if self.call_tokens else float(computed)
+        self.demand.add(self.urls[pick], len(ids), now)
         return pick
-
-    return route
 
 
 def replay(
@@ -187,7 +195,7 @@ def run(args: argparse.Namespace) -> None:
         conversations = [[tokenizer.encode(p) for p in turns] for turns in prompts]
         hashed, _ = replay(args, conversations, hash_router(placement, groups))
         packed, packed_cov = replay(args, conversations, packed_router(groups))
-        precise, spread = replay(args, conversations, precise_router(placement, groups))
+        precise, spread = replay(args, conversations, PreciseRouter(placement, groups))
         pooled, _ = replay(args, conversations, None)
         for name, value in (
             ("hash", hashed),

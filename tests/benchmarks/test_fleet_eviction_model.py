@@ -8,9 +8,9 @@ from benchmarks.fleet_eviction import trace
 from benchmarks.fleet_eviction_model import (
     BLOCK,
     LruCache,
+    PreciseRouter,
     hash_router,
     packed_router,
-    precise_router,
     replay,
 )
 from kvgate.gateway.upstream.kv_index import request_keys
@@ -37,7 +37,7 @@ def test_routers_compute_the_floor_with_room_and_more_without() -> None:
     floor = len(distinct) * BLOCK + sum(len(ids) % BLOCK for ids in calls)
     args.vllm_kv_blocks = 10**6
     hashed, hash_cov = replay(args, conversations, hash_router(0, groups))
-    precise, precise_cov = replay(args, conversations, precise_router(0, groups))
+    precise, precise_cov = replay(args, conversations, PreciseRouter(0, groups))
     assert hashed == replay(args, conversations, None)[0] == floor
     assert precise > floor and precise_cov < hash_cov
     args.vllm_kv_blocks = 4
