@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import heapq
-import math
 import random
 import statistics
 from collections import OrderedDict
@@ -49,8 +48,8 @@ from benchmarks.fleet_eviction import (
     upstream_tokenizer,
 )
 from kvgate.gateway.upstream.decaying import DecayingSum
-from kvgate.gateway.upstream.kv_index import EVICTION_WINDOW_S, request_keys
-from kvgate.gateway.upstream.precise import CALL_COST_DECAY, Demand, Holding, best
+from kvgate.gateway.upstream.kv_index import EVICTION_WINDOW_S, eviction_odds, request_keys
+from kvgate.gateway.upstream.precise import Demand, Holding, best, call_average
 from kvgate.gateway.upstream.routing import Load
 
 BLOCK = 128  # vLLM's block size on CPU
@@ -85,8 +84,12 @@ class LruCache:
 
     def eviction_odds(self, now: float) -> float:
         """As ``BlockIndex.eviction_odds`` reads them from an upstream's events."""
-        recent = self.evicted.value(now)
-        return math.exp(-len(self.blocks) / recent) if recent > 0 else 0.0
+        return eviction_odds(len(self.blocks), self.evicted.value(now))
+
+
+def agents(conversations: list[list[str]]) -> list[int]:
+    """Each conversation's agent, as ``trace`` names it first ("Agent 3 (run): ...")."""
+    return [int(prompts[0].split(" ", 2)[1]) for prompts in conversations]
 
 
 Router = Callable[[int, list[int], list[bytes], list[LruCache], float], int]
@@ -143,9 +146,7 @@ class PreciseRouter:
             pick = best(len(ids), holdings, loads, available, average, crowding)
         else:
             pick = self.fallback(conversation, ids, keys, caches, now)
-        computed = len(ids) - held[pick]
-        decayed = CALL_COST_DECAY * self.call_tokens + (1 - CALL_COST_DECAY) * computed
-        self.call_tokens = decayed if self.call_tokens else float(computed)
+        self.call_tokens = call_average(self.call_tokens, len(ids) - held[pick])
         self.demand.add(self.urls[pick], len(ids), now)
         return pick
 
@@ -191,7 +192,7 @@ def run(args: argparse.Namespace) -> None:
     figures: dict[str, list[int]] = {"hash": [], "packed": [], "precise": [], "pooled": []}
     for placement in range(args.placements):
         prompts = trace(args, f"model #{placement + 1}")
-        groups = [int(turns[0].split(" ", 2)[1]) for turns in prompts]
+        groups = agents(prompts)
         conversations = [[tokenizer.encode(p) for p in turns] for turns in prompts]
         hashed, _ = replay(args, conversations, hash_router(placement, groups))
         packed, packed_cov = replay(args, conversations, packed_router(groups))

@@ -9,6 +9,7 @@ from benchmarks.fleet_eviction_model import (
     BLOCK,
     LruCache,
     PreciseRouter,
+    agents,
     hash_router,
     packed_router,
     replay,
@@ -30,7 +31,7 @@ def test_a_request_is_evicted_tail_first() -> None:
 def test_routers_compute_the_floor_with_room_and_more_without() -> None:
     args = options(group_skew=1.0, shared_words=120, context_words=80, arrival_s=5.0, think_s=1.0)
     prompts = trace(args, "x")
-    groups = [int(turns[0].split(" ", 2)[1]) for turns in prompts]
+    groups = agents(prompts)
     conversations = [[[ord(ch) for ch in prompt] for prompt in turns] for turns in prompts]
     calls = [ids for turns in conversations for ids in turns]
     distinct = {key for ids in calls for key in request_keys(ids, BLOCK, None, None)}

@@ -75,6 +75,18 @@ def engine_hash(value: bytes | int) -> bytes:
     return value if isinstance(value, bytes) else value.to_bytes(16, "big", signed=True)
 
 
+def eviction_odds(held: int, recent: float) -> float:
+    """The chance that blocks a cache holding ``held`` blocks stores now are gone before the
+    conversation's next turn, about ``EVICTION_WINDOW_S`` away, where it removed ``recent``
+    blocks over that window. An engine evicts its least recently used blocks first, so a
+    call's blocks, the newest, go only once the blocks evicted since outnumber those held
+    before them: with the recent evictions as the rate and an exponential pause,
+    ``exp(-held / recent)``. A cache that holds its callers' working set removes little
+    (about 0); one whose whole cache turns over in a pause often loses a paused
+    conversation's history (0.37 when it removes as much as it holds, 0.72 at three times)."""
+    return math.exp(-held / recent) if recent > 0 else 0.0
+
+
 class BlockIndex:
     """One upstream's blocks: engine hash → content key, and the keys held."""
 
@@ -132,19 +144,11 @@ class BlockIndex:
 
     def eviction_odds(self, now: float) -> float:
         """The chance that blocks just stored here are gone before the conversation's next
-        turn, about ``EVICTION_WINDOW_S`` away. An engine evicts its least recently used
-        blocks first, so a call's blocks, the newest, go only once the blocks evicted since
-        outnumber those held before them: with the recent evictions as the rate and an
-        exponential pause, ``exp(-held / recent)``. An upstream whose cache holds its
-        callers' working set removes little (about 0); one whose whole cache turns over
-        in a pause often loses a paused conversation's history (0.37 when it removes as
-        much as it holds, 0.72 at three times)."""
+        turn (``eviction_odds``, from the blocks held and those removed lately)."""
         with self._lock:
             held = len(self._by_engine)
             recent = self._evictions.value(now)
-        if recent <= 0:
-            return 0.0
-        return math.exp(-held / recent)
+        return eviction_odds(held, recent)
 
     def clear(self) -> None:
         with self._lock:

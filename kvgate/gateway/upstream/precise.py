@@ -204,6 +204,14 @@ def best(
     return choice
 
 
+def call_average(average: float, tokens: int) -> float:
+    """The tokens a call computes on average, ``average`` (0: none yet) and one more call of
+    ``tokens``, each call weighing ``1 − CALL_COST_DECAY``: the queue term's unit."""
+    if not average:
+        return float(tokens)
+    return CALL_COST_DECAY * average + (1 - CALL_COST_DECAY) * tokens
+
+
 class PreciseScorer:
     def __init__(self, subscriber: KVSubscriber) -> None:
         self.subscriber = subscriber
@@ -245,7 +253,4 @@ class PreciseScorer:
             index.speculate(prompt.keys(index.block_size or BLOCK_SIZES[0]), now)
 
     def _computed(self, tokens: int) -> None:
-        if self.call_tokens:
-            self.call_tokens = CALL_COST_DECAY * self.call_tokens + (1 - CALL_COST_DECAY) * tokens
-        else:
-            self.call_tokens = float(tokens)
+        self.call_tokens = call_average(self.call_tokens, tokens)
